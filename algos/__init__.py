@@ -1,0 +1,1 @@
+"""marlbuf.algos (see README)."""

@@ -1,0 +1,1 @@
+"""marlbuf.bench (see README)."""

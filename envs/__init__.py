@@ -1,0 +1,1 @@
+"""marlbuf.envs (see README)."""

@@ -1,0 +1,22 @@
+"""marlbuf: performance-tuned replay buffers for multi-agent reinforcement learning.
+
+``import marlbuf`` needs only NumPy and Numba. Trainers (``marlbuf.algos``), environments
+(``marlbuf.envs``), the profiler (``marlbuf.profiling``) and benchmarks (``marlbuf.bench``) are
+subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench]``).
+"""
+
+from marlbuf.batch import Batch, TorchBatch
+from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.spec import FIELDS, AgentSpec, specs_from_env
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FIELDS",
+    "AgentSpec",
+    "Batch",
+    "MultiAgentReplayBuffer",
+    "TorchBatch",
+    "__version__",
+    "specs_from_env",
+]

@@ -1,0 +1,80 @@
+"""Row gather/scatter and locality index maths."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+    """Copy ``table[indices[i]]`` into ``out[i]`` for every ``i``.
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, width), any dtype, C-contiguous
+        Source rows (an interleaved table viewed as 8-byte words, or one agent's field).
+    indices : ndarray, shape (batch,), int64
+        Row numbers, each in ``[0, capacity)`` (checked by the caller).
+    out : ndarray, shape (batch, width), same dtype as ``table``, C-contiguous
+        Destination; overwritten.
+
+    Notes
+    -----
+    The inner loop is a straight word copy that LLVM turns into vector moves; it runs without the
+    GIL, so a caller may overlap a gather with other Python work in a thread.
+    """
+    width = table.shape[1]
+    for i in range(indices.shape[0]):
+        src = table[indices[i]]
+        dst = out[i]
+        for w in range(width):
+            dst[w] = src[w]
+
+
+@njit(cache=True, nogil=True)
+def scatter_rows(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    """Copy ``rows[i]`` into ``table[slots[i]]`` for every ``i`` (the writer's commit).
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, width), C-contiguous
+        Destination storage; rows at ``slots`` are overwritten.
+    slots : ndarray, shape (n,), int64
+        Ring slots, each in ``[0, capacity)``; later entries win on duplicates.
+    rows : ndarray, shape (n, width), same dtype as ``table``, C-contiguous
+        New contents.
+    """
+    width = table.shape[1]
+    for i in range(slots.shape[0]):
+        src = rows[i]
+        dst = table[slots[i]]
+        for w in range(width):
+            dst[w] = src[w]
+
+
+@njit(cache=True, nogil=True)
+def neighbor_indices(refs: np.ndarray, run_length: int, capacity: int, out: np.ndarray) -> None:
+    """Expand reference points into runs of contiguous slots (cache-locality sampling).
+
+    ``out[r * run_length + k] = (refs[r] + k) mod capacity`` — the run starts at (and includes)
+    its reference and wraps around the ring (Gogineni et al., Sec. 5.1, "neighbor sampling").
+
+    Parameters
+    ----------
+    refs : ndarray, shape (n_refs,), int64
+        Reference slots in ``[0, capacity)``.
+    run_length : int
+        Slots per run, ``>= 1``.
+    capacity : int
+        Ring size; indices wrap modulo it.
+    out : ndarray, shape (n_refs * run_length,), int64
+        Destination; overwritten.
+    """
+    for r in range(refs.shape[0]):
+        base = r * run_length
+        for k in range(run_length):
+            slot = refs[r] + k
+            if slot >= capacity:  # wrap from the last slot to slot 0
+                slot -= capacity
+            out[base + k] = slot

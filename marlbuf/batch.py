@@ -1,0 +1,163 @@
+"""Sampled mini-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from marlbuf.spec import FIELDS
+
+
+@dataclass
+class Batch:
+    """One mini-batch: every agent's fields at the same ``B`` slots.
+
+    Attributes
+    ----------
+    obs, next_obs : dict[str, ndarray]
+        Per agent, shape ``(B, *obs_shape)``, the agent's obs dtype (float32 by default).
+    action : dict[str, ndarray]
+        Per agent, shape ``(B, *action_shape)``.
+    reward, done : dict[str, ndarray]
+        Per agent, shape ``(B,)``, float32.
+    indices : ndarray, shape (B,), int64
+        The slots the rows came from (pass them back to ``update_priorities``).
+    generations : ndarray, shape (B,), int64
+        Write generation of each slot when it was sampled: ``update_priorities`` uses it to
+        drop updates for slots overwritten since.
+    weights : ndarray, shape (B,), float32, or None
+        Importance weights (max-normalised) for prioritized samplers; ``None`` otherwise.
+    trainer : int or None
+        The trainer this batch was drawn for (``sample_for_trainers``), else ``None``.
+
+    With the ``interleaved`` layout every array is a strided view into one gathered block
+    (``B`` rows of the storage table), so a batch costs exactly one gather.
+    """
+
+    obs: dict[str, np.ndarray]
+    action: dict[str, np.ndarray]
+    reward: dict[str, np.ndarray]
+    next_obs: dict[str, np.ndarray]
+    done: dict[str, np.ndarray]
+    indices: np.ndarray
+    generations: np.ndarray
+    weights: np.ndarray | None = None
+    trainer: int | None = None
+    block: np.ndarray | None = None  # the gathered rows (interleaved layout), else None
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def agents(self) -> list[str]:
+        """Agent names, in spec order."""
+        return list(self.obs)
+
+    def field(self, name: str) -> dict[str, np.ndarray]:
+        """The per-agent dict of one field (``"obs"``, ``"action"``, ...)."""
+        if name not in FIELDS:
+            raise ValueError(f"name must be one of {FIELDS}; got name={name!r}")
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    def concat(self, *fields: str) -> np.ndarray:
+        """All agents' ``fields``, flattened and concatenated: shape ``(B, total_dim)``.
+
+        ``batch.concat("obs", "action")`` is the centralized critic's input (every agent's
+        observation, then every agent's action). With the interleaved layout and a common dtype
+        this is a zero-copy view into the gathered rows; otherwise a new array.
+        """
+        if not fields:
+            raise ValueError("concat needs at least one field name, e.g. concat('obs')")
+        parts = [arr.reshape(len(self), -1) for name in fields for arr in self.field(name).values()]
+        view = _contiguous_span(parts)
+        return view if view is not None else np.concatenate(parts, axis=1)
+
+    def to_torch(
+        self, device: Any = "cpu", pin_memory: bool = False, non_blocking: bool = False
+    ) -> TorchBatch:
+        """The same batch as torch tensors (torch is imported only here).
+
+        On CPU the tensors share memory with this batch (zero copy). For a CUDA ``device`` each
+        array is copied once; ``pin_memory=True`` stages it in page-locked memory so that
+        ``non_blocking=True`` overlaps the copy with compute.
+        """
+        try:
+            import torch
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "Batch.to_torch needs PyTorch: pip install 'marlbuf[algos]' "
+                "(with torch==2.13.0 installed first on CPU-only machines)"
+            ) from exc
+        dev = torch.device(device)
+
+        def convert(arr: np.ndarray) -> Any:
+            tensor = torch.from_numpy(arr)
+            if dev.type == "cpu":
+                return tensor
+            if pin_memory:
+                tensor = tensor.pin_memory()
+            return tensor.to(dev, non_blocking=non_blocking)
+
+        fields = {name: {a: convert(x) for a, x in self.field(name).items()} for name in FIELDS}
+        return TorchBatch(
+            **fields,
+            indices=self.indices,
+            generations=self.generations,
+            weights=None if self.weights is None else convert(self.weights),
+            trainer=self.trainer,
+            concat_cache={},
+            _source=self,
+            _convert=convert,
+        )
+
+
+@dataclass
+class TorchBatch:
+    """A :class:`Batch` as torch tensors; ``indices`` and ``generations`` stay NumPy."""
+
+    obs: dict[str, Any]
+    action: dict[str, Any]
+    reward: dict[str, Any]
+    next_obs: dict[str, Any]
+    done: dict[str, Any]
+    indices: np.ndarray
+    generations: np.ndarray
+    weights: Any
+    trainer: int | None
+    concat_cache: dict[tuple[str, ...], Any]
+    _source: Batch
+    _convert: Any
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def concat(self, *fields: str) -> Any:
+        """Tensor form of :meth:`Batch.concat` (zero copy on CPU when the rows allow it)."""
+        if fields not in self.concat_cache:
+            self.concat_cache[fields] = self._convert(self._source.concat(*fields))
+        return self.concat_cache[fields]
+
+
+def _contiguous_span(parts: list[np.ndarray]) -> np.ndarray | None:
+    """If ``parts`` (2-D, same dtype, same row stride, unit column stride) sit side by side in
+    memory, return one view covering them all; else ``None``."""
+    first = parts[0]
+    dtype, itemsize = first.dtype, first.dtype.itemsize
+    row_stride = first.strides[0]
+    expected = first.__array_interface__["data"][0]
+    for part in parts:
+        if part.dtype != dtype or part.strides[0] != row_stride:
+            return None
+        if part.shape[1] > 1 and part.strides[1] != itemsize:
+            return None
+        if part.__array_interface__["data"][0] != expected:
+            return None
+        expected += part.shape[1] * itemsize
+    width = sum(p.shape[1] for p in parts)
+    if len(parts) == 1:
+        return first
+    return np.lib.stride_tricks.as_strided(
+        first, shape=(first.shape[0], width), strides=(row_stride, itemsize), writeable=False
+    )

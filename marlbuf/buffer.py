@@ -1,0 +1,582 @@
+"""The multi-agent replay buffer: writer (ring + write generations), storage, sampler."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marlbuf import _config
+from marlbuf.batch import Batch
+from marlbuf.samplers import Sampler, Uniform
+from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.storage import Storage, make_storage
+
+_FLOAT_KINDS = "f"
+
+
+def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
+    """A ``Generator`` from a seed, an existing generator, or fresh entropy (``None``)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    raise TypeError(f"seed must be an int, a numpy Generator or None; got seed={seed!r}")
+
+
+class MultiAgentReplayBuffer:
+    """A ring buffer of joint multi-agent transitions with pluggable layout and sampler.
+
+    Parameters
+    ----------
+    specs : mapping of str to AgentSpec
+        One spec per agent, in agent order (agents may differ in shapes and dtypes).
+    capacity : int
+        Number of joint transitions (timesteps) kept; the oldest is overwritten first.
+    layout : {"interleaved", "agent_major"}
+        ``"interleaved"``: one row per timestep holding every agent's fields, one gather per
+        batch. ``"agent_major"``: per-agent, per-field arrays (the classic layout).
+    sampler : Sampler, default ``Uniform(replace=True)``
+        How indices are drawn (:mod:`marlbuf.samplers`).
+    seed : int, numpy Generator or None
+        Source of randomness; the same seed gives the same indices.
+    n_trainers : int, optional
+        Trainers that sample with their own index array (and, for prioritized samplers, their
+        own priority tree). Defaults to the number of agents, as in MADDPG.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    >>> from marlbuf.samplers import Neighbor
+    >>> specs = {f"agent_{i}": AgentSpec(obs_shape=(18,), action_shape=(5,)) for i in range(3)}
+    >>> buf = MultiAgentReplayBuffer(specs, capacity=1000, sampler=Neighbor(run_length=4), seed=0)
+    >>> z = lambda *s: {a: np.zeros((64, *s), np.float32) for a in specs}
+    >>> buf.extend(obs=z(18), action=z(5), reward=z(), next_obs=z(18), done=z())
+    >>> batch = buf.sample(32)
+    >>> batch.obs["agent_0"].shape, len(buf)
+    ((32, 18), 64)
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        capacity: int,
+        layout: str = "interleaved",
+        sampler: Sampler | None = None,
+        seed: int | np.random.Generator | None = None,
+        n_trainers: int | None = None,
+    ) -> None:
+        self.specs = normalize_specs(specs)
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int; got capacity={capacity!r}")
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive; got capacity={capacity}")
+        if sampler is None:
+            sampler = Uniform()
+        if not isinstance(sampler, Sampler):
+            raise TypeError(
+                "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Neighbor(64)); "
+                f"got sampler={sampler!r}"
+            )
+        if n_trainers is None:
+            n_trainers = len(self.specs)
+        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
+            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
+        if n_trainers < 1:
+            raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
+        self.capacity = int(capacity)
+        self.n_trainers = int(n_trainers)
+        self.storage: Storage = make_storage(layout, self.specs, self.capacity)
+        self.sampler = sampler
+        self.sampler.bind(self.capacity, self.n_trainers)
+        self.rng = make_rng(seed)
+        self.cursor = 0  # next slot to write (the oldest slot once full)
+        self.size = 0  # filled slots
+        self.total_writes = 0  # transitions ever written; also the next write generation
+        # write generation of each slot: the value of total_writes when the slot was written
+        self.write_generation = np.full(self.capacity, -1, dtype=np.int64)
+
+    # ----------------------------------------------------------------------------- basics
+    @property
+    def layout(self) -> str:
+        """``"interleaved"`` or ``"agent_major"``."""
+        return self.storage.layout
+
+    @property
+    def agents(self) -> list[str]:
+        """Agent names in spec order."""
+        return list(self.specs)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the storage arrays."""
+        return self.storage.nbytes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiAgentReplayBuffer(agents={len(self.specs)}, capacity={self.capacity}, "
+            f"size={self.size}, layout={self.layout!r}, sampler={self.sampler!r})"
+        )
+
+    # ----------------------------------------------------------------------------- writing
+    def add(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+    ) -> None:
+        """Store one timestep of every agent.
+
+        Each argument is a dict keyed by agent name (what a PettingZoo parallel env returns) or
+        a sequence in agent order. ``obs``/``next_obs`` items have shape ``obs_shape``,
+        ``action`` items ``action_shape`` (or an int for a discrete agent), ``reward`` and
+        ``done`` items are scalars (bools accepted for ``done``). Nothing is written unless every
+        value is valid.
+        """
+        fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
+        fields["done"] = done
+        data = {f: self._coerce_field(f, value, steps=None) for f, value in fields.items()}
+        self._commit(data, 1)
+
+    def extend(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+    ) -> None:
+        """Store ``T`` timesteps at once: like :meth:`add`, each item with a leading time axis
+        (``obs[agent]`` of shape ``(T, *obs_shape)``, ``reward[agent]`` of shape ``(T,)``).
+
+        With ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by
+        one. Nothing is written unless every value is valid.
+        """
+        fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
+        fields["done"] = done
+        steps = self._infer_steps(fields)
+        data = {f: self._coerce_field(f, value, steps=steps) for f, value in fields.items()}
+        self._commit(data, steps)
+
+    def _as_agent_dict(self, field: str, value: Any) -> dict[str, Any]:
+        if isinstance(value, Mapping):
+            missing = [a for a in self.specs if a not in value]
+            extra = [a for a in value if a not in self.specs]
+            if missing or extra:
+                raise ValueError(
+                    f"{field} must have exactly the agents {self.agents}; "
+                    f"missing {missing}, unexpected {extra}"
+                )
+            return {a: value[a] for a in self.specs}
+        if isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
+            if len(value) != len(self.specs):
+                raise ValueError(
+                    f"{field} given as a sequence must have one entry per agent "
+                    f"({len(self.specs)}); got {len(value)}"
+                )
+            return dict(zip(self.specs, value))
+        raise TypeError(
+            f"{field} must be a dict keyed by agent name (or a list in agent order); "
+            f"got {type(value).__name__}"
+        )
+
+    def _infer_steps(self, fields: dict[str, Any]) -> int:
+        steps: int | None = None
+        for f, value in fields.items():
+            for agent, item in self._as_agent_dict(f, value).items():
+                arr = np.asarray(item)
+                if arr.ndim == 0:
+                    raise ValueError(
+                        f"extend needs a leading time axis: {f}[{agent!r}] is a scalar; "
+                        "use add() for one timestep"
+                    )
+                if steps is None:
+                    steps = int(arr.shape[0])
+                elif arr.shape[0] != steps:
+                    raise ValueError(
+                        f"every extend argument needs the same number of timesteps; "
+                        f"{f}[{agent!r}] has {arr.shape[0]}, expected {steps}"
+                    )
+        if not steps:
+            raise ValueError("extend needs at least one timestep; got T=0")
+        return steps
+
+    def _coerce_field(self, field: str, value: Any, steps: int | None) -> dict[str, np.ndarray]:
+        """Validate one field of every agent; return (T, *shape) arrays in the storage dtype."""
+        out: dict[str, np.ndarray] = {}
+        lead = () if steps is None else (steps,)
+        for agent, item in self._as_agent_dict(field, value).items():
+            spec = self.specs[agent]
+            target = spec.dtype(field)
+            shape = spec.shape(field)
+            arr = np.asarray(item)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(
+                    f"{field}[{agent!r}] must be numeric; got dtype {arr.dtype} "
+                    f"({type(item).__name__})"
+                )
+            if (
+                field == "action"
+                and spec.n_discrete_actions is not None
+                and arr.dtype.kind in "iu"
+                and arr.shape == lead
+            ):
+                arr = self._one_hot(agent, arr, spec.n_discrete_actions, target)
+            if arr.shape != lead + shape:
+                raise ValueError(
+                    f"{field}[{agent!r}] must have shape {lead + shape}; got {arr.shape}"
+                )
+            if not np.can_cast(arr.dtype, target, casting="same_kind"):
+                raise TypeError(
+                    f"{field}[{agent!r}] has dtype {arr.dtype}, which does not cast safely to "
+                    f"the stored {target}; convert it or declare the dtype in the AgentSpec"
+                )
+            if arr.dtype.kind in _FLOAT_KINDS and not np.isfinite(arr).all():
+                raise ValueError(f"{field}[{agent!r}] contains NaN or inf; got {arr!r}")
+            converted = arr.astype(target, copy=False).reshape((-1, *shape))
+            out[agent] = converted
+        return out
+
+    @staticmethod
+    def _one_hot(agent: str, arr: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            raise ValueError(
+                f"action[{agent!r}] holds discrete actions outside [0, {n}); got {arr!r}"
+            )
+        return np.eye(n, dtype=dtype)[arr]
+
+    def _commit(self, data: dict[str, dict[str, np.ndarray]], steps: int) -> None:
+        skip = max(0, steps - self.capacity)  # older steps would be overwritten at once
+        if skip:
+            data = {f: {a: x[skip:] for a, x in per.items()} for f, per in data.items()}
+        count = steps - skip
+        start = (self.cursor + skip) % self.capacity
+        slots = (start + np.arange(count, dtype=np.int64)) % self.capacity  # wraps past the end
+        self.storage.write(slots, data)
+        self.write_generation[slots] = self.total_writes + skip + np.arange(count, dtype=np.int64)
+        self.total_writes += steps
+        self.cursor = (self.cursor + steps) % self.capacity
+        self.size = min(self.size + steps, self.capacity)
+        self.sampler.on_write(slots)
+
+    # ----------------------------------------------------------------------------- sampling
+    def _check_trainer(self, trainer: Any) -> int:
+        if isinstance(trainer, bool) or not isinstance(trainer, (int, np.integer)):
+            raise TypeError(f"trainer must be an int; got trainer={trainer!r}")
+        if not 0 <= trainer < self.n_trainers:
+            raise ValueError(
+                f"trainer must be in [0, {self.n_trainers}) (n_trainers={self.n_trainers}); "
+                f"got trainer={trainer}"
+            )
+        return int(trainer)
+
+    def sample(self, batch_size: int, trainer: int = 0, out: Batch | None = None) -> Batch:
+        """Draw one batch of ``batch_size`` joint transitions with the buffer's sampler.
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows in the batch.
+        trainer : int, default 0
+            Which trainer's sampler state (priority tree) to use.
+        out : Batch, optional
+            A batch of the same size from an earlier call whose arrays are overwritten instead
+            of allocating new ones.
+        """
+        trainer = self._check_trainer(trainer)
+        batch_size = self.sampler.check_batch_size(batch_size)
+        indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
+        return self._gather(indices, weights, trainer, out)
+
+    def sample_for_trainers(
+        self,
+        batch_size: int,
+        n_trainers: int | None = None,
+        shared_index: bool = False,
+        out: Sequence[Batch] | None = None,
+    ) -> list[Batch]:
+        """The MADDPG sampling round: per trainer, one index array and the joint batch of all
+        agents at those indices (the O(N²B) workload of Gogineni et al.).
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows per trainer.
+        n_trainers : int, optional
+            Defaults to the buffer's ``n_trainers`` (one per agent).
+        shared_index : bool, default False
+            Draw one index array and give the same batch to every trainer (as EPyMARL and
+            BenchMARL do). **A deviation from MADDPG**, where each trainer samples on its own;
+            off by default.
+        out : sequence of Batch, optional
+            Batches from an earlier round to overwrite.
+        """
+        if n_trainers is None:
+            n_trainers = self.n_trainers
+        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
+            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
+        if not 1 <= n_trainers <= self.n_trainers:
+            raise ValueError(
+                f"n_trainers must be in [1, {self.n_trainers}]; got n_trainers={n_trainers}"
+            )
+        if out is not None and len(out) != n_trainers:
+            raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
+        if shared_index:
+            if self.sampler.weighted:
+                raise ValueError(
+                    "shared_index=True cannot be combined with a prioritized sampler: each "
+                    "trainer has its own priority tree"
+                )
+            batch = self.sample(batch_size, 0, None if out is None else out[0])
+            return [batch] * n_trainers
+        return [
+            self.sample(batch_size, t, None if out is None else out[t]) for t in range(n_trainers)
+        ]
+
+    def gather(self, indices: Any, trainer: int | None = None) -> Batch:
+        """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``)."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise TypeError(
+                f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
+            )
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise ValueError(
+                f"indices must lie in [0, {self.size}) (the filled slots); "
+                f"got min {idx.min()}, max {idx.max()}"
+            )
+        return self._gather(idx.astype(np.int64, copy=False), None, trainer, None)
+
+    def _gather(
+        self,
+        indices: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+        out: Batch | None,
+    ) -> Batch:
+        reuse = _reuse_arrays(out) if out is not None else None
+        fields, block = self.storage.gather(np.ascontiguousarray(indices), reuse)
+        return Batch(
+            **fields,
+            indices=indices,
+            generations=self.write_generation[indices],
+            weights=weights,
+            trainer=trainer,
+            block=block,
+        )
+
+    def update_priorities(
+        self,
+        indices: Any,
+        td_errors: Any,
+        trainer: int = 0,
+        generations: Any = None,
+    ) -> None:
+        """Feed TD errors back to a prioritized sampler (one priority tree per trainer).
+
+        ``generations`` (from ``batch.generations``) lets the sampler drop updates for slots
+        overwritten since they were sampled; when omitted, the slots' current generations are
+        assumed (no update is dropped).
+        """
+        trainer = self._check_trainer(trainer)
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise TypeError(
+                f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
+            )
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise ValueError(
+                f"indices must lie in [0, {self.size}); got min {idx.min()}, max {idx.max()}"
+            )
+        idx = idx.astype(np.int64, copy=False)
+        gens = self.write_generation[idx] if generations is None else np.asarray(generations)
+        if gens.shape != idx.shape:
+            raise ValueError(
+                f"generations must have the shape of indices {idx.shape}; got {gens.shape}"
+            )
+        stale = gens.astype(np.int64, copy=False) != self.write_generation[idx]
+        self.sampler.update_priorities(idx, np.asarray(td_errors), trainer, stale)
+
+    # ----------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: data, cursor, size, sampler state, RNG.
+
+        Arrays are copies of the filled part of the storage; other values are JSON-safe.
+        """
+        filled = self.size  # slots [0, size) hold data while filling; all of them once full
+        return {
+            "format": _config.SAVE_FORMAT,
+            "version": _config.SAVE_VERSION,
+            "specs": {a: s.to_dict() for a, s in self.specs.items()},
+            "capacity": self.capacity,
+            "layout": self.layout,
+            "n_trainers": self.n_trainers,
+            "sampler": {
+                "type": type(self.sampler).__name__,
+                "config": self.sampler.config(),
+                "state": self.sampler.state_dict(),
+            },
+            "cursor": self.cursor,
+            "size": self.size,
+            "total_writes": self.total_writes,
+            "rng": self.rng.bit_generator.state,
+            "write_generation": self.write_generation[:filled].copy(),
+            "storage": {k: v[:filled].copy() for k, v in self.storage.arrays().items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output into this buffer (same specs, capacity, layout)."""
+        _check_header(state)
+        specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
+        mismatch = [
+            (k, mine, theirs)
+            for k, mine, theirs in (
+                ("specs", self.specs, specs),
+                ("capacity", self.capacity, state["capacity"]),
+                ("layout", self.layout, state["layout"]),
+                ("n_trainers", self.n_trainers, state["n_trainers"]),
+            )
+            if mine != theirs
+        ]
+        if mismatch:
+            key, mine, theirs = mismatch[0]
+            raise ValueError(
+                f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
+                "the state; build the buffer with MultiAgentReplayBuffer.load instead"
+            )
+        size = int(state["size"])
+        arrays = self.storage.arrays()
+        if set(state["storage"]) != set(arrays):
+            raise ValueError(
+                f"state_dict storage arrays {sorted(state['storage'])} do not match this "
+                f"layout's {sorted(arrays)}"
+            )
+        for key, dst in arrays.items():
+            src = np.asarray(state["storage"][key])
+            if src.shape != (size, *dst.shape[1:]) or src.dtype != dst.dtype:
+                raise ValueError(
+                    f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
+                    f"expected {(size, *dst.shape[1:])} {dst.dtype}"
+                )
+        for key, dst in arrays.items():
+            dst[:size] = state["storage"][key]
+        self.write_generation[:] = -1
+        self.write_generation[:size] = state["write_generation"]
+        self.cursor = int(state["cursor"])
+        self.size = size
+        self.total_writes = int(state["total_writes"])
+        self.rng.bit_generator.state = state["rng"]
+        self.sampler.load_state_dict(state["sampler"]["state"])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the buffer to ``path`` (an ``.npz`` archive; no pickled code) atomically: the
+        file is written next to the target and renamed over it only when complete."""
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {}
+        meta = _split_arrays(self.state_dict(), "", arrays)
+        arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MultiAgentReplayBuffer:
+        """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state)."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                files = {k: archive[k] for k in archive.files}
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(
+                f"{path} is not a readable marlbuf buffer file (corrupt or not an .npz): {exc}"
+            ) from exc
+        if "__meta__" not in files:
+            raise ValueError(f"{path} is not a marlbuf buffer file (no __meta__ entry)")
+        try:
+            meta = json.loads(files.pop("__meta__").tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path} has a corrupt header: {exc}") from exc
+        state = _join_arrays(meta, files)
+        _check_header(state)
+        sampler_state = state["sampler"]
+        buf = cls(
+            {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()},
+            capacity=int(state["capacity"]),
+            layout=state["layout"],
+            sampler=Sampler.from_config(sampler_state["type"], sampler_state["config"]),
+            n_trainers=int(state["n_trainers"]),
+        )
+        buf.load_state_dict(state)
+        return buf
+
+
+def _check_header(state: Mapping[str, Any]) -> None:
+    if state.get("format") != _config.SAVE_FORMAT:
+        raise ValueError(
+            f"not a marlbuf buffer state (format={state.get('format')!r}, "
+            f"expected {_config.SAVE_FORMAT!r})"
+        )
+    if state.get("version") != _config.SAVE_VERSION:
+        raise ValueError(
+            f"buffer state has format version {state.get('version')!r}; this marlbuf reads "
+            f"version {_config.SAVE_VERSION}. Load it with the marlbuf version that wrote it."
+        )
+
+
+def _reuse_arrays(batch: Batch) -> dict[str, np.ndarray]:
+    reuse = {f"{f}/{a}": x for f in FIELDS for a, x in batch.field(f).items()}
+    if batch.block is not None:
+        reuse["block"] = batch.block
+    return reuse
+
+
+def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    """Replace every ndarray in a nested dict by a reference, collecting arrays by path."""
+    if isinstance(obj, np.ndarray):
+        arrays[prefix] = obj
+        return {"__array__": prefix}
+    if isinstance(obj, dict):
+        return {k: _split_arrays(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_split_arrays(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _join_arrays(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """Inverse of :func:`_split_arrays`."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__array__"}:
+            key = obj["__array__"]
+            if key not in arrays:
+                raise ValueError(f"buffer file is missing array {key!r} (truncated or corrupt)")
+            return arrays[key]
+        return {k: _join_arrays(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_join_arrays(v, arrays) for v in obj]
+    return obj
+
+
+__all__ = ["MultiAgentReplayBuffer", "make_rng"]

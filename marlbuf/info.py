@@ -1,0 +1,101 @@
+"""``marlbuf info``: what this machine offers the buffer and the profiler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_caches() -> list[dict[str, Any]]:
+    caches = []
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(root.glob("index*")):
+        try:
+            caches.append(
+                {
+                    "level": int((index / "level").read_text()),
+                    "type": (index / "type").read_text().strip(),
+                    "size": (index / "size").read_text().strip(),
+                    "line_bytes": int((index / "coherency_line_size").read_text()),
+                    "shared_by_cpus": (index / "shared_cpu_list").read_text().strip(),
+                }
+            )
+        except (OSError, ValueError):
+            continue
+    return caches
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _perf_counters() -> dict[str, str]:
+    """Which perf events open here: event -> "ok" or the plain reason it does not."""
+    try:
+        from marlbuf.profiling.perf_events import probe
+    except ImportError as exc:
+        return {"all": f"unknown (profiling module unavailable: {exc})"}
+    return probe()
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, caches, Python/NumPy/Numba versions and threading, and perf-counter access."""
+    import numba
+    import numpy as np
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        affinity = os.cpu_count() or 0
+    try:
+        paranoid = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
+    except OSError:
+        paranoid = "unknown"
+    return {
+        "cpu_model": _cpu_model(),
+        "machine": platform.machine(),
+        "cores_online": os.cpu_count(),
+        "cores_usable": affinity,
+        "caches": _cpu_caches(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_threading_layer": str(numba.config.THREADING_LAYER),
+        "numba_num_threads": int(numba.config.NUMBA_NUM_THREADS),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "perf_event_paranoid": paranoid,
+        "perf_counters": _perf_counters(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="marlbuf info", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    info = machine_info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for key, value in info.items():
+        if key == "caches":
+            for c in value:
+                print(
+                    f"{'cache':<22} L{c['level']} {c['type']:<12} {c['size']:>8} "
+                    f"(line {c['line_bytes']} B, cpus {c['shared_by_cpus']})"
+                )
+        elif key == "perf_counters":
+            for event, status in value.items():
+                print(f"{'perf ' + event:<22} {status}")
+        else:
+            print(f"{key:<22} {value}")
+    return 0

@@ -1,0 +1,243 @@
+"""What one agent stores per transition, and how agents' fields are laid out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: The per-agent fields of a transition, in storage order. ``add``/``extend`` take these as
+#: keyword arguments and ``Batch`` exposes them as attributes.
+FIELDS: tuple[str, ...] = ("obs", "action", "reward", "next_obs", "done")
+
+
+def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape
+    ):
+        raise ValueError(
+            f"{name} must be a tuple of positive ints (e.g. (18,)); got {name}={shape!r}"
+        )
+    return tuple(int(d) for d in shape)
+
+
+def _check_dtype(name: str, dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a NumPy dtype; got {name}={dtype!r}") from exc
+    if dt.kind not in "biuf" or dt.itemsize > 8:
+        raise TypeError(
+            f"{name} must be a bool, integer or float dtype of at most 8 bytes; got {name}={dt}"
+        )
+    return dt
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Shapes and dtypes of one agent's transition fields.
+
+    Parameters
+    ----------
+    obs_shape : tuple of int
+        Shape of one observation (``next_obs`` has the same shape), e.g. ``(18,)``.
+    action_shape : tuple of int
+        Shape of one action, e.g. ``(5,)`` for MPE's continuous/Gumbel-softmax actions.
+    obs_dtype, action_dtype : dtype, default float32
+        Storage dtypes. Inputs are cast with NumPy's ``same_kind`` rule (float64 -> float32 is
+        accepted, float -> int is a ``TypeError``).
+    n_discrete_actions : int, optional
+        Set for a ``Discrete(n)`` action space: actions are stored **one-hot** as ``(n,)``
+        float32 (what MADDPG's critics consume), and ``add`` also accepts the integer index.
+
+    Rewards and dones are stored as float32 scalars per agent.
+
+    Examples
+    --------
+    >>> AgentSpec(obs_shape=(18,), action_shape=(5,)).obs_dim
+    18
+    """
+
+    obs_shape: tuple[int, ...]
+    action_shape: tuple[int, ...]
+    obs_dtype: Any = np.float32
+    action_dtype: Any = np.float32
+    n_discrete_actions: int | None = None
+    _dtypes: dict[str, np.dtype] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "obs_shape", _check_shape("obs_shape", self.obs_shape))
+        object.__setattr__(self, "action_shape", _check_shape("action_shape", self.action_shape))
+        obs_dt = _check_dtype("obs_dtype", self.obs_dtype)
+        act_dt = _check_dtype("action_dtype", self.action_dtype)
+        object.__setattr__(self, "obs_dtype", obs_dt)
+        object.__setattr__(self, "action_dtype", act_dt)
+        if self.n_discrete_actions is not None:
+            n = self.n_discrete_actions
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"n_discrete_actions must be a positive int; got {n!r}")
+            if self.action_shape != (int(n),) or act_dt.kind != "f":
+                raise ValueError(
+                    "a discrete action is stored one-hot: action_shape must be "
+                    f"({n},) with a float action_dtype; got action_shape={self.action_shape}, "
+                    f"action_dtype={act_dt}"
+                )
+        f32 = np.dtype(np.float32)
+        dtypes = {"obs": obs_dt, "action": act_dt, "reward": f32, "next_obs": obs_dt, "done": f32}
+        object.__setattr__(self, "_dtypes", dtypes)
+
+    @property
+    def obs_dim(self) -> int:
+        """Number of scalars in one observation."""
+        return math.prod(self.obs_shape)
+
+    @property
+    def action_dim(self) -> int:
+        """Number of scalars in one action."""
+        return math.prod(self.action_shape)
+
+    def shape(self, field_name: str) -> tuple[int, ...]:
+        """Shape of one item of ``field_name`` (one of :data:`FIELDS`)."""
+        if field_name in ("obs", "next_obs"):
+            return self.obs_shape
+        if field_name == "action":
+            return self.action_shape
+        if field_name in ("reward", "done"):
+            return ()
+        raise ValueError(f"field must be one of {FIELDS}; got field={field_name!r}")
+
+    def dtype(self, field_name: str) -> np.dtype:
+        """Storage dtype of ``field_name``."""
+        if field_name not in self._dtypes:
+            raise ValueError(f"field must be one of {FIELDS}; got field={field_name!r}")
+        return self._dtypes[field_name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-safe), the inverse of :meth:`from_dict`."""
+        return {
+            "obs_shape": list(self.obs_shape),
+            "action_shape": list(self.action_shape),
+            "obs_dtype": self.obs_dtype.str,
+            "action_dtype": self.action_dtype.str,
+            "n_discrete_actions": self.n_discrete_actions,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AgentSpec:
+        """Rebuild a spec from :meth:`to_dict` output."""
+        return cls(
+            obs_shape=tuple(data["obs_shape"]),
+            action_shape=tuple(data["action_shape"]),
+            obs_dtype=np.dtype(data["obs_dtype"]),
+            action_dtype=np.dtype(data["action_dtype"]),
+            n_discrete_actions=data.get("n_discrete_actions"),
+        )
+
+    @classmethod
+    def from_spaces(cls, observation_space: Any, action_space: Any) -> AgentSpec:
+        """Build a spec from Gymnasium spaces (duck-typed; Gymnasium is not imported).
+
+        ``Box`` observations keep their shape and are stored float32. ``Box`` actions are stored
+        float32 with their shape; ``Discrete(n)`` actions are stored one-hot as ``(n,)`` float32
+        (see ``n_discrete_actions``).
+        """
+        obs_kind = type(observation_space).__name__
+        if obs_kind != "Box" or getattr(observation_space, "shape", None) is None:
+            raise TypeError(
+                f"observation_space must be a Box space; got {observation_space!r}. "
+                "Flatten other spaces first (gymnasium.spaces.flatten_space)."
+            )
+        act_kind = type(action_space).__name__
+        if act_kind == "Box":
+            return cls(obs_shape=tuple(observation_space.shape), action_shape=action_space.shape)
+        if act_kind == "Discrete":
+            n = int(action_space.n)
+            return cls(
+                obs_shape=tuple(observation_space.shape), action_shape=(n,), n_discrete_actions=n
+            )
+        raise TypeError(f"action_space must be a Box or Discrete space; got {action_space!r}")
+
+
+def specs_from_env(env: Any, agents: Sequence[str] | None = None) -> dict[str, AgentSpec]:
+    """Specs for every agent of a PettingZoo (parallel or AEC) environment, in agent order.
+
+    Parameters
+    ----------
+    env : PettingZoo environment
+        Anything with ``observation_space(agent)`` and ``action_space(agent)`` methods and a
+        ``possible_agents`` (or ``agents``) list.
+    agents : sequence of str, optional
+        Which agents, in which order; defaults to ``env.possible_agents``.
+    """
+    if agents is None:
+        agents = getattr(env, "possible_agents", None) or getattr(env, "agents", None)
+    if not agents:
+        raise ValueError(f"env has no agents (possible_agents is empty); got env={env!r}")
+    return {a: AgentSpec.from_spaces(env.observation_space(a), env.action_space(a)) for a in agents}
+
+
+def normalize_specs(specs: Any) -> dict[str, AgentSpec]:
+    """Validate ``specs`` (a mapping agent name -> AgentSpec) and return an ordered dict."""
+    if not isinstance(specs, Mapping):
+        raise TypeError(
+            "specs must be a mapping {agent_name: AgentSpec}; "
+            f"got specs of type {type(specs).__name__}"
+        )
+    if not specs:
+        raise ValueError("specs must name at least one agent; got specs={}")
+    out: dict[str, AgentSpec] = {}
+    for name, spec in specs.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"agent names must be non-empty strings; got {name!r}")
+        if not isinstance(spec, AgentSpec):
+            raise TypeError(f"specs[{name!r}] must be an AgentSpec; got {type(spec).__name__}")
+        out[name] = spec
+    return out
+
+
+@dataclass(frozen=True)
+class FieldSlot:
+    """Where one agent's field lives inside an interleaved row."""
+
+    agent: str
+    field: str
+    offset: int  # byte offset inside the row
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def interleaved_row_layout(
+    specs: Mapping[str, AgentSpec], row_align: int
+) -> tuple[list[FieldSlot], int]:
+    """Byte offsets of every (field, agent) inside one interleaved row.
+
+    The row is **field-major**: every agent's ``obs``, then every agent's ``action``, then
+    rewards, next observations and dones. So the centralized critic's input (all observations,
+    then all actions) is one contiguous slice of a gathered row when the dtypes agree. Each
+    field starts at a multiple of its itemsize; the row is padded to ``row_align`` bytes.
+
+    Returns
+    -------
+    slots : list of FieldSlot
+        In storage order.
+    row_bytes : int
+        Padded row width in bytes.
+    """
+    slots: list[FieldSlot] = []
+    offset = 0
+    for field_name in FIELDS:
+        for agent, spec in specs.items():
+            dt = spec.dtype(field_name)
+            shape = spec.shape(field_name)
+            offset = -(-offset // dt.itemsize) * dt.itemsize  # align to the itemsize
+            nbytes = math.prod(shape) * dt.itemsize
+            slots.append(FieldSlot(agent, field_name, offset, nbytes, shape, dt))
+            offset += nbytes
+    row_bytes = -(-offset // row_align) * row_align  # pad to a whole number of cache lines
+    return slots, row_bytes

@@ -1,0 +1,234 @@
+"""Storage layouts: where the transitions live and how a batch of slots is gathered.
+
+Two layouts hold the same data and return the same batches, bit for bit:
+
+* :class:`AgentMajorStorage` — per agent, per field, one preallocated array (the layout of
+  openai/maddpg, SB3, cpprb): a joint batch of N agents costs 5N small gathers.
+* :class:`InterleavedStorage` — one 2-D table ``[capacity, row_bytes]``; a row holds every
+  agent's fields for one timestep (key-value layout, Gogineni et al. Sec. 5.3), so a joint batch
+  is one gather of wide rows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+import numpy as np
+
+from marlbuf import _config
+from marlbuf._kernels import gather_rows, scatter_rows
+from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout
+
+#: data handed to ``Storage.write``: field -> agent -> array of shape (T, *shape), storage dtype
+StepData = Mapping[str, Mapping[str, np.ndarray]]
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose first byte sits on an ``alignment``-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` (Linux), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits_in_memory(nbytes: int, what: str) -> None:
+    """Refuse (``MemoryError``) or warn before allocating ``nbytes`` that will not fit."""
+    available = available_memory_bytes()
+    if available is None:
+        return
+    gib = 1024**3
+    if nbytes > available:
+        raise MemoryError(
+            f"{what} needs {nbytes / gib:.2f} GiB but only {available / gib:.2f} GiB is "
+            "available; reduce capacity (or the number of agents / observation size)"
+        )
+    if nbytes > _config.MEMORY_WARN_FRACTION * available:
+        warnings.warn(
+            f"{what} needs {nbytes / gib:.2f} GiB of the {available / gib:.2f} GiB available; "
+            "the machine may start swapping",
+            ResourceWarning,
+            stacklevel=4,
+        )
+
+
+def _ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """Split consecutive ring slots into ``(dst_start, dst_stop, src_start)`` slices (at most 2)."""
+    first, count = int(slots[0]), int(slots.shape[0])
+    capacity_wrap = int(slots[-1]) < first  # the run passed the end of the ring
+    if not capacity_wrap:
+        return [(first, first + count, 0)]
+    head = int(np.argmin(slots))  # position where the slots wrapped to 0
+    return [(first, first + head, 0), (0, count - head, head)]
+
+
+class Storage(ABC):
+    """Preallocated storage for ``capacity`` joint transitions of every agent."""
+
+    layout: str = ""
+
+    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int) -> None:
+        self.specs = dict(specs)
+        self.capacity = int(capacity)
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes held by the storage arrays."""
+
+    @abstractmethod
+    def write(self, slots: np.ndarray, data: StepData) -> None:
+        """Store ``data`` (field -> agent -> (T, *shape) arrays, already validated and in the
+        storage dtypes) at ring ``slots`` (shape (T,), consecutive modulo capacity)."""
+
+    @abstractmethod
+    def gather(
+        self, indices: np.ndarray, reuse: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
+        """Rows at ``indices`` (shape (B,), int64, in range): per field, per agent, arrays of
+        shape (B, *shape); plus the gathered block (interleaved) or ``None``. ``reuse`` holds
+        output arrays of a previous gather of the same batch size to overwrite."""
+
+    @abstractmethod
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The storage arrays by name (views, for saving)."""
+
+
+class AgentMajorStorage(Storage):
+    """Per agent, per field, one ``(capacity, *shape)`` array (page-aligned)."""
+
+    layout = "agent_major"
+
+    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int) -> None:
+        super().__init__(specs, capacity)
+        total = sum(
+            capacity * math.prod(spec.shape(f)) * spec.dtype(f).itemsize
+            for spec in self.specs.values()
+            for f in FIELDS
+        )
+        check_fits_in_memory(total, f"agent_major storage for capacity={capacity}")
+        self._data: dict[str, dict[str, np.ndarray]] = {
+            f: {
+                agent: aligned_empty(
+                    (capacity, *spec.shape(f)), spec.dtype(f), _config.ARRAY_ALIGN_BYTES
+                )
+                for agent, spec in self.specs.items()
+            }
+            for f in FIELDS
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for per_agent in self._data.values() for a in per_agent.values())
+
+    def write(self, slots: np.ndarray, data: StepData) -> None:
+        ranges = _ring_ranges(slots)
+        for f in FIELDS:
+            for agent, dst in self._data[f].items():
+                src = data[f][agent]
+                for lo, hi, s0 in ranges:
+                    dst[lo:hi] = src[s0 : s0 + (hi - lo)]
+
+    def gather(
+        self, indices: np.ndarray, reuse: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
+        n = indices.shape[0]
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for f in FIELDS:
+            out[f] = {}
+            for agent, src in self._data[f].items():
+                key = f"{f}/{agent}"
+                dst = reuse.get(key) if reuse is not None else None
+                if dst is None or dst.shape[0] != n:
+                    dst = np.empty((n, *src.shape[1:]), dtype=src.dtype)
+                gather_rows(src.reshape(self.capacity, -1), indices, dst.reshape(n, -1))
+                out[f][agent] = dst
+        return out, None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f"{f}/{a}": arr for f in FIELDS for a, arr in self._data[f].items()}
+
+
+class InterleavedStorage(Storage):
+    """One page-aligned table ``[capacity, row_bytes]``; a row is one timestep of every agent.
+
+    The row is field-major (all agents' obs, then all actions, rewards, next obs, dones; see
+    :func:`marlbuf.spec.interleaved_row_layout`) and padded to a whole number of cache lines. The
+    table is kept as 8-byte words so that the gather kernel moves words, not bytes.
+    """
+
+    layout = "interleaved"
+
+    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int) -> None:
+        super().__init__(specs, capacity)
+        self.slots, self.row_bytes = interleaved_row_layout(self.specs, _config.ROW_ALIGN_BYTES)
+        self.row_words = self.row_bytes // 8
+        check_fits_in_memory(
+            capacity * self.row_bytes, f"interleaved storage for capacity={capacity}"
+        )
+        self.table = aligned_empty(
+            (capacity, self.row_words), np.dtype(np.uint64), _config.ARRAY_ALIGN_BYTES
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def field_views(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64)."""
+        raw = rows.view(np.uint8)
+        n = rows.shape[0]
+        views: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
+        for s in self.slots:
+            part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
+            views[s.field][s.agent] = part.reshape((n, *s.shape))
+        return views
+
+    def write(self, slots: np.ndarray, data: StepData) -> None:
+        staged = np.zeros((slots.shape[0], self.row_words), dtype=np.uint64)  # padding stays 0
+        views = self.field_views(staged)
+        for f in FIELDS:
+            for agent, dst in views[f].items():
+                dst[...] = data[f][agent]
+        scatter_rows(self.table, slots, staged)
+
+    def gather(
+        self, indices: np.ndarray, reuse: dict[str, np.ndarray] | None = None
+    ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
+        n = indices.shape[0]
+        block = reuse.get("block") if reuse is not None else None
+        if block is None or block.shape[0] != n:
+            block = aligned_empty((n, self.row_words), np.dtype(np.uint64), _config.ROW_ALIGN_BYTES)
+        gather_rows(self.table, indices, block)
+        return self.field_views(block), block
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"table": self.table}
+
+
+LAYOUTS: dict[str, type[Storage]] = {
+    AgentMajorStorage.layout: AgentMajorStorage,
+    InterleavedStorage.layout: InterleavedStorage,
+}
+
+
+def make_storage(layout: str, specs: Mapping[str, AgentSpec], capacity: int) -> Storage:
+    """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
+    return LAYOUTS[layout](specs, capacity)

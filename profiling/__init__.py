@@ -1,0 +1,1 @@
+"""marlbuf.profiling (see README)."""
