@@ -1,0 +1,163 @@
+"""Shared benchmark machinery: interleaved repeats, medians, ratios, result files.
+
+Every suite module in ``bench/`` exposes ``SUITE`` (its name) and
+``run(quick: bool = False) -> dict`` returning a JSON-safe payload with at least ``"rows"`` (a
+list of flat dicts, one per measured case) and ``"summary"`` (headline numbers). The CLI adds
+machine info and writes ``bench/results/<suite>[-quick].json``.
+
+Method (DESIGN section 9): all cases of one comparison are timed in the same process, repeats
+interleaved (case A, B, C, A, B, C, ...) so that machine noise hits every case alike; JIT
+warm-up runs before timing; we report the median and min/max and ratios to a baseline measured
+in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def quiet_threads() -> dict[str, str]:
+    """Settings that keep idle thread pools from busy-waiting on small machines.
+
+    On a 2-core machine an idle OpenMP/TBB pool spinning after a parallel region slows every
+    following call by 10-25 ms (see shared/reference/profiling_notes.md), so benchmarks run
+    torch with one thread and OpenMP with a passive wait policy. Returns what was set.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    settings = {"OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"]}
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        settings["torch_threads"] = "1"
+    except ImportError:
+        pass
+    return settings
+
+
+def time_interleaved(
+    cases: Mapping[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    inner: int = 1,
+) -> dict[str, dict[str, float]]:
+    """Time each case ``repeats`` times, interleaving the cases; seconds per call.
+
+    Parameters
+    ----------
+    cases : mapping of name to zero-argument callable
+    repeats : int
+        Timed rounds; each round calls every case ``inner`` times, in order.
+    warmup : int
+        Untimed rounds first (JIT compilation, page faults of fresh arrays).
+    inner : int
+        Calls per timed sample (for very short operations).
+
+    Returns
+    -------
+    dict
+        ``{name: {"median": s, "min": s, "max": s, "n": repeats}}``.
+    """
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, fn in cases.items():
+                start = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / inner)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {
+        name: {
+            "median": float(np.median(s)),
+            "min": float(np.min(s)),
+            "max": float(np.max(s)),
+            "n": len(s),
+        }
+        for name, s in samples.items()
+    }
+
+
+def time_once(fn: Callable[[], Any]) -> float:
+    """Seconds for one call (used to report JIT compile time separately)."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def copy_bandwidth(nbytes: int = 256 * 1024**2, repeats: int = 5) -> float:
+    """This machine's memory copy bandwidth in bytes/s (best of ``repeats`` large copies).
+
+    A copy reads and writes ``nbytes`` each; the figure counts the bytes copied once, which is
+    the unit a gather floor is computed in (bytes gathered / bandwidth).
+    """
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+    best = min(time_once(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return nbytes / best
+
+
+def result_path(suite: str, quick: bool, out_dir: Path | None = None) -> Path:
+    """Where a suite's JSON goes: ``bench/results/<suite>[-quick].json``."""
+    out = RESULTS_DIR if out_dir is None else Path(out_dir)
+    return out / f"{suite}{'-quick' if quick else ''}.json"
+
+
+def write_result(
+    suite: str, payload: Mapping[str, Any], quick: bool, out_dir: Path | None = None
+) -> Path:
+    """Write ``payload`` with machine info and a timestamp; returns the path."""
+    from marlbuf.info import machine_info
+
+    path = result_path(suite, quick, out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "suite": suite,
+        "quick": quick,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        **payload,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def markdown_table(rows: list[Mapping[str, Any]], columns: list[str]) -> str:
+    """A GitHub-markdown table of ``rows`` restricted to ``columns``."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
