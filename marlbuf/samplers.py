@@ -62,9 +62,14 @@ class Sampler(ABC):
         """
 
     def update_priorities(
-        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, generations: np.ndarray
+        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
     ) -> None:
-        """Feed TD errors back (prioritized samplers only)."""
+        """Feed TD errors back (prioritized samplers only).
+
+        ``indices`` (shape (B,), int64) are in range; ``td_errors`` is whatever the caller
+        passed (validate it: shape (B,), finite); ``stale`` (shape (B,), bool) marks slots
+        overwritten since they were sampled, whose updates must be dropped.
+        """
         raise TypeError(
             f"{type(self).__name__} keeps no priorities; update_priorities needs a prioritized "
             "sampler (marlbuf.samplers.Prioritized or PrioritizedNeighbor)"
