@@ -1,0 +1,84 @@
+"""The paper's MADDPG workloads as data: agent counts and observation sizes per environment.
+
+Kept free of mpe2 so that buffer benchmarks run with only the core installed. The numbers match
+MPE's observation layout (tests check them against the real environments):
+
+* cooperative navigation (``simple_spread``), N agents and N landmarks: every agent sees
+  ``6N`` floats (own velocity and position, N landmarks, N-1 other positions, N-1 comm channels
+  of 2) — 18/36/72/144 at N = 3/6/12/24.
+* predator-prey (``simple_tag``), N predators, M prey, L landmarks: own velocity and position
+  (4), landmarks (2L), other agents' positions (2(N+M-1)), prey velocities (2M for a predator,
+  2(M-1) for a prey) — 16/14 at 3+1+2, 98/96 at 24+8+8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from marlbuf.spec import AgentSpec
+
+ACTION_DIM = 5  # MPE continuous / Gumbel-softmax action vector
+
+
+def predator_prey_sizes(n_predators: int) -> tuple[int, int]:
+    """Paper defaults: M = max(1, N // 3) prey and L = max(2, N // 3) landmarks."""
+    return max(1, n_predators // 3), max(2, n_predators // 3)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One environment configuration of the MADDPG sampling workload."""
+
+    env: str  # "cooperative_navigation" or "predator_prey"
+    n: int  # agents (cooperative navigation) or predators (predator-prey)
+
+    @property
+    def label(self) -> str:
+        if self.env == "cooperative_navigation":
+            return f"CN-{self.n}"
+        prey, _ = predator_prey_sizes(self.n)
+        return f"PP-{self.n}+{prey}"
+
+    def obs_dims(self) -> list[int]:
+        """Observation size of every trained agent, in agent order (predators first)."""
+        if self.env == "cooperative_navigation":
+            return [6 * self.n] * self.n
+        prey, landmarks = predator_prey_sizes(self.n)
+        common = 4 + 2 * landmarks + 2 * (self.n + prey - 1)
+        return [common + 2 * prey] * self.n + [common + 2 * (prey - 1)] * prey
+
+    def specs(self) -> dict[str, AgentSpec]:
+        """Buffer specs: one per trained agent (prey are trained too in predator-prey)."""
+        return {
+            f"agent_{i}": AgentSpec(obs_shape=(d,), action_shape=(ACTION_DIM,))
+            for i, d in enumerate(self.obs_dims())
+        }
+
+    @property
+    def n_trainers(self) -> int:
+        return len(self.obs_dims())
+
+
+def random_steps(
+    specs: dict[str, AgentSpec], steps: int, rng: np.random.Generator
+) -> dict[str, dict[str, np.ndarray]]:
+    """``steps`` timesteps of random data for ``MultiAgentReplayBuffer.extend``."""
+    return {
+        "obs": {a: rng.random((steps, *s.obs_shape), np.float32) for a, s in specs.items()},
+        "action": {a: rng.random((steps, *s.action_shape), np.float32) for a, s in specs.items()},
+        "reward": {a: rng.random(steps, np.float32) for a in specs},
+        "next_obs": {a: rng.random((steps, *s.obs_shape), np.float32) for a, s in specs.items()},
+        "done": {a: (rng.random(steps) < 0.04).astype(np.float32) for a in specs},
+    }
+
+
+PAPER_WORKLOADS = [
+    Workload("cooperative_navigation", 3),
+    Workload("cooperative_navigation", 6),
+    Workload("cooperative_navigation", 12),
+    Workload("cooperative_navigation", 24),
+    Workload("predator_prey", 3),
+    Workload("predator_prey", 24),
+]
