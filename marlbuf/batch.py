@@ -59,7 +59,7 @@ class Batch:
         """The per-agent dict of one field (``"obs"``, ``"action"``, ...)."""
         if name not in FIELDS:
             raise ValueError(f"name must be one of {FIELDS}; got name={name!r}")
-        return getattr(self, name)  # type: ignore[no-any-return]
+        return getattr(self, name)  # type: ignore[no-any-return,unused-ignore]
 
     def concat(self, *fields: str) -> np.ndarray:
         """All agents' ``fields``, flattened and concatenated: shape ``(B, total_dim)``.

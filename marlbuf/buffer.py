@@ -197,10 +197,13 @@ class MultiAgentReplayBuffer:
         for f, value in fields.items():
             for agent, item in self._as_agent_dict(f, value).items():
                 arr = np.asarray(item)
-                if arr.ndim == 0:
+                shape = self.specs[agent].shape(f)
+                discrete_index = f == "action" and self.specs[agent].n_discrete_actions
+                if arr.ndim != len(shape) + 1 and not (discrete_index and arr.ndim == 1):
                     raise ValueError(
-                        f"extend needs a leading time axis: {f}[{agent!r}] is a scalar; "
-                        "use add() for one timestep"
+                        f"extend needs a leading time axis: {f}[{agent!r}] must have shape "
+                        f"{('T', *shape)}; got {arr.shape}. "
+                        "Use add() for one timestep"
                     )
                 if steps is None:
                     steps = int(arr.shape[0])
@@ -490,7 +493,7 @@ class MultiAgentReplayBuffer:
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
+                np.savez(fh, **arrays)  # type: ignore[arg-type]
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -503,9 +506,10 @@ class MultiAgentReplayBuffer:
         """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state)."""
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as archive:
+            # open the file ourselves: np.load leaks its handle when the archive is corrupt
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as archive:
                 files = {k: archive[k] for k in archive.files}
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
             raise ValueError(

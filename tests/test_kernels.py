@@ -1,0 +1,48 @@
+"""Row kernels against their NumPy twins in tests/naive.py."""
+
+from __future__ import annotations
+
+import naive
+import numpy as np
+import pytest
+
+from marlbuf._kernels import gather_rows, neighbor_indices, scatter_rows
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.float32, np.float64, np.int16])
+@pytest.mark.parametrize(("capacity", "width", "batch"), [(1, 1, 1), (7, 3, 20), (100, 37, 64)])
+def test_gather_rows_matches_naive(dtype, capacity, width, batch):
+    rng = np.random.default_rng(capacity * width)
+    table = (rng.random((capacity, width)) * 1000).astype(dtype)
+    idx = rng.integers(0, capacity, batch)
+    out = np.empty((batch, width), dtype)
+    gather_rows(table, idx, out)
+    np.testing.assert_array_equal(out, naive.gather_rows(table, idx))
+
+
+def test_gather_rows_empty_batch():
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    out = np.empty((0, 3), np.float32)
+    gather_rows(table, np.empty(0, np.int64), out)
+    assert out.shape == (0, 3)
+
+
+@pytest.mark.parametrize("n", [1, 5, 30])
+def test_scatter_rows_matches_naive_including_duplicates(n):
+    rng = np.random.default_rng(n)
+    table = rng.random((10, 4))
+    slots = rng.integers(0, 10, n)  # duplicates: the later row wins
+    rows = rng.random((n, 4))
+    expected = naive.scatter_rows(table, slots, rows)
+    scatter_rows(table, slots, rows)
+    np.testing.assert_array_equal(table, expected)
+
+
+@pytest.mark.parametrize(("run_length", "capacity"), [(1, 5), (4, 10), (16, 16), (64, 100)])
+def test_neighbor_indices_wraps_like_naive(run_length, capacity):
+    rng = np.random.default_rng(run_length)
+    refs = rng.integers(0, capacity, 7)
+    out = np.empty(7 * run_length, np.int64)
+    neighbor_indices(refs, run_length, capacity, out)
+    np.testing.assert_array_equal(out, naive.neighbor_indices(refs, run_length, capacity))
+    assert out.min() >= 0 and out.max() < capacity
