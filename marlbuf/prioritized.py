@@ -13,6 +13,7 @@ holds what they are made of, so that it can be used and tested on its own:
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -201,7 +202,7 @@ class ThresholdPredictor(RunLengthPredictor):
                 "thresholds must be a sequence of floats and run_lengths a sequence of ints; "
                 f"got thresholds={thresholds!r}, run_lengths={run_lengths!r}"
             ) from exc
-        if any(b <= a for a, b in zip(values, values[1:])) or any(t <= 0 for t in values):
+        if any(b <= a for a, b in itertools.pairwise(values)) or any(t <= 0 for t in values):
             raise ValueError(
                 f"thresholds must be strictly increasing and in (0, 1]; got {thresholds!r}"
             )

@@ -267,7 +267,9 @@ class Prioritized(Sampler):
         indices = np.empty(batch_size, dtype=np.int64)
         weights = np.empty(batch_size, dtype=np.float32)
         beta = self.beta_for(trainer)
-        per_sample(self.trees.sums[trainer], self.trees.leaf_offset, uniforms, beta, indices, weights)
+        per_sample(
+            self.trees.sums[trainer], self.trees.leaf_offset, uniforms, beta, indices, weights
+        )
         self.batches_drawn[trainer] += 1
         return indices, weights
 
@@ -459,7 +461,8 @@ class PrioritizedNeighbor(Prioritized):
         """The same distribution as the fused kernel, for predictors without a step table."""
         batch_size = uniforms.shape[0]
         refs = np.empty(batch_size, dtype=np.int64)
-        find_prefix(self.trees.sums[trainer], self.trees.leaf_offset, uniforms, refs)
+        targets = uniforms * self.trees.sums[trainer, 1]
+        find_prefix(self.trees.sums[trainer], self.trees.leaf_offset, targets, refs)
         leaves = self.trees.leaves(trainer)
         priorities = self.trees.priorities(trainer)
         max_priority = self.trees.maxes[trainer, 1]

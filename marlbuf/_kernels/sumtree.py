@@ -144,9 +144,10 @@ def _find(sum_tree: np.ndarray, leaf_offset: int, target: float) -> int:
 
 @njit(cache=True, nogil=True)
 def find_prefix(
-    sum_tree: np.ndarray, leaf_offset: int, uniforms: np.ndarray, out_slots: np.ndarray
+    sum_tree: np.ndarray, leaf_offset: int, targets: np.ndarray, out_slots: np.ndarray
 ) -> None:
-    """Batched proportional search: ``out_slots[i]`` is the slot holding ``uniforms[i] * total``.
+    """Batched prefix-sum search: ``out_slots[i]`` is the slot whose interval
+    ``[sum of earlier leaves, that + its leaf)`` holds ``targets[i]``.
 
     Parameters
     ----------
@@ -154,14 +155,13 @@ def find_prefix(
         Sum-tree with a positive total.
     leaf_offset : int
         Node number of slot 0's leaf.
-    uniforms : ndarray, shape (n,), float64
-        Draws in ``[0, 1)``.
+    targets : ndarray, shape (n,), float64
+        Prefix sums in ``[0, total)`` (``uniform * total`` for proportional sampling).
     out_slots : ndarray, shape (n,), int64
         Destination; overwritten.
     """
-    total = sum_tree[1]
-    for i in range(uniforms.shape[0]):
-        out_slots[i] = _find(sum_tree, leaf_offset, uniforms[i] * total)
+    for i in range(targets.shape[0]):
+        out_slots[i] = _find(sum_tree, leaf_offset, targets[i])
 
 
 @njit(cache=True, nogil=True)
