@@ -144,9 +144,12 @@ def test_per_sample_matches_naive(beta: float) -> None:
     np.testing.assert_allclose(weights, want_weights, rtol=1e-6)
 
 
+@pytest.mark.parametrize("min_chunk", [1, 7, 32])
 @pytest.mark.parametrize("inherit", [False, True])
 @pytest.mark.parametrize(("capacity", "size"), [(31, 31), (31, 17), (32, 5), (8, 8)])
-def test_locality_sample_matches_naive(inherit: bool, capacity: int, size: int) -> None:
+def test_locality_sample_matches_naive(
+    inherit: bool, capacity: int, size: int, min_chunk: int
+) -> None:
     rng = np.random.default_rng(capacity + size)
     priorities = np.zeros(capacity)
     priorities[:size] = rng.integers(1, 12, size=size)
@@ -163,7 +166,7 @@ def test_locality_sample_matches_naive(inherit: bool, capacity: int, size: int) 
     weights = np.empty(64, np.float32)
     refs = locality_sample(
         trees.sums[0], trees.maxes[0], trees.leaf_offset, capacity, size, uniforms,
-        thresholds, run_lengths, 0.7, inherit, slots, weights, np.empty(64),
+        thresholds, run_lengths, 0.7, inherit, min_chunk, slots, weights, np.empty(64),
     )  # fmt: skip
     want_slots, want_weights = naive_locality_sample(
         leaves, priorities, size, uniforms, thresholds, run_lengths, 0.7, inherit

@@ -7,6 +7,7 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 
 from marlbuf._kernels.rows import gather_rows, neighbor_indices, scatter_rows
 from marlbuf._kernels.sumtree import (
+    apply_td_errors,
     fill_new_slots,
     find_prefix,
     locality_sample,
@@ -16,6 +17,7 @@ from marlbuf._kernels.sumtree import (
 )
 
 __all__ = [
+    "apply_td_errors",
     "fill_new_slots",
     "find_prefix",
     "gather_rows",
