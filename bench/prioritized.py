@@ -243,6 +243,10 @@ def bench_maddpg(
                         / timings["locality_round"]["median"],
                         "indices_speedup": timings["per_indices"]["median"]
                         / timings["locality_indices"]["median"],
+                        # share of PER's sampling round spent drawing indices (the rest is the
+                        # gather): bounds what fewer tree searches can gain
+                        "per_index_share": timings["per_indices"]["median"]
+                        / timings["per_round"]["median"],
                     }
                 )
             buf.sampler = per
@@ -256,6 +260,9 @@ def bench_maddpg(
                 speedups = [r["round_speedup"] for r in chosen]
                 summary[key + "_min"] = min(speedups)
                 summary[key + "_median"] = float(np.median(speedups))
+                summary[f"per_index_share_{layout}_{scenario}_median"] = float(
+                    np.median([r["per_index_share"] for r in chosen])
+                )
                 index_speedups = [r["indices_speedup"] for r in chosen]
                 summary[f"locality_vs_per_indices_{layout}_{scenario}_median"] = float(
                     np.median(index_speedups)
@@ -278,7 +285,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         ]
     per_rows, per_summary = bench_per(per_capacity, repeats=30 if quick else 200)
     maddpg_rows, maddpg_summary = bench_maddpg(
-        workloads, maddpg_capacity, repeats=3 if quick else 10
+        workloads, maddpg_capacity, repeats=3 if quick else 20
     )
     return {
         "rows": per_rows + maddpg_rows,

