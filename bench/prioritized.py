@@ -24,7 +24,9 @@ Two comparisons, each timed side by side in one process (``time_interleaved``):
    * ``fresh``: every slot at the running maximum, as right after writing (every run has 4
      rows: the best case for the locality sampler).
 
-   Also timed: the index generation alone (``sampler.sample`` for every trainer, no gather).
+   Also timed: the same round writing into batches from an earlier round
+   (``sample_for_trainers(1024, out=...)``: no fresh pages to fault in), and the index
+   generation alone (``sampler.sample`` for every trainer, no gather).
 """
 
 from __future__ import annotations
@@ -202,6 +204,16 @@ def bench_maddpg(
 
                 return run
 
+            def reused_round_with(sampler: Prioritized, buf: MultiAgentReplayBuffer = buf) -> Any:
+                buf.sampler = sampler
+                out = buf.sample_for_trainers(BATCH)  # batches overwritten on every call
+
+                def run() -> None:
+                    buf.sampler = sampler
+                    buf.sample_for_trainers(BATCH, out=out)
+
+                return run
+
             def indices_with(sampler: Prioritized, buf: MultiAgentReplayBuffer = buf) -> Any:
                 def run() -> None:
                     for trainer in range(buf.n_trainers):
@@ -215,6 +227,8 @@ def bench_maddpg(
                     {
                         "per_round": round_with(per),
                         "locality_round": round_with(locality),
+                        "per_round_out": reused_round_with(per),
+                        "locality_round_out": reused_round_with(locality),
                         "per_indices": indices_with(per),
                         "locality_indices": indices_with(locality),
                     },
@@ -239,8 +253,12 @@ def bench_maddpg(
                         "locality_round_s": timings["locality_round"]["median"],
                         "per_indices_s": timings["per_indices"]["median"],
                         "locality_indices_s": timings["locality_indices"]["median"],
+                        "per_round_out_s": timings["per_round_out"]["median"],
+                        "locality_round_out_s": timings["locality_round_out"]["median"],
                         "round_speedup": timings["per_round"]["median"]
                         / timings["locality_round"]["median"],
+                        "round_out_speedup": timings["per_round_out"]["median"]
+                        / timings["locality_round_out"]["median"],
                         "indices_speedup": timings["per_indices"]["median"]
                         / timings["locality_indices"]["median"],
                         # share of PER's sampling round spent drawing indices (the rest is the
@@ -260,6 +278,10 @@ def bench_maddpg(
                 speedups = [r["round_speedup"] for r in chosen]
                 summary[key + "_min"] = min(speedups)
                 summary[key + "_median"] = float(np.median(speedups))
+                out_speedups = [r["round_out_speedup"] for r in chosen]
+                summary[f"locality_vs_per_round_out_{layout}_{scenario}_median"] = float(
+                    np.median(out_speedups)
+                )
                 summary[f"per_index_share_{layout}_{scenario}_median"] = float(
                     np.median([r["per_index_share"] for r in chosen])
                 )
