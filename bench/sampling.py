@@ -44,12 +44,12 @@ MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], bool]] = {
     "interleaved+neighbor64+out": ("interleaved", lambda: Neighbor(64), True),
 }
 
-QUICK = {
+QUICK: dict[str, Any] = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("cooperative_navigation", 6)],
     "capacity": 20_000,
     "repeats": 3,
 }
-FULL = {"workloads": PAPER_WORKLOADS, "capacity": 100_000, "repeats": 5}
+FULL: dict[str, Any] = {"workloads": PAPER_WORKLOADS, "capacity": 100_000, "repeats": 5}
 
 
 def _share_storage(
