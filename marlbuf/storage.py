@@ -17,6 +17,7 @@ import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -173,6 +174,14 @@ class AgentMajorStorage(Storage):
             for f in FIELDS
         }
 
+        # (key, field, agent, 2-D source view) for the gather loop, built once
+        self._flat = [
+            (f"{f}/{a}", f, a, arr.reshape(capacity, -1))
+            for f in FIELDS
+            for a, arr in self._data[f].items()
+        ]
+        self._out_layouts: dict[int, tuple[list[Any], int]] = {}
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for per_agent in self._data.values() for a in per_agent.values())
@@ -189,33 +198,36 @@ class AgentMajorStorage(Storage):
         self, indices: np.ndarray, reuse: dict[str, np.ndarray] | None = None
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray | None]:
         n = indices.shape[0]
-        fresh = None
-        if reuse is None or any(reuse.get(k) is None or reuse[k].shape[0] != n for k in self._keys):
-            fresh = self._output_arrays(n)
+        if reuse is not None and all(
+            reuse.get(k) is not None and reuse[k].shape[0] == n for k in self._keys
+        ):
+            outputs = reuse
+        else:
+            outputs = self._output_arrays(n)
         out: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
-        for f in FIELDS:
-            for agent, src in self._data[f].items():
-                key = f"{f}/{agent}"
-                dst = fresh[key] if fresh is not None else reuse[key]  # type: ignore[index]
-                gather_rows(src.reshape(self.capacity, -1), indices, dst.reshape(n, -1))
-                out[f][agent] = dst
+        for key, field_name, agent, src in self._flat:
+            dst = outputs[key]
+            gather_rows(src, indices, dst.reshape(n, -1))
+            out[field_name][agent] = dst
         return out, None
 
     def _output_arrays(self, n: int) -> dict[str, np.ndarray]:
         """Every field's output array for ``n`` rows, carved from one pooled block."""
-        align = _config.ROW_ALIGN_BYTES
-        sizes = {
-            f"{f}/{a}": (n * src[0].nbytes, src.dtype, src.shape[1:])
-            for f in FIELDS
-            for a, src in self._data[f].items()
-        }
-        total = sum(-(-nbytes // align) * align for nbytes, _, _ in sizes.values())
+        if n not in self._out_layouts:
+            align = _config.ROW_ALIGN_BYTES
+            layout, offset = [], 0
+            for key, field_name, agent, _ in self._flat:
+                src = self._data[field_name][agent]
+                nbytes = n * src[0].nbytes
+                layout.append((key, offset, nbytes, src.dtype, (n, *src.shape[1:])))
+                offset += -(-nbytes // align) * align  # every array starts on a cache line
+            self._out_layouts = {n: (layout, offset)}  # keep one: batch sizes rarely vary
+        layout, total = self._out_layouts[n]
         block = self.pool.acquire(total)
-        arrays, offset = {}, 0
-        for key, (nbytes, dtype, shape) in sizes.items():
-            arrays[key] = block[offset : offset + nbytes].view(dtype).reshape((n, *shape))
-            offset += -(-nbytes // align) * align  # every array starts on a cache line
-        return arrays
+        return {
+            key: block[offset : offset + nbytes].view(dtype).reshape(shape)
+            for key, offset, nbytes, dtype, shape in layout
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f"{f}/{a}": arr for f in FIELDS for a, arr in self._data[f].items()}
