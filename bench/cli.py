@@ -52,7 +52,7 @@ def compare(path_a: Path, path_b: Path) -> str:
             time_key = next((k for k in ("ms_median", "s_median", "us_median") if k in row), None)
             if time_key is None:
                 continue
-            ident = tuple(str(v) for k, v in sorted(row.items()) if isinstance(v, str))
+            ident = tuple(v for v in row.values() if isinstance(v, str))
             out[ident] = float(row[time_key])
         return out
 
