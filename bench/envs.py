@@ -17,7 +17,7 @@ Every agent is a trainer (prey included), so each row also reports ``n_trainers`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,11 +29,11 @@ from marlbuf.envs import EPISODE_LENGTH, MPEEnv, make, rollout
 
 SUITE = "envs"
 
-QUICK = {
+QUICK: dict[str, Any] = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
     "repeats": 3,
 }
-FULL = {"workloads": PAPER_WORKLOADS, "repeats": 5}
+FULL: dict[str, Any] = {"workloads": PAPER_WORKLOADS, "repeats": 5}
 
 
 def _make(workload: Workload, **kwargs: Any) -> MPEEnv:
@@ -97,7 +97,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Time one episode per case and workload; transitions/s and ratios to ``mpe2_parallel``."""
     threads = quiet_threads()
     cfg = QUICK if quick else FULL
-    rows: list[dict[str, Any]] = []
+    rows: list[Mapping[str, Any]] = []
     summary: dict[str, Any] = {}
     for workload in cfg["workloads"]:
         timings = time_interleaved(_cases(workload), repeats=cfg["repeats"], warmup=1)
