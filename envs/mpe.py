@@ -13,6 +13,7 @@ import numpy as np
 
 from marlbuf.bench.workloads import predator_prey_sizes
 from marlbuf.buffer import make_rng
+from marlbuf.envs._fast import FastMPE
 from marlbuf.spec import AgentSpec
 
 #: Scenario names accepted by :func:`make`, with the mpe2 module each one wraps.
@@ -108,6 +109,7 @@ class MPEEnv:
         continuous_actions: bool,
         seed: int | None,
         shared_reward_cache: _SharedPredatorReward | None,
+        fast: FastMPE | None,
     ) -> None:
         self.name = name
         self.config = config
@@ -115,6 +117,7 @@ class MPEEnv:
         self.episode_length = EPISODE_LENGTH
         self._raw = raw_env
         self._reward_cache = shared_reward_cache
+        self._fast = fast
         self.agents: list[str] = list(raw_env.possible_agents)
         self.n_agents = len(self.agents)
         self.obs_dims = [int(raw_env.observation_space(a).shape[0]) for a in self.agents]
@@ -184,6 +187,8 @@ class MPEEnv:
         if seed is not None:
             _check_count("seed", seed, 0)
         self._raw.reset(seed=seed)
+        if self._fast is not None:
+            self._fast.invalidate()
         self.episode_step = 0
         self._needs_reset = False
         self._episode_return[:] = 0.0
@@ -252,6 +257,8 @@ class MPEEnv:
         return obs, rewards, done, info
 
     def _observe(self) -> list[np.ndarray]:
+        if self._fast is not None:
+            return self._fast.observations()
         return [self._raw.observe(a) for a in self.agents]
 
     def original_reward(self, reward: Any, steps: int = 1) -> np.ndarray:
@@ -368,6 +375,7 @@ def make(
     n_landmarks: int | None = None,
     seed: int | None = None,
     continuous_actions: bool = True,
+    fast: bool = True,
     shared_predator_reward: bool = True,
 ) -> MPEEnv:
     """Build one of the paper's MPE tasks.
@@ -389,9 +397,14 @@ def make(
     continuous_actions : bool, default True
         Continuous ``Box(0, 1, (5,))`` action vectors, as MADDPG's Gumbel-softmax produces and
         the original trainers used; ``False`` for ``Discrete(5)``.
+    fast : bool, default True
+        Step the world, compute rewards and build observations on whole arrays
+        (:mod:`marlbuf.envs._fast`) instead of mpe2's per-entity Python loops. Bit-identical
+        to mpe2 (tested side by side); ``False`` runs mpe2's own code.
     shared_predator_reward : bool, default True
-        Compute predator-prey's predator reward (the same for every predator) once per step
-        instead of once per predator. Bit-identical rewards; ``False`` runs unpatched mpe2.
+        With ``fast=False``: compute predator-prey's predator reward (the same for every
+        predator) once per step instead of once per predator; bit-identical. ``fast=False,
+        shared_predator_reward=False`` runs mpe2 unpatched.
 
     Examples
     --------
@@ -404,8 +417,13 @@ def make(
         raise ValueError(f"name must be one of {sorted(SCENARIOS)}; got name={name!r}")
     if seed is not None:
         seed = _check_count("seed", seed, 0)
-    if not isinstance(continuous_actions, bool):
-        raise TypeError(f"continuous_actions must be a bool; got {continuous_actions!r}")
+    for flag, value in (
+        ("continuous_actions", continuous_actions),
+        ("fast", fast),
+        ("shared_predator_reward", shared_predator_reward),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool; got {flag}={value!r}")
     module = _import_mpe2_module(SCENARIOS[name])
     common = {"max_cycles": EPISODE_LENGTH, "continuous_actions": continuous_actions}
     cache: _SharedPredatorReward | None = None
@@ -434,9 +452,10 @@ def make(
         raw = module.raw_env(
             num_adversaries=predators, num_good=prey, num_obstacles=landmarks, **common
         )
-        if shared_predator_reward:
+        if shared_predator_reward and not fast:
             cache = _SharedPredatorReward(raw.scenario.adversary_reward)
             raw.scenario.adversary_reward = cache
         config = {"n_predators": predators, "n_prey": prey, "n_landmarks": landmarks}
     config.update(episode_length=EPISODE_LENGTH, continuous_actions=continuous_actions)
-    return MPEEnv(name, raw, config, continuous_actions, seed, cache)
+    accelerated = FastMPE(raw, name) if fast else None
+    return MPEEnv(name, raw, config, continuous_actions, seed, cache, accelerated)

@@ -152,22 +152,76 @@ def test_identical_to_unpatched_mpe2_over_two_episodes(kwargs):
     run_side_by_side(make(**kwargs), steps=2 * EPISODE_LENGTH + 3, seed=11)
 
 
-def test_shared_predator_reward_identical_at_24_predators():
-    cached = make("predator_prey", n_predators=24, seed=5)
-    plain = make("predator_prey", n_predators=24, seed=5, shared_predator_reward=False)
-    # start from positions where many predators touch prey, so the reward is not just 0
-    crowded = np.random.default_rng(1).uniform(-0.1, 0.1, (cached.n_agents, 2))
-    for env in (cached, plain):
+def bits(values) -> bytes:
+    """Exact bytes of a float array (``array_equal`` would let -0.0 pass for 0.0)."""
+    return np.ascontiguousarray(values, dtype=np.float64).tobytes()
+
+
+def world_state(env: MPEEnv) -> bytes:
+    agents = env.unwrapped.world.agents
+    return bits([a.state.p_pos for a in agents]) + bits([a.state.p_vel for a in agents])
+
+
+def crowd(env: MPEEnv, seed: int, spread: float, prey_at_edge: bool = False) -> None:
+    """Start positions packed into a small square, so agents collide (and prey are caught);
+    optionally every prey but the first pushed to the edge (simple_tag's boundary penalty)."""
+    rng = np.random.default_rng(seed)
+    for agent in env.unwrapped.world.agents:
+        agent.state.p_pos = rng.uniform(-spread, spread, 2)
+        if prey_at_edge and agent.name.startswith("agent_") and agent.name != "agent_0":
+            agent.state.p_pos = np.array([rng.uniform(0.85, 1.3), rng.uniform(-1.3, 1.3)])
+
+
+ACCELERATIONS = {"fast": {}, "shared_predator_reward": {"fast": False}}
+
+
+@pytest.mark.parametrize("mode", list(ACCELERATIONS))
+@pytest.mark.parametrize(
+    ("kwargs", "spread", "steps"),
+    [
+        ({"name": "cooperative_navigation", "n_agents": 6}, 0.3, 12),
+        ({"name": "cooperative_navigation", "n_agents": 24}, 0.6, 4),
+        ({"name": "predator_prey", "n_predators": 3, "n_prey": 2}, 0.15, 12),
+        ({"name": "predator_prey", "n_predators": 24}, 0.1, 3),
+    ],
+    ids=["CN-6", "CN-24", "PP-3+2", "PP-24+8"],
+)
+def test_accelerations_bit_identical_to_unpatched_mpe2(mode, kwargs, spread, steps):
+    fast = make(**kwargs, seed=5, **ACCELERATIONS[mode])
+    plain = make(**kwargs, seed=5, fast=False, shared_predator_reward=False)
+    observations = []
+    for env in (fast, plain):
         env.reset()
-        for agent, position in zip(env.unwrapped.world.agents, crowded):
-            agent.state.p_pos = position.copy()
+        crowd(env, seed=1, spread=spread, prey_at_edge=env.name == "predator_prey")
+        if env is fast and mode == "fast":
+            fast._fast.invalidate()  # the test moved agents behind the wrapper's back
+        observations.append(env._observe())
+    assert all(bits(a) == bits(b) for a, b in zip(*observations))
     rng = np.random.default_rng(2)
-    for _ in range(3):
-        actions = rng.random((cached.n_agents, 5), dtype=np.float32)
-        _, rew_cached, _, _ = cached.step(actions)
-        _, rew_plain, _, _ = plain.step(actions)
-        assert np.array_equal(rew_cached, rew_plain)
-        assert rew_cached[0] > 0  # predators caught prey
+    overlapped = caught = at_edge = False
+    for _ in range(steps):
+        actions = rng.random((fast.n_agents, 5), dtype=np.float32)
+        obs_fast, rew_fast, _, _ = fast.step(actions)
+        obs_plain, rew_plain, _, _ = plain.step(actions)
+        assert bits(rew_fast) == bits(rew_plain)
+        assert world_state(fast) == world_state(plain)
+        assert all(bits(a) == bits(b) for a, b in zip(obs_fast, obs_plain))
+        overlapped |= len(set(rew_plain.tolist())) > 1  # local collision rewards differ
+        if fast.name == "predator_prey":
+            caught |= bool(rew_plain[0] > 0)  # the shared predator reward is not just 0
+            at_edge |= bool(np.any(rew_plain[fast.config["n_predators"] :] % 10 != 0))
+    assert overlapped  # collision forces and rewards were exercised
+    if fast.name == "predator_prey":
+        assert caught and at_edge
+
+
+def test_fast_refuses_unsupported_worlds():
+    env = make("cooperative_navigation", n_agents=3, fast=False)
+    env.unwrapped.world.agents[0].silent = False
+    from marlbuf.envs._fast import FastMPE
+
+    with pytest.raises(ValueError, match="fast=False"):
+        FastMPE(env.unwrapped, env.name)
 
 
 def test_seed_reproduces_episodes():
