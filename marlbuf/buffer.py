@@ -93,7 +93,10 @@ class MultiAgentReplayBuffer:
             raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
         self.capacity = int(capacity)
         self.n_trainers = int(n_trainers)
-        self.storage: Storage = make_storage(layout, self.specs, self.capacity)
+        # enough recycled batch blocks for two rounds of every trainer (one being consumed
+        # while the next is gathered)
+        pool_blocks = 2 * self.n_trainers + 2
+        self.storage: Storage = make_storage(layout, self.specs, self.capacity, pool_blocks)
         self.sampler = sampler
         self.sampler.bind(self.capacity, self.n_trainers)
         self.rng = make_rng(seed)
