@@ -23,10 +23,8 @@ import numpy as np
 
 from marlbuf import _config
 from marlbuf._kernels import gather_rows, scatter_rows
-from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout
-
-#: data handed to ``Storage.write``: field -> agent -> array of shape (T, *shape), storage dtype
-StepData = Mapping[str, Mapping[str, np.ndarray]]
+from marlbuf.spec import FIELDS, AgentSpec
+from marlbuf.staging import RowCodec, RowViews
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int) -> np.ndarray:
@@ -122,10 +120,17 @@ class Storage(ABC):
 
     layout: str = ""
 
-    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int, pool_blocks: int = 8) -> None:
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        capacity: int,
+        pool_blocks: int = 8,
+        codec: RowCodec | None = None,
+    ) -> None:
         self.specs = dict(specs)
         self.capacity = int(capacity)
         self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
+        self.codec = codec if codec is not None else RowCodec(self.specs)
 
     @property
     @abstractmethod
@@ -133,9 +138,10 @@ class Storage(ABC):
         """Bytes held by the storage arrays."""
 
     @abstractmethod
-    def write(self, slots: np.ndarray, data: StepData) -> None:
-        """Store ``data`` (field -> agent -> (T, *shape) arrays, already validated and in the
-        storage dtypes) at ring ``slots`` (shape (T,), consecutive modulo capacity)."""
+    def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews) -> None:
+        """Store validated staging ``rows`` (shape (T, row_words), uint64, interleaved row
+        format; ``views`` are their per-field views) at ring ``slots`` (shape (T,), consecutive
+        modulo capacity)."""
 
     @abstractmethod
     def gather(
@@ -155,8 +161,14 @@ class AgentMajorStorage(Storage):
 
     layout = "agent_major"
 
-    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int, pool_blocks: int = 8) -> None:
-        super().__init__(specs, capacity, pool_blocks)
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        capacity: int,
+        pool_blocks: int = 8,
+        codec: RowCodec | None = None,
+    ) -> None:
+        super().__init__(specs, capacity, pool_blocks, codec)
         total = sum(
             capacity * math.prod(spec.shape(f)) * spec.dtype(f).itemsize
             for spec in self.specs.values()
@@ -186,11 +198,11 @@ class AgentMajorStorage(Storage):
     def nbytes(self) -> int:
         return sum(a.nbytes for per_agent in self._data.values() for a in per_agent.values())
 
-    def write(self, slots: np.ndarray, data: StepData) -> None:
+    def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews) -> None:
         ranges = _ring_ranges(slots)
         for f in FIELDS:
             for agent, dst in self._data[f].items():
-                src = data[f][agent]
+                src = views[f][agent]
                 for lo, hi, s0 in ranges:
                     dst[lo:hi] = src[s0 : s0 + (hi - lo)]
 
@@ -243,10 +255,16 @@ class InterleavedStorage(Storage):
 
     layout = "interleaved"
 
-    def __init__(self, specs: Mapping[str, AgentSpec], capacity: int, pool_blocks: int = 8) -> None:
-        super().__init__(specs, capacity, pool_blocks)
-        self.slots, self.row_bytes = interleaved_row_layout(self.specs, _config.ROW_ALIGN_BYTES)
-        self.row_words = self.row_bytes // 8
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        capacity: int,
+        pool_blocks: int = 8,
+        codec: RowCodec | None = None,
+    ) -> None:
+        super().__init__(specs, capacity, pool_blocks, codec)
+        self.row_bytes = self.codec.row_bytes
+        self.row_words = self.codec.row_words
         check_fits_in_memory(
             capacity * self.row_bytes, f"interleaved storage for capacity={capacity}"
         )
@@ -258,23 +276,8 @@ class InterleavedStorage(Storage):
     def nbytes(self) -> int:
         return int(self.table.nbytes)
 
-    def field_views(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
-        """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64)."""
-        raw = rows.view(np.uint8)
-        n = rows.shape[0]
-        views: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
-        for s in self.slots:
-            part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
-            views[s.field][s.agent] = part.reshape((n, *s.shape))
-        return views
-
-    def write(self, slots: np.ndarray, data: StepData) -> None:
-        staged = np.zeros((slots.shape[0], self.row_words), dtype=np.uint64)  # padding stays 0
-        views = self.field_views(staged)
-        for f in FIELDS:
-            for agent, dst in views[f].items():
-                dst[...] = data[f][agent]
-        scatter_rows(self.table, slots, staged)
+    def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews) -> None:
+        scatter_rows(self.table, slots, rows)
 
     def gather(
         self, indices: np.ndarray, reuse: dict[str, np.ndarray] | None = None
@@ -285,7 +288,7 @@ class InterleavedStorage(Storage):
             raw = self.pool.acquire(n * self.row_bytes)
             block = raw.view(np.uint64).reshape(n, self.row_words)
         gather_rows(self.table, indices, block)
-        return self.field_views(block), block
+        return self.codec.views(block), block
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"table": self.table}
@@ -298,9 +301,13 @@ LAYOUTS: dict[str, type[Storage]] = {
 
 
 def make_storage(
-    layout: str, specs: Mapping[str, AgentSpec], capacity: int, pool_blocks: int = 8
+    layout: str,
+    specs: Mapping[str, AgentSpec],
+    capacity: int,
+    pool_blocks: int = 8,
+    codec: RowCodec | None = None,
 ) -> Storage:
     """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
-    return LAYOUTS[layout](specs, capacity, pool_blocks)
+    return LAYOUTS[layout](specs, capacity, pool_blocks, codec)

@@ -50,3 +50,11 @@ class NaiveRing:
         item = self.slots[slot]
         assert item is not None, "read of an unwritten slot"
         return item
+
+
+def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> int:
+    """Index of the first segment ``values[:, start:start+count]`` with a NaN/inf, or -1."""
+    for s, (start, count) in enumerate(zip(starts, counts)):
+        if not np.isfinite(values[:, start : start + count]).all():
+            return s
+    return -1

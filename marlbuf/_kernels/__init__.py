@@ -5,6 +5,6 @@ inputs: the public Python method that calls it validates shapes, dtypes and rang
 Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
-from marlbuf._kernels.rows import gather_rows, neighbor_indices, scatter_rows
+from marlbuf._kernels.rows import first_nonfinite, gather_rows, neighbor_indices, scatter_rows
 
-__all__ = ["gather_rows", "neighbor_indices", "scatter_rows"]
+__all__ = ["first_nonfinite", "gather_rows", "neighbor_indices", "scatter_rows"]
