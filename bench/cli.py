@@ -126,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
             report += [payload["markdown"], ""]
         if payload.get("summary"):
             report += ["```", json.dumps(payload["summary"], indent=1, default=str), "```", ""]
+    try:
+        from marlbuf.bench.plots import make_all
+
+        figures = make_all(ns.out, quick=ns.quick)
+        report += ["## figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
+        print(f"figures: {[str(p) for p in figures]}")
+    except ImportError as exc:  # matplotlib missing: results stay usable without figures
+        print(f"figures skipped: {exc}")
     report_path = Path(ns.out) / f"REPORT{'-quick' if ns.quick else ''}.md"
     if len(names) > 1 or not report_path.exists():
         report_path.write_text("\n".join(report))
