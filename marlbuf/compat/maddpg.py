@@ -131,7 +131,12 @@ class SharedStore:
         self._staged: list[_Staged | None] = [None] * self.n_agents
         self._n_staged = 0
         self.gathers = 0
-        self._forget_cache()
+        # the gather cache: the last index object handed out or passed in, a copy of it (to
+        # notice in-place edits), its int64 form, and the gathered batch (None until needed)
+        self._key: Any = None
+        self._key_snapshot: list[int] | None = None
+        self._indices: np.ndarray | None = None
+        self._batch: Batch | None = None
 
     # ----------------------------------------------------------------------------- writing
     def stage(self, agent_index: int, transition: _Staged) -> None:
@@ -225,7 +230,7 @@ class SharedStore:
     def _check_batch_size(self, batch_size: Any) -> int:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int; got batch_size={batch_size!r}")
-        return self.sampler.check_batch_size(batch_size)
+        return self.sampler.check_batch_size(int(batch_size))
 
     def make_index(self, batch_size: Any, trainer: int) -> list[int]:
         """``batch_size`` slot indices drawn by the sampler, as a list (as openai returns)."""
@@ -255,10 +260,10 @@ class SharedStore:
         return as_list
 
     def _forget_cache(self) -> None:
-        self._key: Any = None
-        self._key_snapshot: list[int] | None = None
-        self._indices: np.ndarray | None = None
-        self._batch: Batch | None = None
+        self._key = None
+        self._key_snapshot = None
+        self._indices = None
+        self._batch = None
 
     def batch_at(self, idxes: Any) -> Batch:
         """The joint batch at ``idxes``, gathered once per distinct index."""

@@ -17,15 +17,17 @@ after that returns empty dicts, which :func:`add_parallel_step` rejects.
 
 Examples
 --------
->>> from mpe2 import simple_spread_v3  # doctest: +SKIP
+>>> from mpe2 import simple_spread_v3
 >>> env = simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=True)
->>> buf = buffer_from_env(env, capacity=100_000)
+>>> buf = buffer_from_env(env, capacity=1000)
 >>> obs, _ = env.reset(seed=0)
 >>> while env.agents:
 ...     actions = {a: env.action_space(a).sample() for a in env.agents}
 ...     next_obs, rewards, terminations, truncations, _ = env.step(actions)
-...     add_parallel_step(buf, obs, actions, rewards, next_obs, terminations, truncations)
+...     _ = add_parallel_step(buf, obs, actions, rewards, next_obs, terminations, truncations)
 ...     obs = next_obs
+>>> len(buf), buf.sample(4).obs["agent_0"].shape
+(25, (4, 18))
 """
 
 from __future__ import annotations
