@@ -396,5 +396,5 @@ def test_pettingzoo_truncation_and_missing_agents() -> None:
     assert row.done["b"][0] == 1.0 and not row.obs["b"].any() and row.reward["a"][0] == 1.0
     with pytest.raises(ValueError, match=r"agents \['c'\] are not in the buffer"):
         add_parallel_step(buf, {**one, "c": one["a"]}, act, rew, one, no)
-    with pytest.raises(TypeError, match="obs must be the dict env.step returns"):
+    with pytest.raises(TypeError, match=r"obs must be the dict env\.step returns"):
         add_parallel_step(buf, [one["a"], one["b"]], act, rew, one, no)
