@@ -254,3 +254,33 @@ class Tf2marlNaiveBuffer:
             [o[idx] for o in self.next_obs],
             self.done[idx],
         )
+
+
+class Tf2marlNaivePrioritized(Tf2marlNaiveBuffer):
+    """tf2multiagentrl's ``PrioritizedReplayBuffer`` semantics on top of the arrays: a leaf
+    ``priority ** alpha`` per slot, new slots at the running max priority, weights
+    ``(P(i) N)^-beta`` over the largest possible weight (that of the smallest leaf)."""
+
+    def __init__(self, size: int, obs_dims: list[int], act_dims: list[int], alpha: float) -> None:
+        super().__init__(size, obs_dims, act_dims)
+        self.alpha = alpha
+        self.leaf = np.zeros(size, np.float64)
+        self.max_priority = 1.0
+
+    def add(self, obs_n: Any, act_n: Any, reward: float, next_obs_n: Any, done: float) -> None:
+        slot = self.next_slot
+        super().add(obs_n, act_n, reward, next_obs_n, done)
+        self.leaf[slot] = self.max_priority**self.alpha
+
+    def weights(self, indices: Any, beta: float) -> np.ndarray:
+        stored = self.leaf[: self.size]
+        total = stored.sum()
+        largest = (stored.min() / total * self.size) ** -beta
+        return np.array(
+            [(self.leaf[i] / total * self.size) ** -beta / largest for i in indices], np.float32
+        )
+
+    def update_priorities(self, indices: Any, priorities: Any) -> None:
+        for slot, priority in zip(indices, priorities):
+            self.leaf[slot] = float(priority) ** self.alpha
+            self.max_priority = max(self.max_priority, float(priority))

@@ -398,3 +398,78 @@ def test_pettingzoo_truncation_and_missing_agents() -> None:
         add_parallel_step(buf, {**one, "c": one["a"]}, act, rew, one, no)
     with pytest.raises(TypeError, match=r"obs must be the dict env\.step returns"):
         add_parallel_step(buf, [one["a"], one["b"]], act, rew, one, no)
+
+
+def test_tf2marl_prioritized_matches_naive() -> None:
+    from naive import Tf2marlNaivePrioritized
+
+    from marlbuf.compat.tf2marl import PrioritizedReplayBuffer
+
+    rng = np.random.default_rng(22)
+    shapes = [(d,) for d in OBS_DIMS]
+    buf = PrioritizedReplayBuffer(32, 3, shapes, [(ACT_DIM,)] * 3, alpha=0.6, seed=0)
+    ref = Tf2marlNaivePrioritized(32, OBS_DIMS, [ACT_DIM] * 3, alpha=0.6)
+    for step in range(60):
+        transition = tf2marl_step(rng, OBS_DIMS)
+        buf.add(*transition)
+        ref.add(*transition)
+        if step >= 10 and step % 4 == 0:  # MADDPGAgent.update with prioritized replay
+            beta = 0.4 + step / 200
+            *arrays, weights, indices = buf.sample(16, beta=beta)
+            assert isinstance(indices, list) and len(indices) == 16
+            assert_same_tf2marl(tuple(arrays), ref.sample_index(indices))
+            assert weights.dtype == np.float32 and weights.shape == (16,)
+            np.testing.assert_allclose(weights, ref.weights(indices, beta), rtol=1e-5)
+            td_loss = rng.random(16).astype(np.float32) * 3
+            buf.update_priorities(indices, td_loss + 1e-6)
+            ref.update_priorities(indices, td_loss + 1e-6)
+            np.testing.assert_allclose(buf.sampler.trees.leaves(0), ref.leaf, rtol=1e-12)
+
+
+def test_tf2marl_prioritized_sampling_follows_priorities() -> None:
+    from marlbuf.compat.tf2marl import PrioritizedReplayBuffer
+
+    rng = np.random.default_rng(23)
+    buf = PrioritizedReplayBuffer(32, 3, [(d,) for d in OBS_DIMS], [(ACT_DIM,)] * 3, 1.0, seed=1)
+    for _ in range(32):
+        buf.add(*tf2marl_step(rng, OBS_DIMS))
+    priorities = np.full(32, 1e-3)
+    priorities[5] = 1e3
+    buf.update_priorities(np.arange(32), priorities)
+    *_, weights, indices = buf.sample(1000, beta=1.0)
+    assert np.mean(np.array(indices) == 5) > 0.95
+    assert weights.max() <= 1.0
+    batch_mode = PrioritizedReplayBuffer(
+        32, 3, [(d,) for d in OBS_DIMS], [(ACT_DIM,)] * 3, 1.0, weights="batch", seed=1
+    )
+    for _ in range(32):
+        batch_mode.add(*tf2marl_step(rng, OBS_DIMS))
+    batch_mode.update_priorities(np.arange(32), priorities)
+    *_, weights, _ = batch_mode.sample(64, beta=1.0)
+    assert weights.max() == pytest.approx(1.0)
+
+
+def test_tf2marl_prioritized_stale_updates_and_errors() -> None:
+    from marlbuf.compat.tf2marl import PrioritizedReplayBuffer
+
+    rng = np.random.default_rng(24)
+    buf = PrioritizedReplayBuffer(8, 3, [(d,) for d in OBS_DIMS], [(ACT_DIM,)] * 3, 0.5, seed=0)
+    for _ in range(8):
+        buf.add(*tf2marl_step(rng, OBS_DIMS))
+    *_, indices = buf.sample(8, beta=0.5)
+    for _ in range(8):  # every slot is overwritten before the update arrives
+        buf.add(*tf2marl_step(rng, OBS_DIMS))
+    buf.update_priorities(indices, np.full(8, 50.0))
+    np.testing.assert_array_equal(buf.sampler.trees.leaves(0), 1.0)  # dropped, not misapplied
+    with pytest.raises(ValueError, match="priorities must be positive"):
+        buf.update_priorities([0, 1], [1.0, 0.0])
+    with pytest.raises(ValueError, match="one value per index"):
+        buf.update_priorities([0, 1], [1.0])
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 8\)"):
+        buf.update_priorities([0, 8], [1.0, 1.0])
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample(4, beta=-0.5)
+    with pytest.raises(ValueError, match="alpha"):
+        PrioritizedReplayBuffer(8, 3, [(d,) for d in OBS_DIMS], [(ACT_DIM,)] * 3, -1.0)
+    with pytest.raises(ValueError, match="weights must be one of"):
+        PrioritizedReplayBuffer(8, 3, [(4,)] * 3, [(2,)] * 3, 0.6, weights="max")

@@ -40,11 +40,22 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
-from marlbuf.samplers import Sampler
+from marlbuf.prioritized import parse_beta
+from marlbuf.samplers import Prioritized, Sampler
 from marlbuf.spec import AgentSpec
 
 #: what ``sample`` returns: (obs_n, acts_n, rew, next_obs_n, done)
 Sample = tuple[list[np.ndarray], list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]
+#: what the prioritized ``sample`` returns: (obs_n, acts_n, rew, next_obs_n, done, weights, indices)
+PrioritizedSample = tuple[
+    list[np.ndarray],
+    list[np.ndarray],
+    np.ndarray,
+    list[np.ndarray],
+    np.ndarray,
+    np.ndarray,
+    list[int],
+]
 
 
 def _scalar(name: str, value: Any) -> Any:
@@ -182,4 +193,104 @@ class EfficientReplayBuffer:
         return self._unpack(self.buffer.gather(indices))
 
 
-__all__ = ["EfficientReplayBuffer"]
+class PrioritizedReplayBuffer(EfficientReplayBuffer):
+    """tf2multiagentrl's ``PrioritizedReplayBuffer(size, n_agents, obs_shape_n, act_shape_n,
+    alpha)`` on marlbuf's prioritized sampler (float64 sum-tree, Numba kernels).
+
+    Slots are drawn with probability ``p_i^alpha / sum_k p_k^alpha`` (with replacement); new
+    slots get the largest priority seen so far (initially 1); ``update_priorities`` takes the
+    priorities themselves (tf2marl passes ``td_loss + eps``), which must be positive.
+
+    Parameters
+    ----------
+    size, n_agents, obs_shape_n, act_shape_n
+        As :class:`EfficientReplayBuffer`.
+    alpha : float
+        Priority exponent, ``>= 0``.
+    weights : {"original", "batch"}, default "original"
+        ``"original"``: importance weights ``(N P(i))^-beta`` divided by the largest weight any
+        stored slot could get (that of the smallest priority), as tf2marl and openai/baselines
+        do. ``"batch"``: divided by the batch's largest weight (marlbuf's convention).
+    seed, layout
+        As :class:`EfficientReplayBuffer`.
+    """
+
+    WEIGHT_MODES = ("original", "batch")
+
+    def __init__(
+        self,
+        size: Any,
+        n_agents: int,
+        obs_shape_n: Sequence[Any],
+        act_shape_n: Sequence[Any],
+        alpha: float,
+        *,
+        weights: str = "original",
+        seed: int | np.random.Generator | None = None,
+        layout: str = "interleaved",
+    ) -> None:
+        if weights not in self.WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {self.WEIGHT_MODES}; got weights={weights!r}")
+        # eps=0 and priority="given": the tree holds exactly the priorities the trainer passes
+        self.sampler = Prioritized(alpha=alpha, beta=0.0, eps=0.0, priority="given")
+        super().__init__(
+            size,
+            n_agents,
+            obs_shape_n,
+            act_shape_n,
+            sampler=self.sampler,
+            seed=seed,
+            layout=layout,
+        )
+        self.alpha = self.sampler.alpha
+        self.weights = weights
+        self._last_indices: list[int] | None = None
+        self._last_generations: np.ndarray | None = None
+
+    def sample(self, batch_size: int, beta: float = 0) -> PrioritizedSample:  # type: ignore[override]
+        """Draw ``batch_size`` transitions in proportion to their priorities.
+
+        Returns
+        -------
+        obs_n, acts_n, rew, next_obs_n, done
+            As :meth:`EfficientReplayBuffer.sample`.
+        weights : ndarray, shape (B,), float32
+            Importance weights, at most 1.
+        indices : list of int
+            The slots drawn; pass them back to :meth:`update_priorities`.
+        """
+        self.sampler.beta = parse_beta(beta)
+        batch = self.buffer.sample(batch_size)
+        self.last_batch = batch
+        assert batch.weights is not None  # a Prioritized sampler always returns weights
+        weights = batch.weights
+        if self.weights == "original":
+            leaves = self.sampler.trees.leaves(0)[: len(self)]  # priority ** alpha per slot
+            ratio = leaves[batch.indices] / leaves.min()
+            weights = (ratio ** -self.sampler.beta_for(0)).astype(np.float32)
+        indices: list[int] = batch.indices.tolist()
+        self._last_indices, self._last_generations = indices, batch.generations
+        return (*self._unpack(batch), weights, indices)
+
+    def update_priorities(self, indices: Any, priorities: Any) -> None:
+        """Set the priorities of the slots ``indices`` (a list or 1-D int array, as returned by
+        :meth:`sample`) to ``priorities`` (same length, positive, finite).
+
+        Updates for slots overwritten since they were sampled are dropped.
+        """
+        values = np.asarray(priorities)
+        if np.ndim(indices) != 1 or values.shape != (len(indices),):
+            raise ValueError(
+                f"priorities must have one value per index ({np.shape(indices)}); got shape "
+                f"{values.shape}"
+            )
+        if values.dtype.kind in "iuf" and not (values > 0).all():
+            bad = values[~(values > 0)][:5].tolist()
+            raise ValueError(
+                f"priorities must be positive (tf2marl passes td_loss + eps); got {bad}"
+            )
+        generations = self._last_generations if indices is self._last_indices else None
+        self.buffer.update_priorities(indices, values, trainer=0, generations=generations)
+
+
+__all__ = ["EfficientReplayBuffer", "PrioritizedReplayBuffer"]
