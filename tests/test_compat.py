@@ -473,3 +473,15 @@ def test_tf2marl_prioritized_stale_updates_and_errors() -> None:
         PrioritizedReplayBuffer(8, 3, [(d,) for d in OBS_DIMS], [(ACT_DIM,)] * 3, -1.0)
     with pytest.raises(ValueError, match="weights must be one of"):
         PrioritizedReplayBuffer(8, 3, [(4,)] * 3, [(2,)] * 3, 0.6, weights="max")
+
+
+@pytest.mark.parametrize("module", ["maddpg", "tf2marl", "pettingzoo"])
+def test_compat_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    if module == "pettingzoo":
+        pytest.importorskip("mpe2")
+    mod = importlib.import_module(f"marlbuf.compat.{module}")
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
