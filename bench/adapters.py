@@ -9,6 +9,10 @@
 * **tf2marl round** — every agent's buffer draws one batch: N × ``sample(B)``. Compared:
   tf2multiagentrl's ``EfficientReplayBuffer`` semantics (per-agent float32 arrays, fancy
   indexing) and :class:`marlbuf.compat.tf2marl.EfficientReplayBuffer`.
+* **tf2marl prioritized round** — N × (``sample(B, beta)`` + ``update_priorities``). Compared:
+  tf2multiagentrl's ``PrioritizedReplayBuffer`` semantics (Python sum/min segment trees, one
+  tree descent and one weight per sampled row in Python) and
+  :class:`marlbuf.compat.tf2marl.PrioritizedReplayBuffer` (Numba float64 sum-tree).
 
 Workloads: cooperative navigation, N = 3, 6, 12, 24 agents (obs 6N, action 5), batch 1024. The
 capacity is 1e5 steps, lowered where one interleaved table would exceed ``TABLE_BUDGET_BYTES``
@@ -28,7 +32,7 @@ import numpy as np
 from marlbuf.bench.common import quiet_threads, time_interleaved, write_result
 from marlbuf.bench.workloads import ACTION_DIM, Workload
 from marlbuf.compat.maddpg import ReplayBuffer, make_buffers
-from marlbuf.compat.tf2marl import EfficientReplayBuffer
+from marlbuf.compat.tf2marl import EfficientReplayBuffer, PrioritizedReplayBuffer
 
 SUITE = "adapters"
 AGENT_COUNTS = (3, 6, 12, 24)
@@ -115,6 +119,103 @@ class Tf2marlArrays:
             [o[idx] for o in self.next_obs],
             self.done[idx],
         )
+
+
+class PySegmentTree:
+    """A binary segment tree in a Python list (openai/baselines' design, which tf2marl uses):
+    sums or minima of ``priority ** alpha``, updated and searched one Python step per level."""
+
+    def __init__(self, capacity: int, leaves: np.ndarray, is_min: bool) -> None:
+        self.leaf_offset = 1 << max(0, (capacity - 1).bit_length())
+        self.is_min = is_min
+        neutral = float("inf") if is_min else 0.0
+        self.value = [neutral] * (2 * self.leaf_offset)
+        self.value[self.leaf_offset : self.leaf_offset + len(leaves)] = leaves.tolist()
+        for node in range(self.leaf_offset - 1, 0, -1):
+            self.value[node] = self._combine(self.value[2 * node], self.value[2 * node + 1])
+
+    def _combine(self, left: float, right: float) -> float:
+        return min(left, right) if self.is_min else left + right
+
+    def __setitem__(self, slot: int, leaf: float) -> None:
+        node = slot + self.leaf_offset
+        self.value[node] = leaf
+        node //= 2
+        while node >= 1:
+            self.value[node] = self._combine(self.value[2 * node], self.value[2 * node + 1])
+            node //= 2
+
+    def __getitem__(self, slot: int) -> float:
+        return self.value[slot + self.leaf_offset]
+
+    def total(self) -> float:
+        return self.value[1]
+
+    def prefix_sum(self, stop: int) -> float:
+        """Sum of leaves ``[0, stop)``."""
+        total, lo, hi = 0.0, self.leaf_offset, stop + self.leaf_offset
+        while lo < hi:
+            if lo & 1:
+                total += self.value[lo]
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                total += self.value[hi]
+            lo //= 2
+            hi //= 2
+        return total
+
+    def find_prefixsum_idx(self, mass: float) -> int:
+        node = 1
+        while node < self.leaf_offset:
+            if self.value[2 * node] > mass:
+                node = 2 * node
+            else:
+                mass -= self.value[2 * node]
+                node = 2 * node + 1
+        return node - self.leaf_offset
+
+
+class Tf2marlPrioritized(Tf2marlArrays):
+    """tf2multiagentrl's ``PrioritizedReplayBuffer.sample`` / ``update_priorities``: per row a
+    Python tree descent and a weight from the sum and min trees; per update two tree walks."""
+
+    def __init__(self, arrays: Tf2marlArrays, priorities: np.ndarray, alpha: float) -> None:
+        super().__init__(
+            arrays.obs, arrays.acts, arrays.next_obs, arrays.reward, arrays.done, arrays.rng
+        )
+        self.alpha = alpha
+        self.sums = PySegmentTree(len(priorities), priorities**alpha, is_min=False)
+        self.mins = PySegmentTree(len(priorities), priorities**alpha, is_min=True)
+        self.max_priority = float(priorities.max())
+
+    def sample_prioritized(self, batch_size: int, beta: float) -> tuple[Any, ...]:
+        size = len(self.reward)
+        indices = [
+            self.sums.find_prefixsum_idx(random.random() * self.sums.prefix_sum(size))
+            for _ in range(batch_size)
+        ]
+        largest = (self.mins.total() / self.sums.total() * size) ** -beta
+        weights = np.array(
+            [(self.sums[i] / self.sums.total() * size) ** -beta / largest for i in indices],
+            dtype=np.float32,
+        )
+        idx = np.array(indices)
+        return (
+            [o[idx] for o in self.obs],
+            [a[idx].copy() for a in self.acts],
+            self.reward[idx],
+            [o[idx] for o in self.next_obs],
+            self.done[idx],
+            weights,
+            indices,
+        )
+
+    def update_priorities(self, indices: list[int], priorities: np.ndarray) -> None:
+        for slot, priority in zip(indices, priorities.tolist()):
+            self.sums[slot] = priority**self.alpha
+            self.mins[slot] = priority**self.alpha
+            self.max_priority = max(self.max_priority, priority)
 
 
 def openai_round(buffers: list[Any], batch_size: int) -> None:
@@ -239,8 +340,9 @@ def measure_openai(
 
 def measure_tf2marl(
     data: dict[str, Any], capacity: int, batch_size: int, repeats: int
-) -> dict[str, dict[str, float]]:
-    """Time tf2marl's round (every agent's buffer draws one batch) for both buffers."""
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Time tf2marl's rounds (every agent's buffer draws one batch; and the prioritized
+    variant with its priority updates) for the original semantics and the adapters."""
     n_agents = len(data["traj"])
     rng = np.random.default_rng(0)
     obs = [d[:capacity].copy() for d in data["traj"]]
@@ -267,7 +369,37 @@ def measure_tf2marl(
         "tf2marl_arrays": lambda: tf2marl_round(original),
         "adapter": lambda: tf2marl_round(adapter),
     }
-    return time_interleaved(cases, repeats=repeats, warmup=1)
+    times = time_interleaved(cases, repeats=repeats, warmup=1)
+
+    # prioritized: the same data, priorities drawn once, alpha 0.6, beta 0.5, eps 1e-6
+    priorities = rng.random(capacity) * 2 + 1e-6
+    td_errors = rng.random(batch_size).astype(np.float32) + np.float32(1e-6)
+    per_original = Tf2marlPrioritized(original, priorities, alpha=0.6)
+    per_adapter = PrioritizedReplayBuffer(
+        capacity, n_agents, [o.shape[1:] for o in obs], [(ACTION_DIM,)] * n_agents, 0.6, seed=0
+    )
+    per_adapter.buffer.extend(
+        obs=obs,
+        action=data["acts"],
+        reward=[reward] * n_agents,
+        next_obs=next_obs,
+        done=[done] * n_agents,
+    )
+    per_adapter.update_priorities(np.arange(capacity), priorities)
+
+    def original_per_round() -> None:
+        for _ in range(n_agents):
+            *_, indices = per_original.sample_prioritized(batch_size, beta=0.5)
+            per_original.update_priorities(indices, td_errors)
+
+    def adapter_per_round() -> None:
+        for _ in range(n_agents):
+            *_, indices = per_adapter.sample(batch_size, beta=0.5)
+            per_adapter.update_priorities(indices, td_errors)
+
+    per_cases = {"tf2marl_per": original_per_round, "adapter_per": adapter_per_round}
+    per_times = time_interleaved(per_cases, repeats=repeats, warmup=1)
+    return times, per_times
 
 
 def measure(n_agents: int, capacity: int, batch_size: int, repeats: int) -> list[dict[str, Any]]:
@@ -281,10 +413,12 @@ def measure(n_agents: int, capacity: int, batch_size: int, repeats: int) -> list
     }
     openai = measure_openai(data, capacity, batch_size, repeats)
     gc.collect()
-    tf2marl = measure_tf2marl(data, capacity, batch_size, repeats)
+    tf2marl, tf2marl_per = measure_tf2marl(data, capacity, batch_size, repeats)
     baselines = {"list_of_tuples": "list_of_tuples", "per_agent_arrays": "per_agent_arrays"}
-    return _rows(openai, "openai", baselines, **config) + _rows(
-        tf2marl, "tf2marl", {"tf2marl_arrays": "tf2marl_arrays"}, **config
+    return (
+        _rows(openai, "openai", baselines, **config)
+        + _rows(tf2marl, "tf2marl", {"tf2marl_arrays": "tf2marl_arrays"}, **config)
+        + _rows(tf2marl_per, "tf2marl_prioritized", {"tf2marl_per": "tf2marl_per"}, **config)
     )
 
 
@@ -308,6 +442,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             summary[f"{key}/speedup_vs_per_agent_arrays"] = row["speedup_vs_per_agent_arrays"]
         if row["round"] == "tf2marl" and row["case"] == "adapter":
             summary[f"{key}/speedup_vs_tf2marl_arrays"] = row["speedup_vs_tf2marl_arrays"]
+        if row["round"] == "tf2marl_prioritized" and row["case"] == "adapter_per":
+            summary[f"{key}/speedup_vs_tf2marl_per"] = row["speedup_vs_tf2marl_per"]
     return {
         "rows": rows,
         "summary": summary,

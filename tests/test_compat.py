@@ -237,6 +237,8 @@ def test_openai_cache_follows_new_data_and_edited_indices() -> None:
     gathers = buffers[0].store.gathers
     assert_same(buffers[1].sample_index(list(index)), naive[1].sample_index(index))
     assert buffers[0].store.gathers == gathers  # equal content, no new gather
+    as_array[1] = (as_array[1] + 1) % 8  # an array edited in place between calls
+    assert_same(buffers[1].sample_index(as_array), naive[1].sample_index(as_array))
 
 
 def test_openai_clear_empties_every_agent() -> None:

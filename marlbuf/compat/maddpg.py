@@ -278,7 +278,8 @@ class SharedStore:
                 )
             if self._indices is None or not np.array_equal(indices, self._indices):
                 self._forget_cache()
-                self._indices = indices
+                # a private copy: the caller may edit its array in place before the next call
+                self._indices = indices.astype(np.int64, copy=True)
             self._key = idxes
             self._key_snapshot = list(idxes) if isinstance(idxes, list) else None
         if self._batch is None:
