@@ -487,3 +487,37 @@ def test_compat_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module(f"marlbuf.compat.{module}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
+def test_float64_reward_and_done_specs_round_trip(layout: str, tmp_path) -> None:
+    from marlbuf import AgentSpec, MultiAgentReplayBuffer
+
+    spec = AgentSpec(obs_shape=(3,), action_shape=(2,), reward_dtype=np.float64, done_dtype="f8")
+    assert AgentSpec.from_dict(spec.to_dict()) == spec
+    assert (
+        AgentSpec.from_dict(
+            {"obs_shape": [3], "action_shape": [2], "obs_dtype": "<f4", "action_dtype": "<f4"}
+        ).reward_dtype
+        == np.float32
+    )
+    with pytest.raises(TypeError, match="reward_dtype must be a bool, integer or float"):
+        AgentSpec(obs_shape=(3,), action_shape=(2,), reward_dtype=np.complex128)
+    specs = {"a": spec, "b": AgentSpec(obs_shape=(5,), action_shape=(1,))}
+    buf = MultiAgentReplayBuffer(specs, capacity=4, layout=layout, seed=0)
+    rewards = [0.1 + 1e-12, 1 / 3]
+    for r in rewards:
+        buf.add(
+            obs={"a": np.ones(3), "b": np.ones(5)},
+            action={"a": np.ones(2), "b": np.ones(1)},
+            reward={"a": r, "b": r},
+            next_obs={"a": np.ones(3), "b": np.ones(5)},
+            done={"a": 1.0, "b": 0.0},
+        )
+    buf.save(tmp_path / "buf.npz")
+    loaded = MultiAgentReplayBuffer.load(tmp_path / "buf.npz")
+    for b in (buf, loaded):
+        batch = b.gather(np.array([0, 1]))
+        assert batch.reward["a"].dtype == np.float64 and batch.reward["b"].dtype == np.float32
+        assert batch.reward["a"].tolist() == rewards  # not rounded to float32
+        assert batch.done["a"].dtype == np.float64 and batch.done["a"].tolist() == [1.0, 1.0]
