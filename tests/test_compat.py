@@ -199,6 +199,12 @@ def test_openai_first_add_checks_given_shapes_and_types() -> None:
         make_buffers(0)
     with pytest.raises(ValueError, match="size must be a positive whole number"):
         make_buffers(2, size=10.5)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        make_buffers(2, layout="columnar")
+    with pytest.raises(TypeError, match="dtype must be a float dtype"):
+        make_buffers(2, dtype=np.int32)
+    with pytest.raises(TypeError, match="dtype must be a float dtype"):
+        make_buffers(2, dtype="not a dtype")
 
 
 def test_openai_bad_indices_and_batch_sizes() -> None:

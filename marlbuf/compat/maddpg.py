@@ -58,6 +58,7 @@ from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec
+from marlbuf.storage import LAYOUTS
 
 #: one agent's staged transition: (obs_t, action, reward, obs_tp1, done) as passed to ``add``
 _Staged = tuple[Any, Any, Any, Any, Any]
@@ -109,9 +110,16 @@ class SharedStore:
             else check_shape_list("act_shape_n", act_shape_n, self.n_agents)
         )
         if dtype is not None:
-            dtype = np.dtype(dtype)
+            try:
+                dtype = np.dtype(dtype)
+            except TypeError as exc:
+                raise TypeError(
+                    f"dtype must be a float dtype or None; got dtype={dtype!r}"
+                ) from exc
             if dtype.kind != "f":
                 raise TypeError(f"dtype must be a float dtype or None; got dtype={dtype}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
         self.dtype: np.dtype | None = dtype
         self.sampler = Uniform() if sampler is None else sampler
         if not isinstance(self.sampler, Sampler):
