@@ -264,11 +264,10 @@ def _find_many(
         for i in range(count):
             left = 2 * nodes[i]
             left_sum = sum_tree[left]
-            if remaining[i] < left_sum or sum_tree[left + 1] <= 0.0:
-                nodes[i] = left
-            else:
-                remaining[i] -= left_sum
-                nodes[i] = left + 1
+            # branch-free on purpose: the direction is a coin flip the predictor cannot learn
+            go_right = (remaining[i] >= left_sum) & (sum_tree[left + 1] > 0.0)
+            remaining[i] -= left_sum * go_right
+            nodes[i] = left + go_right
         level *= 2
     for i in range(count):
         out_slots[start + i] = nodes[i] - leaf_offset
@@ -333,12 +332,32 @@ def per_sample(
 
 
 @njit(cache=True, nogil=True)
-def _run_length(normalised: float, thresholds: np.ndarray, run_lengths: np.ndarray) -> int:
-    """Step function: ``run_lengths[m]`` for the number ``m`` of thresholds ``<= normalised``."""
-    m = 0
-    while m < thresholds.shape[0] and normalised >= thresholds[m]:
-        m += 1
-    return run_lengths[m]
+def _run_length(priority: float, cutoffs: np.ndarray, run_lengths: np.ndarray) -> int:
+    """Step function: ``run_lengths[m]`` for the number ``m`` of cutoffs ``<= priority``
+    (cutoffs increase, so counting them all needs no data-dependent branch)."""
+    band = 0
+    for m in range(cutoffs.shape[0]):
+        band += priority >= cutoffs[m]
+    return run_lengths[band]
+
+
+@njit(cache=True, nogil=True)
+def _priority_cutoffs(thresholds: np.ndarray, max_priority: float) -> np.ndarray:
+    """For each threshold ``t``, the smallest float ``c`` with ``c / max_priority >= t``.
+
+    Correctly rounded division is monotone in the numerator, so ``p >= c`` holds exactly when
+    ``p / max_priority >= t``: the bands are those of the normalised priority, bit for bit,
+    without a division per slot.
+    """
+    cutoffs = np.empty(thresholds.shape[0], dtype=np.float64)
+    for m in range(thresholds.shape[0]):
+        cutoff = thresholds[m] * max_priority
+        while cutoff / max_priority < thresholds[m]:
+            cutoff = np.nextafter(cutoff, np.inf)
+        while np.nextafter(cutoff, -np.inf) / max_priority >= thresholds[m]:
+            cutoff = np.nextafter(cutoff, -np.inf)
+        cutoffs[m] = cutoff
+    return cutoffs
 
 
 @njit(cache=True, nogil=True)
@@ -410,49 +429,66 @@ def locality_sample(
     longest = 0
     for m in range(run_lengths.shape[0]):
         longest = max(longest, run_lengths[m])
+    cutoffs = _priority_cutoffs(thresholds, max_priority)
     targets = uniforms * total
     ref_slots = np.empty(batch, dtype=np.int64)
+    window_reach = np.empty(2 * longest, dtype=np.int64)
+    window_mass = np.empty(2 * longest, dtype=np.float64)
     rows = 0
     searched = 0
     used = 0
     while rows < batch:
-        # Search references in chunks (one level at a time, see _find_many). A chunk of
-        # remaining // longest references cannot overshoot; below min_chunk we search a few
-        # extra and drop the unused ones, which changes nothing since the draws are consumed in
-        # order.
+        # Search references in chunks (one level at a time, see _find_many), sized by the runs
+        # seen so far; references searched but not needed are dropped, which changes nothing
+        # since the draws are consumed in order.
         remaining = batch - rows
-        chunk = min(max(remaining // longest, min(remaining, min_chunk)), batch - searched)
+        if rows == 0:
+            chunk = remaining // longest  # cannot overshoot
+        else:
+            chunk = (remaining * used) // rows + 1  # refs still needed at this batch's mean run
+        chunk = min(max(chunk, min(remaining, min_chunk)), batch - searched)
         _find_many(sum_tree, leaf_offset, targets, ref_slots, searched, searched + chunk)
         searched += chunk
         while used < searched and rows < batch:
             ref = ref_slots[used]
             used += 1
-            normalised = max_tree[leaf_offset + ref] / max_priority
-            length = _run_length(normalised, thresholds, run_lengths)
+            length = _run_length(max_tree[leaf_offset + ref], cutoffs, run_lengths)
             if not full:
                 length = min(length, size - ref)  # stop at the write head while filling
+            n_rows = min(length, batch - rows)  # the last run is truncated
+            if not inherit:
+                # run lengths and masses of the slots ref - (longest - 1) .. ref + n_rows - 1:
+                # every run that can reach one of this run's rows starts there
+                for w in range(longest - 1 + n_rows):
+                    start = ref - (longest - 1) + w
+                    if start < 0:
+                        if not full:  # nothing before slot 0 while filling
+                            window_reach[w] = 0
+                            window_mass[w] = 0.0
+                            continue
+                        start += capacity
+                    elif start >= capacity:  # wrap past the last slot (only once full)
+                        start -= capacity
+                    window_reach[w] = _run_length(
+                        max_tree[leaf_offset + start], cutoffs, run_lengths
+                    )
+                    window_mass[w] = sum_tree[leaf_offset + start]
             ref_mass = sum_tree[leaf_offset + ref]
-            for k in range(min(length, batch - rows)):  # the last run is truncated
+            for k in range(n_rows):
                 slot = ref + k
                 if slot >= capacity:  # wrap past the last slot (only once full)
                     slot -= capacity
                 out_slots[rows] = slot
-                scratch[rows] = ref_mass
+                if inherit:
+                    scratch[rows] = ref_mass
+                else:
+                    # exact mass: runs starting `back` slots earlier reach this row if longer
+                    mass = 0.0
+                    for back in range(longest):
+                        w = longest - 1 + k - back
+                        mass += window_mass[w] * (window_reach[w] > back)  # branch-free
+                    scratch[rows] = mass
                 rows += 1
-    if not inherit:
-        for b in range(batch):
-            row = out_slots[b]
-            mass = 0.0
-            for k in range(longest):
-                start = row - k  # a run starting here would reach `row` if longer than k
-                if start < 0:
-                    if not full:
-                        break  # nothing before slot 0 while filling
-                    start += capacity
-                normalised = max_tree[leaf_offset + start] / max_priority
-                if _run_length(normalised, thresholds, run_lengths) > k:
-                    mass += sum_tree[leaf_offset + start]
-            scratch[b] = mass
     smallest = np.inf
     for b in range(batch):
         smallest = min(smallest, scratch[b])
