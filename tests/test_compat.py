@@ -527,3 +527,29 @@ def test_float64_reward_and_done_specs_round_trip(layout: str, tmp_path) -> None
         assert batch.reward["a"].dtype == np.float64 and batch.reward["b"].dtype == np.float32
         assert batch.reward["a"].tolist() == rewards  # not rounded to float32
         assert batch.done["a"].dtype == np.float64 and batch.done["a"].tolist() == [1.0, 1.0]
+
+
+def test_openai_adapter_on_a_real_mpe2_episode() -> None:
+    """openai's train.py loop over a real environment: lists in agent order, one
+    ``experience`` per agent per step, then every trainer's sampling."""
+    simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+    env = simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=True)
+    agents = env.possible_agents
+    buffers = make_buffers(len(agents), size=1e6 / 1e4, seed=0)  # openai passes a float
+    naive = [OpenAIListBuffer(100) for _ in agents]
+    obs, _ = env.reset(seed=0)
+    obs_n = [obs[a] for a in agents]
+    while env.agents:
+        action_n = [env.action_space(a).sample() for a in agents]
+        new_obs, rew, terminated, _truncated, _ = env.step(dict(zip(agents, action_n)))
+        new_obs_n = [new_obs[a] for a in agents]
+        for i, a in enumerate(agents):  # MADDPGAgentTrainer.experience -> add(..., float(done))
+            transition = (obs_n[i], action_n[i], rew[a], new_obs_n[i], float(terminated[a]))
+            buffers[i].add(*transition)
+            naive[i].add(*transition)
+        obs_n = new_obs_n
+    assert len(buffers[0]) == 25
+    for own in buffers:
+        index = own.make_index(32)
+        for buf, ref in zip(buffers, naive):
+            assert_same(buf.sample_index(index), ref.sample_index(index))
