@@ -17,3 +17,7 @@ MEMORY_WARN_FRACTION = 0.8
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
 SAVE_VERSION = 1
+
+#: Prioritized-locality sampling searches its reference slots in chunks of at least this many
+#: (one tree level at a time, so the cache misses of a chunk overlap); unused ones are dropped.
+SEARCH_CHUNK_MIN = 32

@@ -6,5 +6,26 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
 from marlbuf._kernels.rows import first_nonfinite, gather_rows, neighbor_indices, scatter_rows
+from marlbuf._kernels.sumtree import (
+    apply_td_errors,
+    fill_new_slots,
+    find_prefix,
+    locality_sample,
+    per_sample,
+    rebuild,
+    set_leaves,
+)
 
-__all__ = ["first_nonfinite", "gather_rows", "neighbor_indices", "scatter_rows"]
+__all__ = [
+    "apply_td_errors",
+    "fill_new_slots",
+    "find_prefix",
+    "first_nonfinite",
+    "gather_rows",
+    "locality_sample",
+    "neighbor_indices",
+    "per_sample",
+    "rebuild",
+    "scatter_rows",
+    "set_leaves",
+]
