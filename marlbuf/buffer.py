@@ -266,6 +266,10 @@ class MultiAgentReplayBuffer:
 
     def gather(self, indices: Any, trainer: int | None = None) -> Batch:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``)."""
+        return self._gather(self._check_indices(indices), None, trainer, None)
+
+    def _check_indices(self, indices: Any) -> np.ndarray:
+        """``indices`` as a 1-D int64 array of filled slots, or a clear error."""
         idx = np.asarray(indices)
         if idx.ndim != 1 or idx.dtype.kind not in "iu":
             raise TypeError(
@@ -276,7 +280,7 @@ class MultiAgentReplayBuffer:
                 f"indices must lie in [0, {self.size}) (the filled slots); "
                 f"got min {idx.min()}, max {idx.max()}"
             )
-        return self._gather(idx.astype(np.int64, copy=False), None, trainer, None)
+        return idx.astype(np.int64, copy=False)
 
     def _gather(
         self,
@@ -310,16 +314,7 @@ class MultiAgentReplayBuffer:
         assumed (no update is dropped).
         """
         trainer = self._check_trainer(trainer)
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or idx.dtype.kind not in "iu":
-            raise TypeError(
-                f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
-            )
-        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
-            raise ValueError(
-                f"indices must lie in [0, {self.size}); got min {idx.min()}, max {idx.max()}"
-            )
-        idx = idx.astype(np.int64, copy=False)
+        idx = self._check_indices(indices)
         gens = self.write_generation[idx] if generations is None else np.asarray(generations)
         if gens.shape != idx.shape:
             raise ValueError(
