@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
-from marlbuf.bench.common import quiet_threads, time_interleaved, write_result
+from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved, write_result
 from marlbuf.bench.workloads import Workload, random_steps
 from marlbuf.samplers import Prioritized, PrioritizedNeighbor
 
@@ -144,11 +144,20 @@ def bench_per(capacity: int, repeats: int) -> tuple[list[dict[str, Any]], dict[s
 
         cases["cpprb"] = cpprb_case
     timings = time_interleaved(cases, repeats=repeats, warmup=3)
+    ours = timings["marlbuf_sampler"]["median"]
     rows = [
-        {"part": "per", "case": name, "capacity": capacity, "batch": BATCH, **t}
+        {
+            "part": "per",
+            "case": name,
+            "capacity": capacity,
+            "batch": BATCH,
+            "us_median": 1e6 * t["median"],
+            "us_min": 1e6 * t["min"],
+            "us_max": 1e6 * t["max"],
+            "time_vs_marlbuf_sampler": t["median"] / ours,
+        }
         for name, t in timings.items()
     ]
-    ours = timings["marlbuf_sampler"]["median"]
     summary: dict[str, Any] = {
         "per_vs_numpy": timings["numpy"]["median"] / ours,
         "per_buffer_vs_numpy": timings["numpy"]["median"] / timings["marlbuf_buffer"]["median"],
@@ -182,9 +191,10 @@ def _set_priorities(
 
 def bench_maddpg(
     workloads: list[Workload], capacity: int, repeats: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """Part 2: ``sample_for_trainers(1024)`` with PrioritizedNeighbor vs Prioritized."""
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # one per timed case
+    comparisons: list[dict[str, Any]] = []  # one per (workload, layout, scenario): the ratios
     for workload in workloads:
         specs = workload.specs()
         for layout in ("interleaved", "agent_major"):
@@ -237,7 +247,26 @@ def bench_maddpg(
                 )
                 lengths = locality.predictor.run_lengths_for(locality.trees.priorities(0))
                 reference = locality.trees.leaves(0) / locality.trees.total(0)
-                rows.append(
+                ident = {
+                    "part": "maddpg",
+                    "workload": workload.label,
+                    "layout": layout,
+                    "scenario": scenario,
+                }
+                for name, t in timings.items():
+                    baseline = timings[name.replace("locality_", "per_")]["median"]
+                    rows.append(
+                        {
+                            **ident,
+                            "case": name,
+                            "trainers": workload.n_trainers,
+                            "ms_median": 1e3 * t["median"],
+                            "ms_min": 1e3 * t["min"],
+                            "ms_max": 1e3 * t["max"],
+                            "time_vs_per": t["median"] / baseline,
+                        }
+                    )
+                comparisons.append(
                     {
                         "part": "maddpg",
                         "workload": workload.label,
@@ -272,7 +301,7 @@ def bench_maddpg(
     summary: dict[str, Any] = {}
     for layout in ("interleaved", "agent_major"):
         for scenario in ("uniform", "fresh"):
-            chosen = [r for r in rows if r["layout"] == layout and r["scenario"] == scenario]
+            chosen = [r for r in comparisons if r["layout"] == layout and r["scenario"] == scenario]
             if chosen:
                 key = f"locality_vs_per_round_{layout}_{scenario}"
                 speedups = [r["round_speedup"] for r in chosen]
@@ -289,28 +318,53 @@ def bench_maddpg(
                 summary[f"locality_vs_per_indices_{layout}_{scenario}_median"] = float(
                     np.median(index_speedups)
                 )
-    return rows, summary
+    return rows, comparisons, summary
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+#: sizes of a full run (recorded in bench/results/prioritized.json) and of ``--quick``
+FULL: dict[str, Any] = {
+    "per_capacity": 1_000_000,
+    "per_repeats": 200,
+    "capacity": 100_000,
+    "repeats": 20,
+    "workloads": [
+        Workload(env, n) for env in ("cooperative_navigation", "predator_prey") for n in (3, 6, 12)
+    ],
+}
+QUICK: dict[str, Any] = {
+    "per_capacity": 100_000,
+    "per_repeats": 30,
+    "capacity": 20_000,
+    "repeats": 3,
+    "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
+}
+
+
+def run(quick: bool = False, progress: bool = False) -> dict[str, Any]:
     """Both parts; ``quick`` shrinks capacities, workloads and repeats (well under a minute)."""
     threads = quiet_threads()
-    per_capacity = 100_000 if quick else 1_000_000
-    maddpg_capacity = 20_000 if quick else 100_000
-    if quick:
-        workloads = [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)]
-    else:
-        workloads = [
-            Workload(env, n)
-            for env in ("cooperative_navigation", "predator_prey")
-            for n in (3, 6, 12)
-        ]
-    per_rows, per_summary = bench_per(per_capacity, repeats=30 if quick else 200)
-    maddpg_rows, maddpg_summary = bench_maddpg(
-        workloads, maddpg_capacity, repeats=3 if quick else 20
+    sizes = QUICK if quick else FULL
+    per_capacity, maddpg_capacity = sizes["per_capacity"], sizes["capacity"]
+    workloads = sizes["workloads"]
+    if progress:
+        print(f"[prioritized] PER at capacity {per_capacity}", flush=True)
+    per_rows, per_summary = bench_per(per_capacity, repeats=sizes["per_repeats"])
+    if progress:
+        print(f"[prioritized] MADDPG round, {len(workloads)} workloads", flush=True)
+    maddpg_rows, comparisons, maddpg_summary = bench_maddpg(
+        workloads, maddpg_capacity, repeats=sizes["repeats"]
+    )
+    columns = ["workload", "layout", "scenario", "rows_per_reference", "per_index_share"]
+    columns += ["round_speedup", "round_out_speedup", "indices_speedup"]
+    markdown = (
+        markdown_table(per_rows, ["case", "capacity", "us_median", "time_vs_marlbuf_sampler"])
+        + "\n\nPrioritizedNeighbor vs Prioritized (speedup = PER time / locality time):\n\n"
+        + markdown_table(comparisons, columns)
     )
     return {
         "rows": per_rows + maddpg_rows,
+        "comparisons": comparisons,
+        "markdown": markdown,
         "summary": {**per_summary, **maddpg_summary},
         "config": {
             "batch": BATCH,
@@ -333,5 +387,6 @@ if __name__ == "__main__":
 
     is_quick = "--quick" in sys.argv
     payload = run(quick=is_quick)
+    print(payload["markdown"])
     print(json.dumps(payload["summary"], indent=1))
     print(write_result(SUITE, payload, quick=is_quick))

@@ -3,6 +3,8 @@ stale updates, bad input and persistence (issue 3)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -550,3 +552,25 @@ def test_predictor_round_trip_and_registry() -> None:
     )
     with pytest.raises(ValueError, match="unknown predictor"):
         RunLengthPredictor.from_config({"type": "Nope"})
+
+
+def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
+    from marlbuf.bench import common
+    from marlbuf.bench import prioritized as suite
+    from marlbuf.bench.workloads import Workload
+
+    tiny = {
+        "per_capacity": 4_000,
+        "per_repeats": 2,
+        "capacity": 2_000,
+        "repeats": 1,
+        "workloads": [Workload("predator_prey", 3)],
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True)
+    cases = {r["case"] for r in payload["rows"]}
+    assert {"marlbuf_sampler", "numpy", "per_round", "locality_round"} <= cases
+    assert all(r.get("us_median", r.get("ms_median", 0)) > 0 for r in payload["rows"])
+    assert payload["summary"]["per_vs_numpy"] > 0
+    assert payload["config"]["per_capacity"] == 4_000
+    json.dumps(payload, default=common._json_default)
