@@ -26,7 +26,8 @@ Two comparisons, each timed side by side in one process (``time_interleaved``):
 
    Also timed: the same round writing into batches from an earlier round
    (``sample_for_trainers(1024, out=...)``: no fresh pages to fault in), and the index
-   generation alone (``sampler.sample`` for every trainer, no gather).
+   generation alone (``sampler.sample`` for every trainer, no gather), also with
+   ``weights="inherit"``.
 """
 
 from __future__ import annotations
@@ -202,6 +203,8 @@ def bench_maddpg(
             locality = PrioritizedNeighbor(alpha=ALPHA, beta=BETA, eps=EPS)
             buf = MultiAgentReplayBuffer(specs, capacity, layout=layout, sampler=per, seed=0)
             locality.bind(capacity, buf.n_trainers)
+            inherit = PrioritizedNeighbor(alpha=ALPHA, beta=BETA, eps=EPS, weights="inherit")
+            inherit.bind(capacity, buf.n_trainers)
             data_rng = np.random.default_rng(1)
             chunk = min(capacity, 20_000)
             for _ in range(0, capacity, chunk):
@@ -232,7 +235,8 @@ def bench_maddpg(
                 return run
 
             for scenario in ("uniform", "fresh"):
-                _set_priorities([per, locality], buf.n_trainers, capacity, scenario, seed=2)
+                samplers = [per, locality, inherit]
+                _set_priorities(samplers, buf.n_trainers, capacity, scenario, seed=2)
                 timings = time_interleaved(
                     {
                         "per_round": round_with(per),
@@ -241,6 +245,7 @@ def bench_maddpg(
                         "locality_round_out": reused_round_with(locality),
                         "per_indices": indices_with(per),
                         "locality_indices": indices_with(locality),
+                        "locality_inherit_indices": indices_with(inherit),
                     },
                     repeats=repeats,
                     warmup=2,
@@ -254,7 +259,10 @@ def bench_maddpg(
                     "scenario": scenario,
                 }
                 for name, t in timings.items():
-                    baseline = timings[name.replace("locality_", "per_")]["median"]
+                    per_case = name.replace("locality_inherit_", "per_").replace(
+                        "locality_", "per_"
+                    )
+                    baseline = timings[per_case]["median"]
                     rows.append(
                         {
                             **ident,
@@ -290,6 +298,8 @@ def bench_maddpg(
                         / timings["locality_round_out"]["median"],
                         "indices_speedup": timings["per_indices"]["median"]
                         / timings["locality_indices"]["median"],
+                        "inherit_indices_speedup": timings["per_indices"]["median"]
+                        / timings["locality_inherit_indices"]["median"],
                         # share of PER's sampling round spent drawing indices (the rest is the
                         # gather): bounds what fewer tree searches can gain
                         "per_index_share": timings["per_indices"]["median"]
@@ -313,6 +323,9 @@ def bench_maddpg(
                 )
                 summary[f"per_index_share_{layout}_{scenario}_median"] = float(
                     np.median([r["per_index_share"] for r in chosen])
+                )
+                summary[f"locality_inherit_vs_per_indices_{layout}_{scenario}_median"] = float(
+                    np.median([r["inherit_indices_speedup"] for r in chosen])
                 )
                 index_speedups = [r["indices_speedup"] for r in chosen]
                 summary[f"locality_vs_per_indices_{layout}_{scenario}_median"] = float(
@@ -355,7 +368,7 @@ def run(quick: bool = False, progress: bool = False) -> dict[str, Any]:
         workloads, maddpg_capacity, repeats=sizes["repeats"]
     )
     columns = ["workload", "layout", "scenario", "rows_per_reference", "per_index_share"]
-    columns += ["round_speedup", "round_out_speedup", "indices_speedup"]
+    columns += ["round_speedup", "round_out_speedup", "indices_speedup", "inherit_indices_speedup"]
     markdown = (
         markdown_table(per_rows, ["case", "capacity", "us_median", "time_vs_marlbuf_sampler"])
         + "\n\nPrioritizedNeighbor vs Prioritized (speedup = PER time / locality time):\n\n"
