@@ -254,7 +254,8 @@ def _find_many(
     All targets descend together, one tree level at a time: the loads of one level are
     independent of each other, so the CPU overlaps their cache misses instead of waiting on
     each search's chain of dependent loads (the deep levels of a 1e6-slot tree miss every
-    cache; measured 1.5x faster than one search after the other).
+    cache). Measured here: 1.5x faster than one search after the other at capacity 1e6, and the
+    branch-free step below another 2.9x at capacity 1e5.
     """
     count = stop - start
     remaining = targets[start:stop].copy()
