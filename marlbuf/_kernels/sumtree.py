@@ -448,7 +448,7 @@ def locality_sample(
             chunk = remaining // longest  # cannot overshoot
         else:
             chunk = (remaining * used) // rows + 1  # refs still needed at this batch's mean run
-        chunk = min(max(chunk, min(remaining, min_chunk)), batch - searched)
+        chunk = min(max(chunk, min(remaining, min_chunk), 1), batch - searched)
         _find_many(sum_tree, leaf_offset, targets, ref_slots, searched, searched + chunk)
         # the references' raw priorities in one short loop: independent loads whose cache
         # misses overlap (inside the long run loop below they were waited for one by one;
