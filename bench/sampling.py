@@ -10,8 +10,10 @@ one process, repeats interleaved:
 * marlbuf ``agent_major`` and ``interleaved`` layouts × ``uniform`` and ``neighbor`` samplers
   through ``sample_for_trainers``, with fresh output arrays each round and with ``out=`` reuse.
 
-Also measured: this machine's copy bandwidth and the floor it implies for a round (useful bytes
-gathered / bandwidth).
+Also measured: the *copy floor* — one contiguous ``memcpy`` per trainer of exactly the bytes its
+batch gathers, timed in the same interleaved repeats as the cases (so machine noise hits it
+alike) — and this machine's copy bandwidth with the floor it implies (useful bytes gathered /
+bandwidth).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
         name: _share_storage(by_layout[layout], make_sampler(), seed)
         for name, (layout, make_sampler, _) in MARLBUF_CASES.items()
     }
-    return {"marlbuf": bufs, "numpy": numpy_buf, "lists": lists}
+    floor_bytes = useful_bytes_per_round(workload)
+    return {"marlbuf": bufs, "numpy": numpy_buf, "lists": lists, "floor_bytes": floor_bytes}
 
 
 def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[], Any]]:
@@ -111,11 +114,27 @@ def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[
     fns: dict[str, Callable[[], Any]] = {
         "list_of_tuples": list_round,
         "numpy_per_agent": numpy_round,
+        "copy_floor": _copy_floor(buffers["floor_bytes"], n_trainers),
     }
     for name, buf in buffers["marlbuf"].items():
         reuse = MARLBUF_CASES[name][2]
         fns[name] = _marlbuf_round(buf, reuse)
     return fns
+
+
+def _copy_floor(nbytes: int, n_trainers: int) -> Callable[[], Any]:
+    """The floor: one contiguous copy per trainer of the bytes its batch gathers (memcpy speed,
+    measured in the same interleaved repeats as the cases)."""
+    per_trainer = max(1, nbytes // n_trainers // 8)
+    src = np.ones((n_trainers, per_trainer), dtype=np.float64)  # distinct pages per trainer
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+
+    def copy_round() -> None:
+        for t in range(n_trainers):
+            np.copyto(dst[t], src[t])
+
+    return copy_round
 
 
 def _marlbuf_round(buf: MultiAgentReplayBuffer, reuse: bool) -> Callable[[], Any]:
@@ -151,7 +170,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         buffers = _fill(workload, cfg["capacity"], seed=0)
         fns = _round_fns(buffers, workload.n_trainers)
         timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
-        floor = useful_bytes_per_round(workload) / bandwidth
+        floor = timings["copy_floor"]["median"]
         base_a = timings["list_of_tuples"]["median"]
         base_b = timings["numpy_per_agent"]["median"]
         uniform = timings["interleaved+uniform"]["median"]
@@ -169,6 +188,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                     "time_vs_interleaved_uniform": t["median"] / uniform,
                     "x_copy_floor": t["median"] / floor,
                     "floor_ms": 1e3 * floor,
+                    "floor_ms_from_bandwidth": 1e3 * useful_bytes_per_round(workload) / bandwidth,
                 }
             )
         if progress:
@@ -225,7 +245,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 (
                     r
                     for r in by_case.values()
-                    if r["case"] not in ("list_of_tuples", "numpy_per_agent")
+                    if r["case"] not in ("list_of_tuples", "numpy_per_agent", "copy_floor")
                 ),
                 key=lambda r: r["ms_median"],
             )["case"],
