@@ -50,3 +50,12 @@ class NaiveRing:
         item = self.slots[slot]
         assert item is not None, "read of an unwritten slot"
         return item
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue #7 (profiling): the valgrind client-request kernel. On a real CPU the magic sequence is
+# a no-op, so the request's answer is the caller's default.
+# ---------------------------------------------------------------------------------------------
+def client_request_outside_valgrind(block: np.ndarray, default: int) -> int:
+    """What ``client_request_kernel`` returns when no valgrind runs: ``default``."""
+    return int(default)

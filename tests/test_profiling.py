@@ -1,0 +1,287 @@
+"""Profiler, perf_event_open binding and report: correctness (never speed)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import sys
+
+import numpy as np
+import pytest
+from naive import client_request_outside_valgrind
+
+from marlbuf.profiling import Profiler, format_table, write_json
+from marlbuf.profiling import callgrind as cg
+from marlbuf.profiling import perf_events as pe
+from marlbuf.profiling.profiler import NULL_PHASE, OUTSIDE, REPORT_SCHEMA
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="perf is Linux-only")
+
+
+def _software_events_open() -> bool:
+    return all(v == "ok" for v in pe.probe(pe.SOFTWARE_EVENTS).values())
+
+
+# ------------------------------------------------------------------------ perf_event_open
+@linux_only
+def test_probe_names_every_event_with_ok_or_a_reason() -> None:
+    status = pe.probe()
+    assert set(status) == set(pe.EVENTS)
+    for name, reason in status.items():
+        assert isinstance(reason, str) and reason, name
+        assert reason == "ok" or "errno" in reason or "not" in reason
+
+
+@linux_only
+def test_software_group_counts_through_the_perf_path() -> None:
+    if not _software_events_open():
+        pytest.skip("software perf events do not open here: " + str(pe.probe(pe.SOFTWARE_EVENTS)))
+    with pe.CounterGroup(list(pe.SOFTWARE_EVENTS)) as group:
+        group.reset()
+        group.enable()
+        touched = np.ones(4 * 1024 * 1024 // 8)  # fresh pages: page faults
+        touched.sum()
+        group.disable()
+        reading = group.read()
+        group.reset()
+        after_reset = group.read()
+    assert set(reading.values) == set(pe.SOFTWARE_EVENTS)
+    assert reading.values["task-clock"] > 0
+    assert reading.values["page-faults"] > 0
+    assert reading.time_enabled_ns >= reading.time_running_ns > 0
+    assert not reading.multiplexed
+    assert after_reset.raw["page-faults"] == 0
+    assert group.fds == []  # closed by the context manager
+
+
+def test_no_pmu_error_is_explained_in_plain_words() -> None:
+    message = pe.explain_errno(errno.ENOENT, "instructions")
+    assert "instructions" in message
+    assert "no PMU" in message
+    assert "callgrind" in message
+
+
+def test_permission_error_names_the_sysctl() -> None:
+    message = pe.explain_errno(errno.EACCES, "cycles")
+    assert "kernel.perf_event_paranoid" in message
+    assert "sysctl" in message
+
+
+def test_group_too_large_is_explained() -> None:
+    message = pe.explain_errno(errno.EINVAL, "dTLB-read-misses", member=True)
+    assert "group is too large" in message
+
+
+@linux_only
+def test_hardware_group_either_opens_or_raises_a_plain_reason() -> None:
+    try:
+        group = pe.CounterGroup(list(pe.HARDWARE_EVENTS))
+    except pe.PerfEventError as exc:
+        assert exc.strerror and "errno" in exc.strerror
+        assert exc.strerror.split(":")[0] in pe.HARDWARE_EVENTS
+    else:
+        group.close()
+
+
+def test_bad_event_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown perf event 'nope'"):
+        pe.CounterGroup(["nope"])
+    with pytest.raises(ValueError, match="at least one"):
+        pe.CounterGroup([])
+
+
+def test_not_linux_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pe.sys, "platform", "darwin")
+    with pytest.raises(pe.PerfEventError, match="Linux-only"):
+        pe.open_event("task-clock")
+
+
+# ------------------------------------------------------------------------ profiler
+def test_hardware_backend_is_never_faked() -> None:
+    """Where the PMU is missing, backend='hardware' raises instead of reporting other figures."""
+    if all(v == "ok" for v in pe.probe(pe.HARDWARE_EVENTS).values()):
+        prof = Profiler(backend="hardware", null_repeats=2)
+        assert prof.backend == "hardware"
+        prof.close()
+        return
+    with pytest.raises(pe.PerfEventError):
+        Profiler(backend="hardware")
+    prof = Profiler(backend="auto", null_repeats=2)
+    assert prof.backend == "time"
+    rep = prof.report()
+    assert not any(m["source"] == "hardware" for m in rep["metrics"].values())
+    assert not set(rep["metrics"]) & set(pe.HARDWARE_EVENTS)
+    assert any("no hardware counters" in n for n in rep["notes"])
+
+
+def test_callgrind_backend_needs_callgrind() -> None:
+    with pytest.raises(RuntimeError, match="valgrind --tool=callgrind"):
+        Profiler(backend="callgrind")
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "<x>", 3])
+def test_bad_phase_names(bad: object) -> None:
+    prof = Profiler(backend="time", null_repeats=0, software_events=False)
+    with pytest.raises(ValueError, match="phase name"):
+        with prof.phase(bad):  # type: ignore[arg-type]
+            pass
+
+
+def test_bad_backend_and_repeats() -> None:
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Profiler(backend="pmu")
+    with pytest.raises(ValueError, match="null_repeats"):
+        Profiler(backend="time", null_repeats=-1)
+
+
+class _FakeClockProfiler(Profiler):
+    """Every counter read costs exactly 1 unit (the boundary overhead) plus what the test
+    adds to ``work`` between reads, so the correction can be checked to the unit."""
+
+    clock = 0.0
+
+    def _read(self) -> dict[str, float]:
+        type(self).clock += 1.0
+        return {"wall_s": self.clock, "cpu_s": 2 * self.clock}
+
+
+def _work(units: float) -> None:
+    _FakeClockProfiler.clock += units
+
+
+def test_overhead_correction_arithmetic() -> None:
+    prof = _FakeClockProfiler(backend="time", null_repeats=5, software_events=False)
+    assert prof.null_phase() == {"wall_s": 1.0, "cpu_s": 2.0}
+    for _ in range(3):
+        with prof.phase("update_all_trainers"):
+            _work(10)
+            with prof.phase("sampling"):
+                _work(4)
+            with prof.phase("target_q"):
+                _work(6)
+    rep = prof.report()
+    rows = {r["path"]: r for r in rep["phases"]}
+    parent, sampling = rows["update_all_trainers"], rows["update_all_trainers/sampling"]
+    assert parent["calls"] == 3 and parent["segments"] == 9  # 3 entries + 6 child entries
+    assert sampling["exclusive"]["wall_s"] == 12.0
+    assert sampling["exclusive_raw"]["wall_s"] == 15.0
+    assert rows["update_all_trainers/target_q"]["exclusive"]["wall_s"] == 18.0
+    assert parent["exclusive"]["wall_s"] == 30.0
+    assert parent["inclusive"]["wall_s"] == 60.0
+    assert parent["inclusive"]["cpu_s"] == 120.0
+    # every raw unit is either a phase's corrected figure or overhead: nothing lost
+    corrected = sum(r["exclusive"]["wall_s"] for r in rep["phases"])
+    assert corrected + rep["total_overhead"]["wall_s"] == pytest.approx(rep["total_raw"]["wall_s"])
+
+
+def test_time_backend_report_schema_and_json(tmp_path) -> None:
+    prof = Profiler(backend="time", null_repeats=20)
+    table = np.arange(100_000, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        with prof.phase("update_all_trainers"):
+            with prof.phase("sampling"):
+                table[rng.integers(0, table.size, 1024)].sum()
+            with prof.phase("q_p_loss"):
+                pass
+    rep = prof.report()
+    prof.close()
+    assert rep["schema"] == REPORT_SCHEMA
+    assert rep["backend"] == "time"
+    assert rep["null_repeats"] == 20
+    assert [r["path"] for r in rep["phases"]] == [
+        "update_all_trainers",
+        "update_all_trainers/sampling",
+        "update_all_trainers/q_p_loss",
+        OUTSIDE,
+    ]
+    assert NULL_PHASE not in {r["path"] for r in rep["phases"]}
+    for name, meta in rep["metrics"].items():
+        assert meta["source"] in {"time", "software", "hardware", "simulated", "modelled"}, name
+        assert meta["unit"] and meta["description"]
+    for row in rep["phases"]:
+        assert set(row) >= {"path", "name", "parent", "depth", "calls", "exclusive", "inclusive"}
+        for m in rep["metrics"]:
+            assert row["exclusive"][m] >= 0
+    rows = {r["path"]: r for r in rep["phases"]}
+    assert rows["update_all_trainers/sampling"]["parent"] == "update_all_trainers"
+    assert rows["update_all_trainers/sampling"]["depth"] == 1
+    assert rows["update_all_trainers"]["calls"] == 3
+    parent = rows["update_all_trainers"]
+    children = [r for r in rep["phases"] if r["parent"] == "update_all_trainers"]
+    for m in rep["metrics"]:
+        expected = parent["exclusive"][m] + sum(c["inclusive"][m] for c in children)
+        assert parent["inclusive"][m] == pytest.approx(expected)
+    assert "numba_num_threads" in rep["threads"]
+    path = write_json(rep, tmp_path / "p.json")
+    assert json.loads(path.read_text()) == rep
+    text = format_table(rep)
+    assert "wall_s [time]" in text and "sampling" in text
+
+
+def test_exception_inside_a_phase_closes_it() -> None:
+    prof = Profiler(backend="time", null_repeats=0, software_events=False)
+    with pytest.raises(KeyError):
+        with prof.phase("env_step"):
+            raise KeyError("boom")
+    with prof.phase("buffer_add"):
+        pass
+    paths = [r["path"] for r in prof.report()["phases"]]
+    assert paths == ["env_step", "buffer_add", OUTSIDE]
+
+
+# ------------------------------------------------------------------------ callgrind helpers
+def test_client_request_is_a_no_op_natively() -> None:
+    if not cg.supported():
+        assert cg.client_request(cg.VG_USERREQ_RUNNING_ON_VALGRIND, default=7) == 7
+        return
+    from marlbuf._kernels.client_request import client_request_kernel
+
+    block = np.zeros(6, dtype=np.uint64)
+    block[0] = cg.VG_USERREQ_RUNNING_ON_VALGRIND
+    got = client_request_kernel(np.uint64(block.ctypes.data), np.uint64(42))
+    assert got == client_request_outside_valgrind(block, 42)
+    assert cg.running_on_valgrind() == 0
+    assert cg.valgrind_tool() is None
+    cg.dump_stats_at("nothing happens natively")
+    with pytest.raises(ValueError, match="at most 5"):
+        cg.client_request(1, 1, 2, 3, 4, 5, 6)
+
+
+def test_read_dump_summary_pads_omitted_trailing_zeros(tmp_path) -> None:
+    dump = tmp_path / "callgrind.out.7.1"
+    dump.write_text(
+        "# callgrind format\nversion: 1\ndesc: Trigger: Client Request: marlbuf:sampling\n"
+        "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nsummary: 100 20 10 3 5\n\nfl=(1) x\n"
+    )
+    (tmp_path / "callgrind.out.7.2").write_text(
+        "desc: Trigger: Program termination\nevents: Ir\nsummary: 5\n"
+    )
+    label, costs = cg.read_dump_summary(dump)
+    assert label == "marlbuf:sampling"
+    assert costs == {
+        "Ir": 100,
+        "Dr": 20,
+        "Dw": 10,
+        "I1mr": 3,
+        "D1mr": 5,
+        "D1mw": 0,
+        "ILmr": 0,
+        "DLmr": 0,
+        "DLmw": 0,
+    }
+    assert [p.name for p in cg.dump_files(tmp_path / "callgrind.out.7")] == [
+        "callgrind.out.7.1",
+        "callgrind.out.7.2",
+    ]
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    with pytest.raises(ValueError, match="not a callgrind dump"):
+        cg.read_dump_summary(bad)
+
+
+def test_valgrind_command_pins_the_caches() -> None:
+    cmd = cg.valgrind_command(["python", "x.py"], "/tmp/out.%p")
+    assert cmd[:3] == ["valgrind", "--tool=callgrind", "--cache-sim=yes"]
+    assert "--D1=32768,8,64" in cmd and "--LL=33554432,16,64" in cmd
+    assert cmd[-2:] == ["python", "x.py"]
