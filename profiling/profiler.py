@@ -238,6 +238,7 @@ class Profiler:
             "time figures are inflated ~50-100x by valgrind"
         )
         callgrind.start_instrumentation()
+        self._instrumenting = True
 
     # ------------------------------------------------------------------ boundaries
     def _read(self) -> dict[str, float]:
@@ -277,6 +278,11 @@ class Profiler:
                 f"phase name must be a non-empty str without '/' and not starting with '<'; "
                 f"got name={name!r}"
             )
+        if self.backend == "callgrind" and not self._instrumenting:
+            # report() switched the simulation off; switching it on again flushes valgrind's
+            # translations (seconds), so reports are best taken once, at the end
+            callgrind.start_instrumentation()
+            self._instrumenting = True
         self._boundary(self._current())
         self._stack.append(name)
         path = self._current()
@@ -330,6 +336,11 @@ class Profiler:
     def report(self) -> dict[str, Any]:
         """Per phase: calls, segments, exclusive and inclusive figures (overhead-corrected, and
         raw), the null-phase cost, metric sources and the thread settings. JSON-safe."""
+        if self.backend == "callgrind" and self._instrumenting:
+            # close the trailing segment, then parse the dumps at un-instrumented speed
+            self._boundary(self._current())
+            callgrind.stop_instrumentation()
+            self._instrumenting = False
         exclusive_raw = {p: dict(s.values) for p, s in self._phases.items()}
         if self.backend == "callgrind":
             for path, dumps in self._dump_totals().items():
