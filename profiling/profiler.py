@@ -185,6 +185,7 @@ class Profiler:
             )
         if self.backend == "callgrind":
             self._callgrind_setup()
+        self._finished = False
         self._stack: list[str] = []
         self._phases: dict[str, _Segments] = {}
         self._order: list[str] = []
@@ -238,7 +239,6 @@ class Profiler:
             "time figures are inflated ~50-100x by valgrind"
         )
         callgrind.start_instrumentation()
-        self._instrumenting = True
 
     # ------------------------------------------------------------------ boundaries
     def _read(self) -> dict[str, float]:
@@ -278,11 +278,8 @@ class Profiler:
                 f"phase name must be a non-empty str without '/' and not starting with '<'; "
                 f"got name={name!r}"
             )
-        if self.backend == "callgrind" and not self._instrumenting:
-            # report() switched the simulation off; switching it on again flushes valgrind's
-            # translations (seconds), so reports are best taken once, at the end
-            callgrind.start_instrumentation()
-            self._instrumenting = True
+        if self._finished:
+            raise RuntimeError("this profiler has finished (report() or finish() was called)")
         self._boundary(self._current())
         self._stack.append(name)
         path = self._current()
@@ -333,14 +330,27 @@ class Profiler:
             null.update(_median_dict(self._null_samples))
         return null
 
+    def finish(self, stop_simulation: bool = True) -> None:
+        """End profiling: charge the trailing segment, close the counters and, under callgrind,
+        switch the simulation off (``stop_simulation``) so that what follows (parsing the dumps)
+        runs ~4x faster. Idempotent; :meth:`report` calls it. Pass ``stop_simulation=False``
+        when another profiler takes over in the same process."""
+        if self._finished:
+            return
+        self._boundary(self._current())
+        self._finished = True
+        if self.backend == "callgrind" and stop_simulation:
+            callgrind.stop_instrumentation()
+        for group in (self._hardware, self._software):
+            if group is not None:
+                group.close()
+
     def report(self) -> dict[str, Any]:
         """Per phase: calls, segments, exclusive and inclusive figures (overhead-corrected, and
-        raw), the null-phase cost, metric sources and the thread settings. JSON-safe."""
-        if self.backend == "callgrind" and self._instrumenting:
-            # close the trailing segment, then parse the dumps at un-instrumented speed
-            self._boundary(self._current())
-            callgrind.stop_instrumentation()
-            self._instrumenting = False
+        raw), the null-phase cost, metric sources and the thread settings. JSON-safe.
+
+        Ends profiling (calls :meth:`finish`): take the report once, at the end."""
+        self.finish()
         exclusive_raw = {p: dict(s.values) for p, s in self._phases.items()}
         if self.backend == "callgrind":
             for path, dumps in self._dump_totals().items():
@@ -408,10 +418,8 @@ class Profiler:
         }
 
     def close(self) -> None:
-        """Release the counter file descriptors."""
-        for group in (self._hardware, self._software):
-            if group is not None:
-                group.close()
+        """Same as :meth:`finish`: end profiling and release the counter file descriptors."""
+        self.finish()
 
     def __enter__(self) -> Profiler:
         return self

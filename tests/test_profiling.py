@@ -285,3 +285,14 @@ def test_valgrind_command_pins_the_caches() -> None:
     assert cmd[:3] == ["valgrind", "--tool=callgrind", "--cache-sim=yes"]
     assert "--D1=32768,8,64" in cmd and "--LL=33554432,16,64" in cmd
     assert cmd[-2:] == ["python", "x.py"]
+
+
+def test_no_phases_after_the_report() -> None:
+    prof = Profiler(backend="time", null_repeats=0)
+    with prof.phase("sampling"):
+        pass
+    first = prof.report()
+    assert prof.report()["phases"] == first["phases"]  # report() is repeatable
+    with pytest.raises(RuntimeError, match="finished"):
+        with prof.phase("sampling"):
+            pass

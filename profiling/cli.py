@@ -1,0 +1,307 @@
+"""``marlbuf profile``: time and cache counters per training phase, swept over agent counts,
+layouts and samplers; JSON, a markdown table and the paper's Figs. 2-4 as PNG.
+
+With ``--backend callgrind`` the command warms Numba's cache natively, then runs itself again
+under ``valgrind --tool=callgrind --cache-sim=yes`` with pinned cache sizes, and plots the
+result natively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from marlbuf.profiling import callgrind
+from marlbuf.profiling.profiler import BACKENDS, Profiler, format_table, write_json
+from marlbuf.profiling.workloads import ENV_ALIASES, Case, SamplingWorkload, TrainWorkload
+
+_CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
+RESULT_NAME = "profile.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="marlbuf profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--algo", default="maddpg", choices=["maddpg", "matd3"])
+    parser.add_argument(
+        "--env",
+        default="cooperative_navigation",
+        help="cooperative_navigation (cn) or predator_prey (pp)",
+    )
+    parser.add_argument("--agents", type=int, nargs="+", default=[3], help="agent counts to sweep")
+    parser.add_argument("--layout", nargs="+", default=["interleaved"], help="storage layouts")
+    parser.add_argument(
+        "--sampler", nargs="+", default=["uniform"], help="samplers (uniform, neighbor, ...)"
+    )
+    parser.add_argument("--run-length", type=int, default=16, help="neighbor sampler run length")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--updates", type=int, default=5, help="profiled update rounds per case")
+    parser.add_argument(
+        "--warmup-updates", type=int, default=1, help="rounds run before the profiler starts"
+    )
+    parser.add_argument(
+        "--fill",
+        type=int,
+        default=None,
+        help="transitions in the (full) buffer; default min(1e6, 256 MiB worth)",
+    )
+    parser.add_argument(
+        "--workload",
+        default="train",
+        choices=["train", "sampling"],
+        help="the training loop (needs [algos,envs]) or the MADDPG sampling round alone",
+    )
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/profile"), help="output folder")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--keep-dumps", action="store_true", help="keep callgrind's per-phase dump files"
+    )
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    args.env = ENV_ALIASES.get(args.env, args.env)
+    if args.env not in ("cooperative_navigation", "predator_prey"):
+        raise SystemExit(f"--env must be cooperative_navigation or predator_prey; got {args.env!r}")
+    for n in args.agents:
+        if n < 1:
+            raise SystemExit(f"--agents must be positive; got {n}")
+    for name, value in (("--updates", args.updates), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise SystemExit(f"{name} must be >= 1; got {value}")
+    if args.batch_size % args.run_length and "neighbor" in args.sampler:
+        raise SystemExit(
+            f"--run-length ({args.run_length}) must divide --batch-size ({args.batch_size})"
+        )
+
+
+def _cases(args: argparse.Namespace) -> list[Case]:
+    return [
+        Case(args.env, n, layout, sampler)
+        for n in args.agents
+        for layout in args.layout
+        for sampler in args.sampler
+    ]
+
+
+def _make_workload(args: argparse.Namespace, case: Case) -> SamplingWorkload | TrainWorkload:
+    if args.workload == "sampling":
+        return SamplingWorkload(case, args.batch_size, args.run_length, args.fill, args.seed)
+    return TrainWorkload(case, args.algo, args.batch_size, args.run_length, args.fill, args.seed)
+
+
+def run_cases(args: argparse.Namespace) -> dict[str, Any]:
+    """Profile every case in this process with ``args.backend``; the result document."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    runs = []
+    cases = _cases(args)
+    for i, case in enumerate(cases):
+        started = time.perf_counter()
+        workload = _make_workload(args, case)
+        for _ in range(args.warmup_updates):
+            workload.attach(_NoProfiler())
+            workload.round()
+        profiler = Profiler(backend=args.backend)
+        workload.attach(profiler)
+        for _ in range(args.updates):
+            workload.round()
+        # under callgrind, stop simulating: the next case's set-up (buffer fill, warm-up) is not
+        # to be simulated; its profiler switches the simulation on again
+        profiler.finish(stop_simulation=True)
+        report = profiler.report()
+        runs.append(
+            {
+                "env": case.env,
+                "n_agents": case.n_agents,
+                "layout": case.layout,
+                "sampler": case.sampler,
+                "label": case.label,
+                **workload.describe(),
+                "updates": args.updates,
+                "report": report,
+            }
+        )
+        print(
+            f"[{i + 1}/{len(cases)}] {case.label}: {report['backend']} backend, "
+            f"{time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
+        del workload
+    return {
+        "schema": "marlbuf-profile-sweep/1",
+        "command": "marlbuf profile " + " ".join(getattr(args, "argv", [])),
+        "config": {
+            "algo": args.algo,
+            "env": args.env,
+            "agents": args.agents,
+            "layouts": args.layout,
+            "samplers": args.sampler,
+            "run_length": args.run_length,
+            "batch_size": args.batch_size,
+            "updates": args.updates,
+            "warmup_updates": args.warmup_updates,
+            "workload": args.workload,
+            "backend": args.backend,
+            "seed": args.seed,
+        },
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+
+
+class _NoProfiler:
+    def phase(self, name: str) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def _sampling_metric(report: dict[str, Any]) -> str:
+    """The sampling phase's headline cache metric: hardware LLC misses where a PMU counted
+    them, else simulated LL misses, else wall time."""
+    for name in ("LLC-read-misses", "LL_misses", "wall_s"):
+        if name in report["metrics"]:
+            return name
+    return next(iter(report["metrics"]))
+
+
+def _phase_figure(report: dict[str, Any], name: str, metric: str) -> float | None:
+    for row in report["phases"]:
+        if row["name"] == name and row["path"] != "<outside>":
+            value = row["inclusive"].get(metric)
+            return None if value is None else float(value)
+    return None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per layout and agent count: the sampling phase's headline metric per update round for
+    each sampler, and neighbor/uniform ratios."""
+    summary: dict[str, Any] = {}
+    for run in runs:
+        metric = _sampling_metric(run["report"])
+        value = _phase_figure(run["report"], "sampling", metric)
+        key = f"{run['layout']}/N={run['n_agents']}"
+        entry = summary.setdefault(key, {"metric": metric, "source": None})
+        entry["source"] = run["report"]["metrics"][metric]["source"]
+        if value is not None:
+            entry[f"sampling_{run['sampler']}_per_round"] = value / run["updates"]
+    for entry in summary.values():
+        u, n = entry.get("sampling_uniform_per_round"), entry.get("sampling_neighbor_per_round")
+        if u and n is not None:
+            entry["neighbor_over_uniform"] = n / u
+    return summary
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Every case's phase table, then the sampling summary."""
+    lines = [f"# {result['command']}", ""]
+    for run in result["runs"]:
+        lines += [
+            f"## {run['label']} ({run['env']}, {run['n_trainers']} trainers, "
+            f"buffer {run['fill_steps']} steps / {run['buffer_bytes'] / 2**20:.0f} MiB, "
+            f"{run['updates']} rounds)",
+            "",
+            "```",
+            format_table(run["report"]),
+            "```",
+            "",
+        ]
+    lines += ["## Sampling phase per update round", "", "```"]
+    lines += [f"{k}: {json.dumps(v)}" for k, v in result["summary"].items()]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _warm_numba_cache(args: argparse.Namespace) -> None:
+    """Compile every kernel the cases use (natively; compiling under valgrind is very slow)."""
+    callgrind.warm_up()
+    for case in _cases(args):
+        small = SamplingWorkload(case, args.batch_size, args.run_length, 4 * args.batch_size, 0)
+        small.attach(_NoProfiler())
+        small.round()
+
+
+def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print(
+            "marlbuf profile: --backend callgrind needs valgrind (e.g. 'apt install valgrind')",
+            file=sys.stderr,
+        )
+        return 2
+    if not callgrind.supported():
+        print(
+            "marlbuf profile: the callgrind backend is implemented for x86-64 only", file=sys.stderr
+        )
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    print("warming Numba's cache natively ...", file=sys.stderr)
+    _warm_numba_cache(args)
+    dumps = out / "callgrind"
+    if dumps.exists():
+        shutil.rmtree(dumps)
+    dumps.mkdir()
+    cmd = callgrind.valgrind_command(
+        [sys.executable, "-m", "marlbuf", "profile", *argv, "--no-plots"],
+        dumps / "callgrind.out.%p",
+        valgrind,
+    )
+    env = dict(os.environ, **{_CHILD_ENV: "1"})
+    print("running under callgrind:", " ".join(cmd), file=sys.stderr)
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        print(
+            f"marlbuf profile: the callgrind run failed (exit {proc.returncode})", file=sys.stderr
+        )
+        return proc.returncode
+    if not args.keep_dumps:
+        shutil.rmtree(dumps, ignore_errors=True)
+    result = json.loads((out / RESULT_NAME).read_text())
+    _finish_outputs(args, result)
+    return 0
+
+
+def _finish_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    out: Path = args.out
+    (out / "profile.md").write_text(markdown(result))
+    if not args.no_plots:
+        from marlbuf.profiling.plots import plot_phase_breakdown, plot_sampling_counters
+
+        plot_phase_breakdown(result, out / "phases.png")
+        plot_sampling_counters(result, out / "sampling_counters.png")
+    print(markdown(result))
+    print(f"results in {out}/", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``marlbuf profile``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    _check(args)
+    under_valgrind = os.environ.get(_CHILD_ENV) == "1"
+    if args.backend == "callgrind" and not callgrind.under_callgrind():
+        if under_valgrind:
+            print("marlbuf profile: expected to run under callgrind", file=sys.stderr)
+            return 2
+        return _relaunch_under_callgrind(args, argv)
+    result = run_cases(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(result, args.out / RESULT_NAME)
+    if under_valgrind:
+        return 0  # the native parent writes the table and the plots
+    _finish_outputs(args, result)
+    return 0
