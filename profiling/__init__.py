@@ -10,11 +10,18 @@ callgrind's cache simulation where the machine has no PMU (DESIGN section 8).
 """
 
 from marlbuf.profiling.perf_events import CounterGroup, PerfEventError, probe
-from marlbuf.profiling.profiler import BACKENDS, Profiler, format_table, write_json
+from marlbuf.profiling.profiler import (
+    BACKENDS,
+    NullProfiler,
+    Profiler,
+    format_table,
+    write_json,
+)
 
 __all__ = [
     "BACKENDS",
     "CounterGroup",
+    "NullProfiler",
     "PerfEventError",
     "Profiler",
     "format_table",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from marlbuf.profiling import callgrind
-from marlbuf.profiling.profiler import BACKENDS, Profiler, format_table, write_json
+from marlbuf.profiling.profiler import BACKENDS, NullProfiler, Profiler, format_table, write_json
 from marlbuf.profiling.workloads import ENV_ALIASES, Case, SamplingWorkload, TrainWorkload
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
@@ -111,7 +111,7 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         workload = _make_workload(args, case)
         for _ in range(args.warmup_updates):
-            workload.attach(_NoProfiler())
+            workload.attach(NullProfiler())
             workload.round()
         profiler = Profiler(backend=args.backend)
         workload.attach(profiler)
@@ -159,13 +159,6 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "summary": summarize(runs),
     }
-
-
-class _NoProfiler:
-    def phase(self, name: str) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
 
 
 def _sampling_metric(report: dict[str, Any]) -> str:
@@ -229,7 +222,7 @@ def _warm_numba_cache(args: argparse.Namespace) -> None:
     callgrind.warm_up()
     for case in _cases(args):
         small = SamplingWorkload(case, args.batch_size, args.run_length, 4 * args.batch_size, 0)
-        small.attach(_NoProfiler())
+        small.attach(NullProfiler())
         small.round()
 
 

@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,17 @@ REPORT_SCHEMA = "marlbuf-profile/1"
 
 #: Null phases measured at start, per backend (callgrind dumps cost ~0.1 s each under valgrind).
 DEFAULT_NULL_REPEATS = {"time": 200, "hardware": 200, "callgrind": 8}
+
+
+_NULL_CONTEXT = nullcontext()
+
+
+class NullProfiler:
+    """A stand-in with the profiler's ``phase`` hook that measures nothing (a shared no-op
+    context manager): for warm-up rounds and unprofiled runs."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return _NULL_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -239,6 +250,9 @@ class Profiler:
             "time figures are inflated ~50-100x by valgrind"
         )
         callgrind.start_instrumentation()
+        # costs collected before this profiler (or across a stop/start of the simulation) are
+        # not ours: without zeroing, the first dump can even show wrapped-around counts
+        callgrind.zero_stats()
 
     # ------------------------------------------------------------------ boundaries
     def _read(self) -> dict[str, float]:

@@ -296,3 +296,54 @@ def test_no_phases_after_the_report() -> None:
     with pytest.raises(RuntimeError, match="finished"):
         with prof.phase("sampling"):
             pass
+
+
+# ------------------------------------------------------------------------ marlbuf profile
+def test_profile_cli_sampling_sweep(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from marlbuf.profiling.cli import main
+
+    out = tmp_path / "prof"
+    argv = ["--workload", "sampling", "--agents", "2", "3", "--layout", "agent_major"]
+    argv += ["interleaved", "--sampler", "uniform", "neighbor", "--batch-size", "64"]
+    argv += ["--run-length", "8", "--fill", "2000", "--updates", "2", "--backend", "time"]
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads((out / "profile.json").read_text())
+    assert len(result["runs"]) == 8
+    for run in result["runs"]:
+        names = [r["name"] for r in run["report"]["phases"]]
+        assert names == ["update_all_trainers", "sampling", OUTSIDE]
+        assert run["report"]["phases"][1]["calls"] == 2
+        assert run["fill_steps"] == 2000
+    assert set(result["summary"]) == {
+        f"{lay}/N={n}" for lay in ("agent_major", "interleaved") for n in (2, 3)
+    }
+    assert all("neighbor_over_uniform" in v for v in result["summary"].values())
+    assert (out / "phases.png").stat().st_size > 0
+    assert (out / "sampling_counters.png").stat().st_size > 0
+    assert "## agent_major/uniform/N=2" in (out / "profile.md").read_text()
+    assert "sampling" in capsys.readouterr().out
+
+
+def test_profile_cli_rejects_bad_arguments(tmp_path) -> None:
+    from marlbuf.profiling.cli import main
+
+    with pytest.raises(SystemExit, match="--env"):
+        main(["--env", "chess", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--run-length"):
+        main(["--sampler", "neighbor", "--batch-size", "100", "--run-length", "16"])
+    with pytest.raises(SystemExit, match="--updates"):
+        main(["--updates", "0"])
+
+
+def test_counters_suite_quick_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from marlbuf.bench import counters
+
+    tiny = {**counters.QUICK, "agents": [2], "fill_steps": 1000, "batch_size": 64, "rounds": 2}
+    monkeypatch.setattr(counters, "QUICK", tiny)
+    payload = counters.run(quick=True)
+    assert counters.SUITE == "counters"
+    assert len(payload["rows"]) == 4
+    assert set(payload["summary"]) == {"agent_major/N=2", "interleaved/N=2"}
+    assert all(r["wall_s_source"] == "time" for r in payload["rows"])
+    json.dumps(payload)
