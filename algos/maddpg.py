@@ -45,7 +45,7 @@ from marlbuf.algos.nets import (
     polyak_,
     torch,
 )
-from marlbuf.algos.stacking import stack_fields
+from marlbuf.algos.stacking import merge_leading, stack_fields, stack_or_copy
 from marlbuf.batch import Batch
 
 #: A phase hook: ``phase(name)`` returns a context manager (see :mod:`marlbuf.algos.runner`).
@@ -278,9 +278,9 @@ class LoopLearner(Learner):
         if not self.params:
             self.params = [
                 {
-                    k: v.to(self.device, self.dtype).clone().requires_grad_(
-                        not k.startswith("target_")
-                    )
+                    k: v.to(self.device, self.dtype)
+                    .clone()
+                    .requires_grad_(not k.startswith("target_"))
                     for k, v in p.items()
                 }
                 for p in params
@@ -393,7 +393,9 @@ class LoopLearner(Learner):
         return {
             "formulation": "loop",
             "params": self.get_params(),
-            "optimizers": [{n: o.state_dict() for n, o in opts.items()} for opts in self.optimizers],
+            "optimizers": [
+                {n: o.state_dict() for n, o in opts.items()} for opts in self.optimizers
+            ],
             "rounds": self.rounds,
             "generator": self.generator.get_state(),
         }
@@ -431,6 +433,13 @@ class BatchedLearner(Learner):
     ) -> None:
         super().__init__(config, obs_dims, action_dim, seed, dtype)
         self.max_obs = max(self.obs_dims)
+        # runs of agents with the same observation size: (first, last + 1, obs_dim)
+        self.obs_groups: list[tuple[int, int, int]] = []
+        for t, dim in enumerate(self.obs_dims):
+            if self.obs_groups and self.obs_groups[-1][2] == dim:
+                self.obs_groups[-1] = (self.obs_groups[-1][0], t + 1, dim)
+            else:
+                self.obs_groups.append((t, t + 1, dim))
         self.obs_total = sum(self.obs_dims)
         self.stacked: dict[str, Tensor] = {}
         self.set_params(self.initial_params())
@@ -487,7 +496,11 @@ class BatchedLearner(Learner):
         """Stacked MLP over the leading axis; ``first`` replaces the first layer's output
         (pre-activation) when the caller computed it in pieces."""
         p = self.stacked
-        h = first if first is not None else torch.baddbmm(p[f"{prefix}.l0.b"], x, p[f"{prefix}.l0.W"])
+        h = (
+            first
+            if first is not None
+            else torch.baddbmm(p[f"{prefix}.l0.b"], x, p[f"{prefix}.l0.W"])
+        )
         h = torch.relu(h)
         h = torch.relu(torch.baddbmm(p[f"{prefix}.l1.b"], h, p[f"{prefix}.l1.W"]))
         return torch.baddbmm(p[f"{prefix}.l2.b"], h, p[f"{prefix}.l2.W"])
@@ -500,23 +513,33 @@ class BatchedLearner(Learner):
         first = torch.baddbmm(first, actions, weight[:, self.obs_total :])
         return self._stacked_mlp(prefix, obs, first)[..., 0]
 
-    def _padded(self, grid: Sequence[Sequence[np.ndarray]]) -> Tensor:
-        """Zero-padded stack: ``grid[k]`` is a list of (rows, d_k) arrays, laid end to end into
-        row block ``k`` of a (K, total_rows, max_obs) tensor."""
-        rows = sum(part.shape[0] for part in grid[0])
-        out = torch.zeros((len(grid), rows, self.max_obs), dtype=self.dtype)
-        for k, parts in enumerate(grid):
-            start = 0
-            for part in parts:
-                out[k, start : start + part.shape[0], : part.shape[1]] = torch.from_numpy(part)
-                start += part.shape[0]
-        return out.to(self.device)
+    def _actor_groups(
+        self, prefix: str, inputs: Sequence[np.ndarray], relu_inplace: bool = False
+    ) -> Tensor:
+        """Stacked actors over agents, one ``baddbmm`` chain per group of equal observation
+        size (contiguous agents): ``inputs[g]`` has shape (G_g, rows, obs_dim_g); returns
+        logits of shape (N, rows, A). The padded weight rows are not read."""
+        p = self.stacked
+        outs = []
+        for (start, stop, dim), x_np in zip(self.obs_groups, inputs):
+            x = self._tensor(x_np)
+            h = torch.baddbmm(
+                p[f"{prefix}.l0.b"][start:stop], x, p[f"{prefix}.l0.W"][start:stop, :dim]
+            )
+            h = torch.relu_(h) if relu_inplace else torch.relu(h)
+            h = torch.baddbmm(p[f"{prefix}.l1.b"][start:stop], h, p[f"{prefix}.l1.W"][start:stop])
+            h = torch.relu_(h) if relu_inplace else torch.relu(h)
+            outs.append(
+                torch.baddbmm(p[f"{prefix}.l2.b"][start:stop], h, p[f"{prefix}.l2.W"][start:stop])
+            )
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     @torch.no_grad()
     def act(self, obs: Sequence[np.ndarray]) -> list[np.ndarray]:
         noise = self.draw_action_noise()
-        x = self._padded([[np.asarray(o, dtype=np.float32).reshape(1, -1)] for o in obs])
-        logits = self._stacked_mlp("actor", x)
+        rows = [np.asarray(o, dtype=np.float32).reshape(1, -1) for o in obs]
+        groups = [np.stack(rows[start:stop]) for start, stop, _ in self.obs_groups]
+        logits = self._actor_groups("actor", groups, relu_inplace=True)
         actions = gumbel_softmax(logits, noise)[:, 0].cpu().numpy().astype(np.float32)
         return list(actions)
 
@@ -531,8 +554,13 @@ class BatchedLearner(Learner):
         with phase("target_q"), torch.no_grad():
             next_obs = self._tensor(stack_fields(batches, "next_obs"))  # (T, B, S)
             # target actor of agent j on agent j's next obs in every trainer's batch
-            grid = [[b.next_obs[a] for b in batches] for a in agents]
-            logits = self._stacked_mlp("target_actor", self._padded(grid))  # (N, T*B, A)
+            # (agent j, trainer t's rows) -> one (G, T*B, obs_dim) view per group, no copy
+            # when the batches share a RoundBlock
+            per_agent = [
+                merge_leading(stack_or_copy([b.next_obs[a] for b in batches])) for a in agents
+            ]
+            groups = [stack_or_copy(per_agent[start:stop]) for start, stop, _ in self.obs_groups]
+            logits = self._actor_groups("target_actor", groups, relu_inplace=True)  # (N, T*B, A)
             logits = logits.view(n, n, batch_size, act_dim).transpose(0, 1)  # (T, N, B, A)
             target_act = gumbel_softmax(logits, noise.target_uniform)
             if noise.smoothing is not None:
@@ -563,8 +591,9 @@ class BatchedLearner(Learner):
                     td_abs = list(td.detach().abs().float().cpu().numpy())
             actor_loss = np.full(n, np.nan)
             if actor_updates:
-                own_obs = self._padded([[b.obs[a]] for b, a in zip(batches, agents)])
-                logits = self._stacked_mlp("actor", own_obs)  # (T, B, A)
+                own = [b.obs[a] for b, a in zip(batches, agents)]
+                groups = [stack_or_copy(own[start:stop]) for start, stop, _ in self.obs_groups]
+                logits = self._actor_groups("actor", groups)  # (T, B, A)
                 new_act = gumbel_softmax(logits, noise.actor_uniform)
                 old_act = critic_in[..., self.obs_total :].view(n, batch_size, n, act_dim)
                 mask = self.own_action_mask

@@ -8,7 +8,9 @@ nothing; otherwise :func:`stack_fields` falls back to ``np.stack`` (one copy).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -60,40 +62,80 @@ class RoundBlock:
             self.batches = batches
 
 
-def stack_fields(batches: Sequence[Batch], *fields: str) -> np.ndarray:
-    """``np.stack([b.concat(*fields) for b in batches])``, shape ``(T, B, width)``, as a view
-    when the batches' views are equally spaced inside one allocation (no copy), else a copy.
-
-    The view is writeable only in the sense NumPy requires for ``torch.from_numpy``; callers
-    must treat it as read-only.
+def stack_views(views: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One ``(K, *shape)`` view over ``K`` same-shaped arrays that sit at equally spaced
+    addresses inside one writeable allocation; ``None`` when they do not (the caller copies).
     """
-    views = [b.concat(*fields) for b in batches]
     first = views[0]
-    if len(views) == 1:
-        return first[None] if first.flags.writeable else np.stack(views)
-    same_form = all(
-        v.shape == first.shape and v.strides == first.strides and v.dtype == first.dtype
+    if any(
+        v.shape != first.shape or v.strides != first.strides or v.dtype != first.dtype
         for v in views
-    )
-    roots = {id(_root(b.block)) for b in batches if b.block is not None}
-    if not same_form or len(roots) != 1 or any(b.block is None for b in batches):
-        return np.stack(views)
-    root = _root(batches[0].block)  # type: ignore[arg-type]
-    if not (root.flags.writeable and root.flags.c_contiguous):
-        return np.stack(views)
+    ):
+        return None
+    roots = [_root(v) for v in views]
+    root = roots[0]
+    if any(r is not root for r in roots) or not (root.flags.writeable and root.flags.c_contiguous):
+        return None
     addresses = [_address(v) for v in views]
-    step = addresses[1] - addresses[0]
-    if step < 0 or any(b - a != step for a, b in zip(addresses, addresses[1:])):
-        return np.stack(views)
+    step = addresses[1] - addresses[0] if len(views) > 1 else 0
+    if step < 0 or any(b - a != step for a, b in itertools.pairwise(addresses)):
+        return None
     itemsize = first.dtype.itemsize
-    if first.strides[1] != itemsize and first.shape[1] > 1:
-        return np.stack(views)
-    raw = root.reshape(-1).view(np.uint8)
-    start = addresses[0] - _address(raw)
-    rows, width = first.shape
-    span = np.lib.stride_tricks.as_strided(
-        raw[start:],
-        shape=(len(views), rows, width * itemsize),
-        strides=(step, first.strides[0], 1),
+    if any(s % itemsize for s in (step, *first.strides)) or first.strides[-1] < 0:
+        return None
+    return _view_at(
+        root, addresses[0], (len(views), *first.shape), (step, *first.strides), first.dtype
     )
-    return span.view(first.dtype)
+
+
+def _view_at(
+    root: np.ndarray, address: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+) -> np.ndarray:
+    """A view of ``root``'s memory starting at ``address`` (NumPy checks it stays inside)."""
+    flat = root.reshape(-1).view(np.uint8)
+    return np.ndarray(
+        shape=shape, dtype=dtype, buffer=flat[address - _address(flat) :], strides=strides
+    )
+
+
+def merge_leading(arr: np.ndarray) -> np.ndarray:
+    """``arr.reshape(-1, *arr.shape[2:])`` for a (T, B, ...) array: a view when the first two
+    axes are evenly strided (as in a :class:`RoundBlock`), else a copy."""
+    root = _root(arr)
+    if (
+        arr.strides[0] == arr.shape[1] * arr.strides[1]
+        and root.flags.writeable
+        and root.flags.c_contiguous
+    ):
+        shape = (arr.shape[0] * arr.shape[1], *arr.shape[2:])
+        return _view_at(root, _address(arr), shape, arr.strides[1:], arr.dtype)
+    return np.ascontiguousarray(arr).reshape(-1, *arr.shape[2:])
+
+
+def stack_or_copy(views: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`stack_views` when possible, else ``np.stack`` (one copy)."""
+    stacked = stack_views(views)
+    return np.stack(views) if stacked is None else stacked
+
+
+def stack_fields(batches: Sequence[Batch], *fields: str) -> np.ndarray:
+    """``np.stack([b.concat(*fields) for b in batches])``, shape ``(T, B, width)``: a view when
+    the batches were gathered into one :class:`RoundBlock` (no copy), else a copy. Treat the
+    result as read-only."""
+    views = [b.concat(*fields) for b in batches]
+    if any(not v.flags.writeable for v in views):
+        # concat's multi-field views are read-only as_strided views; rebuild them over the block
+        views = [_writeable_span(b, v) for b, v in zip(batches, views)]
+    return stack_or_copy(views)
+
+
+def _writeable_span(batch: Batch, view: np.ndarray) -> np.ndarray:
+    """The same memory as ``view`` (a read-only span of ``batch.block``) as a writeable view."""
+    if batch.block is None:
+        return np.array(view)
+    raw = batch.block.view(np.uint8).reshape(batch.block.shape[0], -1)
+    offset = _address(view) - _address(raw)
+    if offset < 0 or view.strides[0] != raw.strides[0]:
+        return np.array(view)
+    width = view.shape[1] * view.dtype.itemsize
+    return raw[:, offset : offset + width].view(view.dtype)
