@@ -12,7 +12,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from marlbuf._kernels import neighbor_indices
+from marlbuf._kernels import find_prefix, locality_sample, neighbor_indices, per_sample
+from marlbuf.prioritized import (
+    LinearBeta,
+    PriorityTrees,
+    RunLengthPredictor,
+    ThresholdPredictor,
+    check_priority_args,
+)
 
 #: name -> class, for rebuilding a sampler from ``Sampler.config()`` when a buffer is loaded.
 SAMPLERS: dict[str, type[Sampler]] = {}
@@ -176,3 +183,344 @@ class Neighbor(Sampler):
 
     def config(self) -> dict[str, Any]:
         return {"run_length": self.run_length}
+
+
+class Prioritized(Sampler):
+    """Proportional prioritized experience replay (Schaul et al., 2016), one tree per trainer.
+
+    Slot ``i`` is drawn with probability ``P(i) = p_i^alpha / sum_k p_k^alpha`` (independent
+    draws, with replacement) from a float64 sum-tree; each trainer (critic) has its own tree
+    over the shared storage. New slots enter every tree with that tree's running maximum
+    priority (initially 1). Importance weights ``w_i = (N P(i))^-beta`` are divided by the
+    batch's largest weight, so ``w <= 1``.
+
+    Parameters
+    ----------
+    alpha : float, default 0.6
+        Priority exponent, ``>= 0`` (0 is uniform sampling).
+    beta : float, LinearBeta or dict, default 0.5
+        Importance-sampling exponent in ``[0, 1]``, or a schedule advanced once per batch a
+        trainer draws (:class:`marlbuf.prioritized.LinearBeta`, or its ``to_dict()``).
+    eps : float, default 1e-6
+        Added to every priority so that no slot starves; ``>= 0``.
+    priority : {"abs", "squared", "given"}, default "abs"
+        Priority from a TD error ``d``: ``|d| + eps``, ``d**2 + eps``, or ``d + eps`` when the
+        caller passes priorities (then negative values are an error).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    >>> specs = {f"agent_{i}": AgentSpec(obs_shape=(4,), action_shape=(2,)) for i in range(2)}
+    >>> buf = MultiAgentReplayBuffer(specs, capacity=100, sampler=Prioritized(), seed=0)
+    >>> z = lambda *s: {a: np.zeros((50, *s), np.float32) for a in specs}
+    >>> buf.extend(obs=z(4), action=z(2), reward=z(), next_obs=z(4), done=z())
+    >>> batch = buf.sample(8, trainer=1)
+    >>> batch.weights.dtype, batch.weights.shape
+    (dtype('float32'), (8,))
+    >>> buf.update_priorities(batch.indices, np.ones(8), trainer=1, generations=batch.generations)
+    """
+
+    weighted: ClassVar[bool] = True
+    #: whether the trees also keep the maximum priority (needed for ``p / max p``)
+    _track_max: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float | LinearBeta | dict[str, Any] = 0.5,
+        eps: float = 1e-6,
+        priority: str = "abs",
+    ) -> None:
+        self.alpha, self.beta, self.eps, self.priority = check_priority_args(
+            alpha, beta, eps, priority
+        )
+
+    def bind(self, capacity: int, n_trainers: int) -> None:
+        super().bind(capacity, n_trainers)
+        self.trees = PriorityTrees(self.capacity, self.n_trainers, self.alpha, self._track_max)
+        self.batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)  # beta schedule position
+
+    def on_write(self, slots: np.ndarray) -> None:
+        self.trees.fill_new(slots)
+
+    def beta_for(self, trainer: int) -> float:
+        """β of ``trainer``'s next batch."""
+        if isinstance(self.beta, LinearBeta):
+            return self.beta(int(self.batches_drawn[trainer]))
+        return self.beta
+
+    def _check_sampleable(self, batch_size: int, size: int, trainer: int) -> None:
+        if size < 1:
+            raise _not_enough_data(batch_size, size, 1, "prioritized rows")
+        if not self.trees.total(trainer) > 0.0:
+            raise ValueError(
+                f"every priority of trainer {trainer} is 0 (eps={self.eps} and all TD errors "
+                "were 0); use eps > 0 so that every slot stays sampleable"
+            )
+
+    def sample(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self._check_sampleable(batch_size, size, trainer)
+        uniforms = rng.random(batch_size)
+        indices = np.empty(batch_size, dtype=np.int64)
+        weights = np.empty(batch_size, dtype=np.float32)
+        beta = self.beta_for(trainer)
+        per_sample(
+            self.trees.sums[trainer], self.trees.leaf_offset, uniforms, beta, indices, weights
+        )
+        self.batches_drawn[trainer] += 1
+        return indices, weights
+
+    def priorities_from(self, td_errors: Any, n: int) -> np.ndarray:
+        """Validated priorities (shape (n,), float64) from ``n`` TD errors; raises on bad input."""
+        td = np.asarray(td_errors)
+        if td.dtype.kind not in "iuf":
+            raise TypeError(
+                f"td_errors must be a real numeric array; got dtype {td.dtype} ({td_errors!r:.80})"
+            )
+        if td.shape != (n,):
+            raise ValueError(
+                f"td_errors must have shape ({n},), one per index; got shape {td.shape}"
+            )
+        td = td.astype(np.float64, copy=False)
+        bad = ~np.isfinite(td)
+        if bad.any():
+            raise ValueError(
+                f"td_errors must be finite; got {td[bad][:5].tolist()} at positions "
+                f"{np.flatnonzero(bad)[:5].tolist()} (check the critic's loss for divergence)"
+            )
+        if self.priority == "abs":
+            priorities = np.abs(td) + self.eps
+        elif self.priority == "squared":
+            priorities = td * td + self.eps
+        else:
+            if (td < 0).any():
+                raise ValueError(
+                    "priorities must be >= 0 with priority='given'; got "
+                    f"{td[td < 0][:5].tolist()} at positions {np.flatnonzero(td < 0)[:5].tolist()}"
+                )
+            priorities = td + self.eps
+        with np.errstate(over="ignore"):
+            too_big = ~np.isfinite(priorities**self.alpha)
+        if too_big.any():
+            raise ValueError(
+                f"priorities overflow float64 after **alpha (alpha={self.alpha}); got "
+                f"{priorities[too_big][:5].tolist()}"
+            )
+        return priorities
+
+    def update_priorities(
+        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
+    ) -> None:
+        priorities = self.priorities_from(td_errors, indices.shape[0])  # validate first
+        fresh = ~np.asarray(stale, dtype=bool)  # overwritten since sampled: drop, not misapply
+        slots = np.ascontiguousarray(indices[fresh], dtype=np.int64)
+        self.trees.set(trainer, slots, np.ascontiguousarray(priorities[fresh]))
+
+    def config(self) -> dict[str, Any]:
+        beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
+        return {"alpha": self.alpha, "beta": beta, "eps": self.eps, "priority": self.priority}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
+        if drawn.shape != (self.n_trainers,):
+            raise ValueError(
+                f"sampler state 'batches_drawn' has shape {drawn.shape}; "
+                f"expected {(self.n_trainers,)}"
+            )
+        self.trees.load_state_dict(state)
+        self.batches_drawn[:] = drawn
+
+
+class PrioritizedNeighbor(Prioritized):
+    """Information-prioritized locality-aware sampling (Gogineni et al., Sec. 5.2).
+
+    Reference slots are drawn as in :class:`Prioritized`; a predictor maps each reference's
+    normalised priority ``p / max p`` (``max p`` over the trainer's filled slots) to a run
+    length, and the run of that many contiguous slots starting at the reference joins the
+    batch. References are drawn until ``batch_size`` rows are filled; the last run is cut to
+    fit. Runs follow the :class:`Neighbor` ring rules: while the buffer fills, a run stops at
+    the newest slot (it never reaches an unwritten one); once full, runs wrap around the ring.
+
+    Every row ``j`` is in a batch with the long-run per-row probability
+
+    ``P(j) = sum_k P_ref(j - k) [len(j - k) > k] / E[len]``
+
+    (``k`` over ``0 .. max run length - 1``; ``len`` after the write-head cut; ``E[len]`` under
+    ``P_ref``), which :meth:`inclusion_probabilities` computes. With ``weights="exact"`` the
+    importance weights are ``(N P(j))^-beta`` divided by the batch maximum (at most
+    ``max run length`` leaf reads per row); ``weights="inherit"`` gives each row its
+    reference's ``P_ref`` instead (cheaper, approximate). Every row's priority is then updated
+    from its own TD error through ``update_priorities``.
+
+    Parameters
+    ----------
+    alpha, beta, eps, priority
+        As in :class:`Prioritized`.
+    thresholds : sequence of float, default (0.33, 0.66)
+        Bands of normalised priority (the paper's predictor; see :class:`ThresholdPredictor`).
+    run_lengths : sequence of int, default (1, 2, 4)
+        Run length per band.
+    weights : {"exact", "inherit"}, default "exact"
+        How importance weights are computed.
+    predictor : RunLengthPredictor or dict, optional
+        Replaces the threshold predictor built from ``thresholds``/``run_lengths`` (a dict is
+        ``RunLengthPredictor.to_dict()`` output).
+    """
+
+    _track_max: ClassVar[bool] = True
+    WEIGHT_MODES: ClassVar[tuple[str, ...]] = ("exact", "inherit")
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float | LinearBeta | dict[str, Any] = 0.5,
+        eps: float = 1e-6,
+        thresholds: Any = (0.33, 0.66),
+        run_lengths: Any = (1, 2, 4),
+        weights: str = "exact",
+        priority: str = "abs",
+        predictor: RunLengthPredictor | dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(alpha, beta, eps, priority)
+        if weights not in self.WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {self.WEIGHT_MODES}; got weights={weights!r}")
+        self.weights = str(weights)
+        if predictor is None:
+            predictor = ThresholdPredictor(thresholds, run_lengths)
+        elif isinstance(predictor, dict):
+            predictor = RunLengthPredictor.from_config(predictor)
+        elif not isinstance(predictor, RunLengthPredictor):
+            raise TypeError(
+                "predictor must be a marlbuf.prioritized.RunLengthPredictor (or its to_dict()); "
+                f"got predictor={predictor!r}"
+            )
+        self.predictor = predictor
+
+    def bind(self, capacity: int, n_trainers: int) -> None:
+        if capacity < self.predictor.max_run_length:
+            raise ValueError(
+                f"capacity={capacity} is shorter than the longest run "
+                f"({self.predictor.max_run_length}); use a larger buffer or shorter runs"
+            )
+        super().bind(capacity, n_trainers)
+
+    def sample(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self._check_sampleable(batch_size, size, trainer)
+        uniforms = rng.random(batch_size)  # enough: every run has at least one row
+        beta = self.beta_for(trainer)
+        table = self.predictor.step_table()
+        if table is None:
+            indices, weights = self._sample_general(uniforms, size, trainer, beta)
+        else:
+            indices = np.empty(batch_size, dtype=np.int64)
+            weights = np.empty(batch_size, dtype=np.float32)
+            locality_sample(
+                self.trees.sums[trainer],
+                self.trees.maxes[trainer],
+                self.trees.leaf_offset,
+                self.capacity,
+                size,
+                uniforms,
+                table[0],
+                table[1],
+                beta,
+                self.weights == "inherit",
+                indices,
+                weights,
+                np.empty(batch_size, dtype=np.float64),
+            )
+        self.batches_drawn[trainer] += 1
+        return indices, weights
+
+    def _run_lengths(self, normalised: np.ndarray) -> np.ndarray:
+        lengths = np.asarray(self.predictor.run_lengths_for(normalised))
+        longest = self.predictor.max_run_length
+        if (
+            lengths.shape != normalised.shape
+            or lengths.dtype.kind not in "iu"
+            or lengths.min() < 1
+            or lengths.max() > longest
+        ):
+            raise ValueError(
+                f"{self.predictor!r}.run_lengths_for must return ints in [1, {longest}] shaped "
+                f"like its input {normalised.shape}; got {lengths.dtype} {lengths.shape}"
+            )
+        return lengths.astype(np.int64, copy=False)
+
+    def _sample_general(
+        self, uniforms: np.ndarray, size: int, trainer: int, beta: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The same distribution as the fused kernel, for predictors without a step table."""
+        batch_size = uniforms.shape[0]
+        refs = np.empty(batch_size, dtype=np.int64)
+        targets = uniforms * self.trees.sums[trainer, 1]
+        find_prefix(self.trees.sums[trainer], self.trees.leaf_offset, targets, refs)
+        leaves = self.trees.leaves(trainer)
+        priorities = self.trees.priorities(trainer)
+        max_priority = self.trees.maxes[trainer, 1]
+        full = size == self.capacity
+        lengths = self._run_lengths(priorities[refs] / max_priority)
+        if not full:
+            lengths = np.minimum(lengths, size - refs)  # stop at the write head
+        ends = np.cumsum(lengths)
+        n_refs = int(np.searchsorted(ends, batch_size)) + 1  # first run reaching batch_size
+        lengths = lengths[:n_refs].copy()
+        lengths[-1] -= ends[n_refs - 1] - batch_size  # cut the last run
+        run_refs = np.repeat(refs[:n_refs], lengths)
+        offsets = np.arange(batch_size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        indices = (run_refs + offsets) % self.capacity
+        if self.weights == "inherit":
+            mass = leaves[run_refs]
+        else:
+            back = np.arange(self.predictor.max_run_length)
+            starts = indices[:, None] - back  # runs starting here reach the row if len > k
+            valid = starts >= 0 if not full else np.ones(starts.shape, dtype=bool)
+            starts %= self.capacity
+            reach = self._run_lengths(priorities[starts].ravel() / max_priority).reshape(
+                starts.shape
+            )
+            mass = np.where(valid & (reach > back), leaves[starts], 0.0).sum(axis=1)
+        weights = ((mass.min() / mass) ** beta).astype(np.float32)
+        return indices, weights
+
+    def inclusion_probabilities(self, size: int, trainer: int = 0) -> np.ndarray:
+        """Exact long-run per-row probability ``P(j)`` of every slot (shape (capacity,),
+        float64, sums to 1; 0 for unwritten slots).
+
+        ``P(j) = sum_k P_ref(j - k) [len(j - k) > k] / E[len]``: the expected share of batch
+        rows equal to ``j`` when references are drawn without end. A real batch stops after
+        ``batch_size`` rows and cuts its last run, which shifts each slot's expected count by
+        ``O(max run length / batch_size)`` relative to ``batch_size * P(j)``.
+        """
+        self._check_sampleable(1, size, trainer)
+        leaves = self.trees.leaves(trainer)
+        reference = leaves / leaves.sum()
+        lengths = self._run_lengths(self.trees.priorities(trainer) / self.trees.maxes[trainer, 1])
+        full = size == self.capacity
+        slot = np.arange(self.capacity)
+        if not full:
+            lengths = np.where(slot < size, np.minimum(lengths, size - slot), 0)
+        expected_length = float(np.dot(reference, lengths))
+        mass = np.zeros(self.capacity, dtype=np.float64)
+        for k in range(self.predictor.max_run_length):  # <= a handful of shifted adds
+            reaching = reference * (lengths > k)
+            if full:
+                mass += np.roll(reaching, k)
+            elif k < self.capacity:
+                mass[k:] += reaching[: self.capacity - k]
+        return mass / expected_length
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "weights": self.weights,
+            "predictor": self.predictor.to_dict(),
+        }

@@ -1,61 +1,122 @@
-"""Slow, obviously-correct NumPy references for every kernel and for buffer semantics.
-
-Each function here is the readable twin of a Numba kernel or of a buffer behaviour; tests compare
-the fast path against it. Sections are headed by the issue that added them.
-"""
+"""Slow, obviously-correct NumPy twins of the Numba kernels (one section per area)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# ------------------------------------------------------------------ buffer core (issue 2)
+# =============================================================================================
+# Issue 3: prioritized sampling (marlbuf/_kernels/sumtree.py)
+# =============================================================================================
 
 
-def gather_rows(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """``table[indices]``, one row at a time."""
-    return np.stack([table[i].copy() for i in indices]) if len(indices) else table[:0].copy()
+def naive_tree(leaves: np.ndarray, leaf_offset: int, is_max: bool = False) -> np.ndarray:
+    """A whole sum- (or max-) tree built level by level from ``leaves`` (shape (capacity,))."""
+    tree = np.zeros(2 * leaf_offset, dtype=np.float64)
+    tree[leaf_offset : leaf_offset + leaves.shape[0]] = leaves
+    level_start = leaf_offset
+    while level_start > 1:
+        children = tree[level_start : 2 * level_start].reshape(-1, 2)
+        parents = children.max(axis=1) if is_max else children[:, 0] + children[:, 1]
+        tree[level_start // 2 : level_start] = parents
+        level_start //= 2
+    return tree
 
 
-def scatter_rows(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """A copy of ``table`` with ``rows[i]`` written at ``slots[i]`` in order."""
-    out = table.copy()
-    for slot, row in zip(slots, rows):
-        out[slot] = row
-    return out
+def naive_find(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The slot whose cumulative-sum interval ``[cumsum[s] - leaves[s], cumsum[s])`` holds each
+    target: the first slot whose cumulative sum exceeds it."""
+    return np.searchsorted(np.cumsum(leaves), targets, side="right").astype(np.int64)
 
 
-def neighbor_indices(refs: np.ndarray, run_length: int, capacity: int) -> np.ndarray:
-    """Runs of ``run_length`` slots starting at each reference, wrapping modulo capacity."""
-    return np.array(
-        [(int(r) + k) % capacity for r in refs for k in range(run_length)], dtype=np.int64
-    )
+def naive_per_sample(
+    leaves: np.ndarray, uniforms: np.ndarray, beta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Proportional sampling by cumulative sums; weights ``(N P)^-beta`` over the batch max."""
+    slots = naive_find(leaves, uniforms * leaves.sum())
+    probability = leaves[slots] / leaves.sum()
+    weights = (leaves.shape[0] * probability) ** -beta
+    return slots, (weights / weights.max()).astype(np.float32)
 
 
-class NaiveRing:
-    """A list-based ring buffer of joint transitions with the semantics of
-    ``MultiAgentReplayBuffer`` (cursor, size, overwrite-oldest)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.slots: list[dict | None] = [None] * capacity
-        self.cursor = 0
-        self.size = 0
-
-    def add(self, transition: dict) -> None:
-        self.slots[self.cursor] = transition
-        self.cursor = (self.cursor + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def get(self, slot: int) -> dict:
-        item = self.slots[slot]
-        assert item is not None, "read of an unwritten slot"
-        return item
+def naive_run_length(normalised: float, thresholds: np.ndarray, run_lengths: np.ndarray) -> int:
+    """``run_lengths[m]`` for the number ``m`` of thresholds ``<= normalised``."""
+    return int(run_lengths[sum(1 for t in thresholds if normalised >= t)])
 
 
-# ---------------------------------------------------------------------------------------------
-# Issue #7 (profiling): the valgrind client-request kernel. On a real CPU the magic sequence is
-# a no-op, so the request's answer is the caller's default.
-# ---------------------------------------------------------------------------------------------
-def client_request_outside_valgrind(block: np.ndarray, default: int) -> int:
-    """What ``client_request_kernel`` returns when no valgrind runs: ``default``."""
-    return int(default)
+def naive_locality_sample(
+    leaves: np.ndarray,
+    priorities: np.ndarray,
+    size: int,
+    uniforms: np.ndarray,
+    thresholds: np.ndarray,
+    run_lengths: np.ndarray,
+    beta: float,
+    inherit: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prioritized-locality sampling, one reference at a time, in plain Python.
+
+    ``leaves``/``priorities`` have shape (capacity,); the buffer is full when ``size`` equals
+    the capacity (then runs wrap), else runs stop at slot ``size - 1``.
+    """
+    capacity = leaves.shape[0]
+    batch = uniforms.shape[0]
+    full = size == capacity
+    total = leaves.sum()
+    max_priority = priorities.max()
+    cumulative = np.cumsum(leaves)
+    slots: list[int] = []
+    masses: list[float] = []
+    draw = 0
+    while len(slots) < batch:
+        ref = int(np.searchsorted(cumulative, uniforms[draw] * total, side="right"))
+        draw += 1
+        length = naive_run_length(priorities[ref] / max_priority, thresholds, run_lengths)
+        if not full:
+            length = min(length, size - ref)
+        for k in range(length):
+            if len(slots) == batch:
+                break
+            slots.append((ref + k) % capacity)
+            masses.append(leaves[ref])
+    if not inherit:
+        masses = []
+        for row in slots:
+            mass = 0.0
+            for k in range(int(max(run_lengths))):
+                start = row - k
+                if start < 0 and not full:
+                    break
+                start %= capacity
+                if naive_run_length(priorities[start] / max_priority, thresholds, run_lengths) > k:
+                    mass += leaves[start]
+            masses.append(mass)
+    mass_array = np.asarray(masses)
+    weights = mass_array**-beta
+    return np.asarray(slots, dtype=np.int64), (weights / weights.max()).astype(np.float32)
+
+
+def naive_inclusion_probabilities(
+    leaves: np.ndarray,
+    priorities: np.ndarray,
+    size: int,
+    thresholds: np.ndarray,
+    run_lengths: np.ndarray,
+) -> np.ndarray:
+    """Per-row probability by brute force: every reference spreads its probability over its run;
+    dividing by the expected run length turns expected rows per reference into a share."""
+    capacity = leaves.shape[0]
+    full = size == capacity
+    reference = leaves / leaves.sum()
+    max_priority = priorities.max()
+    expected_rows = np.zeros(capacity)
+    expected_length = 0.0
+    for ref in range(capacity):
+        if reference[ref] == 0:
+            continue
+        length = naive_run_length(priorities[ref] / max_priority, thresholds, run_lengths)
+        if not full:
+            length = min(length, size - ref)
+        expected_length += reference[ref] * length
+        for k in range(length):
+            expected_rows[(ref + k) % capacity] += reference[ref]
+    return expected_rows / expected_length

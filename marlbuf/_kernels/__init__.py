@@ -6,5 +6,23 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
 from marlbuf._kernels.rows import gather_rows, neighbor_indices, scatter_rows
+from marlbuf._kernels.sumtree import (
+    fill_new_slots,
+    find_prefix,
+    locality_sample,
+    per_sample,
+    rebuild,
+    set_leaves,
+)
 
-__all__ = ["gather_rows", "neighbor_indices", "scatter_rows"]
+__all__ = [
+    "fill_new_slots",
+    "find_prefix",
+    "gather_rows",
+    "locality_sample",
+    "neighbor_indices",
+    "per_sample",
+    "rebuild",
+    "scatter_rows",
+    "set_leaves",
+]
