@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import sys
 
 import numpy as np
@@ -39,12 +40,14 @@ def test_software_group_counts_through_the_perf_path() -> None:
     with pe.CounterGroup(list(pe.SOFTWARE_EVENTS)) as group:
         group.reset()
         group.enable()
-        touched = np.ones(4 * 1024 * 1024 // 8)  # fresh pages: page faults
-        touched.sum()
+        # a fresh anonymous mapping: touching its pages must fault (malloc might reuse pages)
+        fresh = mmap.mmap(-1, 64 * mmap.PAGESIZE)
+        np.frombuffer(fresh, dtype=np.uint8)[:: mmap.PAGESIZE] = 1
         group.disable()
         reading = group.read()
         group.reset()
         after_reset = group.read()
+    fresh.close()
     assert set(reading.values) == set(pe.SOFTWARE_EVENTS)
     assert reading.values["task-clock"] > 0
     assert reading.values["page-faults"] > 0
