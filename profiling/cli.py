@@ -24,6 +24,8 @@ from marlbuf.profiling.workloads import ENV_ALIASES, Case, SamplingWorkload, Tra
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
 RESULT_NAME = "profile.json"
+#: Env steps per profiled round under callgrind (each step is 3 phases, 6 dumps of ~0.1 s).
+CALLGRIND_COLLECT_STEPS = 5
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="train",
         choices=["train", "sampling"],
         help="the training loop (needs [algos,envs]) or the MADDPG sampling round alone",
+    )
+    parser.add_argument(
+        "--collect-steps",
+        type=int,
+        default=None,
+        help="train workload: env steps per profiled round (default: the trainer's update_every, "
+        "100; with --backend callgrind: 5, since every step costs 6 callgrind dumps)",
     )
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
@@ -99,7 +108,12 @@ def _cases(args: argparse.Namespace) -> list[Case]:
 def _make_workload(args: argparse.Namespace, case: Case) -> SamplingWorkload | TrainWorkload:
     if args.workload == "sampling":
         return SamplingWorkload(case, args.batch_size, args.run_length, args.fill, args.seed)
-    return TrainWorkload(case, args.algo, args.batch_size, args.run_length, args.fill, args.seed)
+    collect_steps = args.collect_steps
+    if collect_steps is None and args.backend == "callgrind":
+        collect_steps = CALLGRIND_COLLECT_STEPS
+    return TrainWorkload(
+        case, args.algo, args.batch_size, args.run_length, args.fill, args.seed, collect_steps
+    )
 
 
 def run_cases(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,6 +167,7 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
             "updates": args.updates,
             "warmup_updates": args.warmup_updates,
             "workload": args.workload,
+            "collect_steps": args.collect_steps,
             "backend": args.backend,
             "seed": args.seed,
         },
@@ -221,7 +236,13 @@ def _warm_numba_cache(args: argparse.Namespace) -> None:
     """Compile every kernel the cases use (natively; compiling under valgrind is very slow)."""
     callgrind.warm_up()
     for case in _cases(args):
-        small = SamplingWorkload(case, args.batch_size, args.run_length, 4 * args.batch_size, 0)
+        small: SamplingWorkload | TrainWorkload
+        if args.workload == "sampling":
+            small = SamplingWorkload(case, args.batch_size, args.run_length, 4 * args.batch_size, 0)
+        else:
+            small = TrainWorkload(
+                case, args.algo, args.batch_size, args.run_length, 4 * args.batch_size, 0, 2
+            )
         small.attach(NullProfiler())
         small.round()
 

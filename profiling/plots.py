@@ -107,6 +107,9 @@ def plot_sampling_counters(
             "wall_s",
         ]
         metrics = [m for m in preferred if m in available][:4]
+        if any(available[m]["source"] in ("hardware", "simulated") for m in metrics):
+            # under valgrind, time is inflated and meaningless; next to PMU counts it is noise
+            metrics = [m for m in metrics if available[m]["source"] != "time"]
     agents = sorted({r["n_agents"] for r in runs})
     groups = sorted({(r["layout"], r["sampler"]) for r in runs})
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 4), squeeze=False)

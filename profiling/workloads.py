@@ -140,9 +140,10 @@ class SamplingWorkload:
 
 
 class TrainWorkload:
-    """The training loop of ``marlbuf.algos.Runner``: per round, ``update_every`` env steps
-    (``action_selection``, ``env_step``, ``buffer_add``) and one update of every trainer
-    (``update_all_trainers`` ⊃ ``sampling``, ``target_q``, ``q_p_loss``, ``priority_update``).
+    """The training loop of ``marlbuf.algos.Runner``: per round, ``collect_steps`` env steps
+    (default ``update_every``, 100; phases ``action_selection``, ``env_step``, ``buffer_add``)
+    and one update of every trainer (``update_all_trainers`` ⊃ ``sampling``, ``target_q``,
+    ``q_p_loss``, ``priority_update``).
     """
 
     kind = "train"
@@ -155,6 +156,7 @@ class TrainWorkload:
         run_length: int,
         fill_steps: int | None,
         seed: int,
+        collect_steps: int | None = None,
     ) -> None:
         try:
             from marlbuf.algos import Runner, TrainConfig
@@ -178,6 +180,9 @@ class TrainWorkload:
             seed=seed,
         )
         self.config = config
+        # env steps per profiled round: the trainer's update_every unless told otherwise (under
+        # callgrind every step costs 6 dumps, so the CLI collects fewer steps there)
+        self.collect_steps = config.update_every if collect_steps is None else int(collect_steps)
         self.runner = Runner(config)
         self.n_trainers = self.runner.n_trainers
         fill_buffer(self.runner.buffer, self.fill_steps, seed)
@@ -187,7 +192,7 @@ class TrainWorkload:
         self.runner.profiler = profiler
 
     def round(self) -> None:
-        self.runner.collect(self.config.update_every)
+        self.runner.collect(self.collect_steps)
         self.runner.update_round()
 
     def describe(self) -> dict[str, Any]:
@@ -199,6 +204,7 @@ class TrainWorkload:
             "buffer_bytes": self.runner.buffer.nbytes,
             "batch_size": self.batch_size,
             "update_every": self.config.update_every,
+            "collect_steps_per_round": self.collect_steps,
             "formulation": self.config.formulation,
             "torch_threads": self.config.threads,
         }
