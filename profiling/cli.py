@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="train workload: env steps per profiled round (default: the trainer's update_every, "
         "100; with --backend callgrind: 5, since every step costs 6 callgrind dumps)",
     )
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="add modelled LL-cache and dTLB misses of the sampling phase's address stream",
+    )
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/profile"), help="output folder")
@@ -107,12 +112,21 @@ def _cases(args: argparse.Namespace) -> list[Case]:
 
 def _make_workload(args: argparse.Namespace, case: Case) -> SamplingWorkload | TrainWorkload:
     if args.workload == "sampling":
-        return SamplingWorkload(case, args.batch_size, args.run_length, args.fill, args.seed)
+        return SamplingWorkload(
+            case, args.batch_size, args.run_length, args.fill, args.seed, args.model
+        )
     collect_steps = args.collect_steps
     if collect_steps is None and args.backend == "callgrind":
         collect_steps = CALLGRIND_COLLECT_STEPS
     return TrainWorkload(
-        case, args.algo, args.batch_size, args.run_length, args.fill, args.seed, collect_steps
+        case,
+        args.algo,
+        args.batch_size,
+        args.run_length,
+        args.fill,
+        args.seed,
+        collect_steps,
+        args.model,
     )
 
 
@@ -168,6 +182,7 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
             "warmup_updates": args.warmup_updates,
             "workload": args.workload,
             "collect_steps": args.collect_steps,
+            "model": args.model,
             "backend": args.backend,
             "seed": args.seed,
         },
@@ -176,40 +191,67 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _sampling_metric(report: dict[str, Any]) -> str:
-    """The sampling phase's headline cache metric: hardware LLC misses where a PMU counted
-    them, else simulated LL misses, else wall time."""
-    for name in ("LLC-read-misses", "LL_misses", "wall_s"):
-        if name in report["metrics"]:
-            return name
-    return next(iter(report["metrics"]))
+#: Sampling-phase metrics put in the summary, where a run has them.
+HEADLINE_METRICS = (
+    "LLC-read-misses",
+    "dTLB-read-misses",
+    "instructions",
+    "LL_misses",
+    "D1_misses",
+    "Ir",
+    "model_LL_misses",
+    "model_dTLB_misses_4k",
+    "model_dTLB_misses_2m",
+    "wall_s",
+)
 
 
-def _phase_figure(report: dict[str, Any], name: str, metric: str) -> float | None:
+def _sampling_inclusive(report: dict[str, Any]) -> dict[str, Any]:
     for row in report["phases"]:
-        if row["name"] == name and row["path"] != "<outside>":
-            value = row["inclusive"].get(metric)
-            return None if value is None else float(value)
-    return None
+        if row["name"] == "sampling" and row["path"] != "<outside>":
+            figures: dict[str, Any] = row["inclusive"]
+            return figures
+    return {}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per layout and agent count: the sampling phase's headline metric per update round for
-    each sampler, and neighbor/uniform ratios."""
+    """Per layout and agent count, per headline metric: the sampling phase's figure per update
+    round for each sampler (with the metric's source) and the neighbor/uniform ratio."""
     summary: dict[str, Any] = {}
     for run in runs:
-        metric = _sampling_metric(run["report"])
-        value = _phase_figure(run["report"], "sampling", metric)
-        key = f"{run['layout']}/N={run['n_agents']}"
-        entry = summary.setdefault(key, {"metric": metric, "source": None})
-        entry["source"] = run["report"]["metrics"][metric]["source"]
-        if value is not None:
-            entry[f"sampling_{run['sampler']}_per_round"] = value / run["updates"]
+        report = run["report"]
+        figures = _sampling_inclusive(report)
+        entry = summary.setdefault(f"{run['layout']}/N={run['n_agents']}", {})
+        for metric in HEADLINE_METRICS:
+            if figures.get(metric) is None:
+                continue
+            per = entry.setdefault(metric, {"source": report["metrics"][metric]["source"]})
+            per[run["sampler"]] = figures[metric] / run["updates"]
     for entry in summary.values():
-        u, n = entry.get("sampling_uniform_per_round"), entry.get("sampling_neighbor_per_round")
-        if u and n is not None:
-            entry["neighbor_over_uniform"] = n / u
+        for per in entry.values():
+            if per.get("uniform") and per.get("neighbor") is not None:
+                per["neighbor_over_uniform"] = per["neighbor"] / per["uniform"]
     return summary
+
+
+def _summary_table(summary: dict[str, Any]) -> list[str]:
+    lines = [
+        "| case | metric [source] | per round: samplers | neighbor / uniform |",
+        "|---|---|---|---|",
+    ]
+    for case, entry in summary.items():
+        for metric, per in entry.items():
+            values = ", ".join(
+                f"{k} {v:.4g}"
+                for k, v in per.items()
+                if k not in ("source", "neighbor_over_uniform")
+            )
+            ratio = per.get("neighbor_over_uniform")
+            lines.append(
+                f"| {case} | {metric} [{per['source']}] | {values} | "
+                f"{'' if ratio is None else f'{ratio:.2f}'} |"
+            )
+    return lines
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -226,9 +268,9 @@ def markdown(result: dict[str, Any]) -> str:
             "```",
             "",
         ]
-    lines += ["## Sampling phase per update round", "", "```"]
-    lines += [f"{k}: {json.dumps(v)}" for k, v in result["summary"].items()]
-    lines += ["```", ""]
+    lines += ["## Sampling phase per update round", ""]
+    lines += _summary_table(result["summary"])
+    lines += [""]
     return "\n".join(lines)
 
 
@@ -238,10 +280,19 @@ def _warm_numba_cache(args: argparse.Namespace) -> None:
     for case in _cases(args):
         small: SamplingWorkload | TrainWorkload
         if args.workload == "sampling":
-            small = SamplingWorkload(case, args.batch_size, args.run_length, 4 * args.batch_size, 0)
+            small = SamplingWorkload(
+                case, args.batch_size, args.run_length, 4 * args.batch_size, 0, args.model
+            )
         else:
             small = TrainWorkload(
-                case, args.algo, args.batch_size, args.run_length, 4 * args.batch_size, 0, 2
+                case,
+                args.algo,
+                args.batch_size,
+                args.run_length,
+                4 * args.batch_size,
+                0,
+                collect_steps=2,
+                model=args.model,
             )
         small.attach(NullProfiler())
         small.round()

@@ -104,9 +104,12 @@ def plot_sampling_counters(
             "LL_misses",
             "D1_misses",
             "Ir",
+            "model_LL_misses",
+            "model_dTLB_misses_4k",
+            "model_dTLB_misses_2m",
             "wall_s",
         ]
-        metrics = [m for m in preferred if m in available][:4]
+        metrics = [m for m in preferred if m in available][:6]
         if any(available[m]["source"] in ("hardware", "simulated") for m in metrics):
             # under valgrind, time is inflated and meaningless; next to PMU counts it is noise
             metrics = [m for m in metrics if available[m]["source"] != "time"]

@@ -304,6 +304,26 @@ class Profiler:
             self._phases[path].calls += 1
             self._stack.pop()
 
+    def add_figures(
+        self, path: str, values: Mapping[str, float], metrics: Mapping[str, Metric]
+    ) -> None:
+        """Add figures measured elsewhere (e.g. *modelled* misses) to phase ``path``'s exclusive
+        figures. They get no overhead correction; ``metrics`` describes each new name (its
+        source must not be ``hardware`` unless a hardware counter produced it)."""
+        for name, metric in metrics.items():
+            known = self.metrics.get(name)
+            if known is not None and known != metric:
+                raise ValueError(f"metric {name!r} is already defined as {known}")
+            self.metrics[name] = metric
+        missing = set(values) - set(self.metrics)
+        if missing:
+            raise ValueError(f"describe every metric in metrics=; missing {sorted(missing)}")
+        seg = self._phases.get(path)
+        if seg is None:
+            seg = self._phases[path] = _Segments()
+            self._order.append(path)
+        seg.add(values)
+
     def _calibrate(self, repeats: int) -> None:
         self._boundary(OUTSIDE)
         samples: list[dict[str, float]] = []

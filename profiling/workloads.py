@@ -88,6 +88,36 @@ def fill_buffer(buf: MultiAgentReplayBuffer, steps: int, seed: int) -> None:
         written += n
 
 
+class _ModelHook:
+    """Records the indices every ``buffer.sample`` call draws (a thin wrapper on the instance,
+    inside the sampling phase) and, after the round, outside any phase, runs them through the
+    :class:`~marlbuf.profiling.cachemodel.SamplingModel` and adds the *modelled* misses to the
+    sampling phase."""
+
+    def __init__(self, buffer: MultiAgentReplayBuffer) -> None:
+        from marlbuf.profiling.cachemodel import SamplingModel
+
+        self.model = SamplingModel(buffer.storage)
+        self.recorded: list[np.ndarray] = []
+        draw = buffer.sample
+
+        def recording_sample(*args: Any, **kwargs: Any) -> Any:
+            batch = draw(*args, **kwargs)
+            self.recorded.append(batch.indices)
+            return batch
+
+        buffer.sample = recording_sample  # type: ignore[method-assign]
+
+    def flush(self, profiler: Any) -> None:
+        if self.recorded and hasattr(profiler, "add_figures"):
+            values = self.model.observe(self.recorded)
+            profiler.add_figures(SAMPLING_PATH, values, self.model.metrics)
+        self.recorded = []
+
+
+SAMPLING_PATH = "update_all_trainers/sampling"
+
+
 class SamplingWorkload:
     """The MADDPG sampling round alone: every trainer draws its own batch of all agents.
 
@@ -104,6 +134,7 @@ class SamplingWorkload:
         run_length: int,
         fill_steps: int | None,
         seed: int,
+        model: bool = False,
     ) -> None:
         workload = Workload(case.env, case.n_agents)
         specs = workload.specs()
@@ -119,6 +150,7 @@ class SamplingWorkload:
         )
         fill_buffer(self.buffer, self.fill_steps, seed)
         self._profiler: Any = None
+        self._model = _ModelHook(self.buffer) if model else None
 
     def attach(self, profiler: Any) -> None:
         self._profiler = profiler
@@ -128,6 +160,8 @@ class SamplingWorkload:
         with phase("update_all_trainers"):
             with phase("sampling"):
                 self.buffer.sample_for_trainers(self.batch_size)
+        if self._model is not None:
+            self._model.flush(self._profiler)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -157,6 +191,7 @@ class TrainWorkload:
         fill_steps: int | None,
         seed: int,
         collect_steps: int | None = None,
+        model: bool = False,
     ) -> None:
         try:
             from marlbuf.algos import Runner, TrainConfig
@@ -177,6 +212,9 @@ class TrainWorkload:
             run_length=run_length,
             batch_size=batch_size,
             buffer_size=self.fill_steps,
+            # the buffer is filled here, and rounds are driven directly: the runner's warm-up
+            # rule only has to fit the buffer
+            warmup_steps=min(self.fill_steps, 25 * batch_size),
             seed=seed,
         )
         self.config = config
@@ -187,6 +225,7 @@ class TrainWorkload:
         self.n_trainers = self.runner.n_trainers
         fill_buffer(self.runner.buffer, self.fill_steps, seed)
         self.runner.collect(config.episode_length, random_policy=True)  # env and action warm-up
+        self._model = _ModelHook(self.runner.buffer) if model else None
 
     def attach(self, profiler: Any) -> None:
         self.runner.profiler = profiler
@@ -194,6 +233,8 @@ class TrainWorkload:
     def round(self) -> None:
         self.runner.collect(self.collect_steps)
         self.runner.update_round()
+        if self._model is not None:
+            self._model.flush(self.runner.profiler)
 
     def describe(self) -> dict[str, Any]:
         return {

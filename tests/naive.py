@@ -177,3 +177,24 @@ def naive_inclusion_probabilities(
 def client_request_outside_valgrind(block: np.ndarray, default: int) -> int:
     """What ``client_request_kernel`` returns when no valgrind runs: ``default``."""
     return int(default)
+
+
+class NaiveLRUCache:
+    """A set-associative LRU cache as Python lists: the twin of ``_kernels.cachemodel``."""
+
+    def __init__(self, n_sets: int, ways: int) -> None:
+        self.sets: list[list[int]] = [[] for _ in range(n_sets)]  # most recent last
+        self.ways = ways
+
+    def access(self, blocks: np.ndarray) -> int:
+        misses = 0
+        for block in (int(b) for b in blocks):
+            line = self.sets[block % len(self.sets)]
+            if block in line:
+                line.remove(block)
+            else:
+                misses += 1
+                if len(line) == self.ways:
+                    line.pop(0)  # evict the least recently used
+            line.append(block)
+        return misses

@@ -321,7 +321,9 @@ def test_profile_cli_sampling_sweep(tmp_path, capsys: pytest.CaptureFixture[str]
     assert set(result["summary"]) == {
         f"{lay}/N={n}" for lay in ("agent_major", "interleaved") for n in (2, 3)
     }
-    assert all("neighbor_over_uniform" in v for v in result["summary"].values())
+    for entry in result["summary"].values():
+        assert entry["wall_s"]["source"] == "time"
+        assert "neighbor_over_uniform" in entry["wall_s"]
     assert (out / "phases.png").stat().st_size > 0
     assert (out / "sampling_counters.png").stat().st_size > 0
     assert "## agent_major/uniform/N=2" in (out / "profile.md").read_text()
