@@ -19,7 +19,7 @@ from marlbuf.profiling.workloads import Case, SamplingWorkload
 
 SUITE = "counters"
 
-FULL = {
+FULL: dict[str, Any] = {
     "agents": [3, 6, 12, 24],
     "layouts": ["agent_major", "interleaved"],
     "samplers": ["uniform", "neighbor"],
@@ -28,7 +28,7 @@ FULL = {
     "run_length": 16,
     "rounds": 10,
 }
-QUICK = {**FULL, "agents": [3], "fill_steps": 20_000, "rounds": 3}
+QUICK: dict[str, Any] = {**FULL, "agents": [3], "fill_steps": 20_000, "rounds": 3}
 
 
 def _sampling_row(report: dict[str, Any], rounds: int) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def _thread_settings() -> dict[str, Any]:
         import numba
 
         settings["numba_num_threads"] = int(numba.get_num_threads())
-        settings["numba_threading_layer"] = str(numba.config.THREADING_LAYER)
+        settings["numba_threading_layer"] = str(getattr(numba.config, "THREADING_LAYER", "?"))
     except Exception:  # pragma: no cover - numba is a core dependency
         pass
     torch = sys.modules.get("torch")

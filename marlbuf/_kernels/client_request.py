@@ -9,6 +9,8 @@ caller (:mod:`marlbuf.profiling.callgrind`) never calls it elsewhere.
 
 from __future__ import annotations
 
+from typing import Any
+
 import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite import ir
@@ -20,11 +22,11 @@ llvm_binding.initialize_native_asmparser()
 
 
 @intrinsic
-def _magic_sequence(typingctx, block_address, default):  # type: ignore[no-untyped-def]
+def _magic_sequence(typingctx: Any, block_address: Any, default: Any) -> Any:
     """The amd64 client-request sequence as inline asm: rax = request block, rdx = result."""
     signature = types.uint64(types.uint64, types.uint64)
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         word = ir.IntType(64)
         asm_type = ir.FunctionType(word, [word, word])
         # AT&T syntax; "$$" is a literal "$" in LLVM inline asm. rdi turns 128 bits in all, so
@@ -51,4 +53,5 @@ def client_request_kernel(block_address: np.uint64, default: np.uint64) -> np.ui
     default : uint64
         Returned when not running under valgrind.
     """
-    return _magic_sequence(block_address, default)
+    # called with the typing context filled in by Numba; mypy sees the raw signature
+    return _magic_sequence(block_address, default)  # type: ignore[call-arg]
