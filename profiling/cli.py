@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("runs/profile"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
-        "--keep-dumps", action="store_true", help="keep callgrind's per-phase dump files"
+        "--keep-dumps",
+        action="store_true",
+        help="keep callgrind's per-phase dump files (in OUT/callgrind)",
     )
     return parser
 
@@ -315,10 +318,14 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("warming Numba's cache natively ...", file=sys.stderr)
     _warm_numba_cache(args)
-    dumps = out / "callgrind"
-    if dumps.exists():
-        shutil.rmtree(dumps)
-    dumps.mkdir()
+    # dumps are many and large (one per phase boundary): a temporary folder unless kept
+    if args.keep_dumps:
+        dumps = out / "callgrind"
+        if dumps.exists():
+            shutil.rmtree(dumps)
+        dumps.mkdir()
+    else:
+        dumps = Path(tempfile.mkdtemp(prefix="marlbuf-callgrind-"))
     cmd = callgrind.valgrind_command(
         [sys.executable, "-m", "marlbuf", "profile", *argv, "--no-plots"],
         dumps / "callgrind.out.%p",
@@ -326,14 +333,16 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
     )
     env = dict(os.environ, **{_CHILD_ENV: "1"})
     print("running under callgrind:", " ".join(cmd), file=sys.stderr)
-    proc = subprocess.run(cmd, env=env)
+    try:
+        proc = subprocess.run(cmd, env=env)
+    finally:
+        if not args.keep_dumps:
+            shutil.rmtree(dumps, ignore_errors=True)
     if proc.returncode != 0:
         print(
             f"marlbuf profile: the callgrind run failed (exit {proc.returncode})", file=sys.stderr
         )
         return proc.returncode
-    if not args.keep_dumps:
-        shutil.rmtree(dumps, ignore_errors=True)
     result = json.loads((out / RESULT_NAME).read_text())
     _finish_outputs(args, result)
     return 0
