@@ -160,6 +160,9 @@ class Profiler:
     ['update_all_trainers', 'update_all_trainers/sampling']
     """
 
+    #: The PMU events read as one group by the hardware backend.
+    hardware_events: tuple[str, ...] = HARDWARE_EVENTS
+
     def __init__(
         self,
         backend: str = "auto",
@@ -189,7 +192,12 @@ class Profiler:
             assert self._hardware is not None
             self._hardware.reset()
             self._hardware.enable()
-            self.metrics.update(HARDWARE_METRICS)
+            self.metrics.update(
+                {
+                    name: HARDWARE_METRICS.get(name, Metric("hardware", "count", name))
+                    for name in self._hardware.events
+                }
+            )
             self.notes.append(
                 "hardware and software counters count the calling thread only (no inherit); "
                 "work on other threads (Numba parallel, torch intra-op) is not counted"
@@ -219,7 +227,7 @@ class Profiler:
             )
         if backend in ("auto", "hardware"):
             try:
-                self._hardware = CounterGroup(list(HARDWARE_EVENTS))
+                self._hardware = CounterGroup(list(self.hardware_events))
                 return "hardware"
             except PerfEventError as exc:
                 if backend == "hardware":

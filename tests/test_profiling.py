@@ -352,3 +352,25 @@ def test_counters_suite_quick_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(payload["summary"]) == {"agent_major/N=2", "interleaved/N=2"}
     assert all(r["wall_s_source"] == "time" for r in payload["rows"])
     json.dumps(payload)
+
+
+@linux_only
+def test_hardware_backend_mechanics_with_a_group_that_opens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hardware backend's group handling, exercised with events that open without a PMU
+    (in this test only, software events stand in for the PMU group)."""
+    if not _software_events_open():
+        pytest.skip("software perf events do not open here")
+    monkeypatch.setattr(Profiler, "hardware_events", ("task-clock",))
+    prof = Profiler(backend="hardware", null_repeats=10, software_events=False)
+    assert prof.backend == "hardware"
+    for _ in range(3):
+        with prof.phase("sampling"):
+            np.ones(10_000).sum()
+    rep = prof.report()
+    row = rep["phases"][0]
+    assert row["calls"] == 3 and row["multiplexed_segments"] == 0
+    assert rep["metrics"]["task-clock"]["source"] == "hardware"  # as declared by this test
+    assert row["exclusive_raw"]["task-clock"] > 0
+    assert any("calling thread only" in n for n in rep["notes"])
