@@ -186,6 +186,19 @@ def read_dump_summary(path: str | os.PathLike[str]) -> tuple[str, dict[str, int]
     raise ValueError(f"{path}: not a callgrind dump (no summary: or totals: line)")
 
 
+def read_dump_caches(path: str | os.PathLike[str]) -> list[str]:
+    """The simulated cache geometry a dump file states (``desc: I1 cache: 32768 B, 64 B,
+    8-way associative`` ...), one string per cache; empty without cache simulation."""
+    caches = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith("desc:") and " cache:" in line:
+                caches.append(line.split(":", 1)[1].strip())
+            elif line.startswith(("events:", "fl=", "fn=")):
+                break
+    return caches
+
+
 def _costs(events: list[str], line: str) -> dict[str, int]:
     values = [int(v) for v in line.split(":", 1)[1].split()]
     return {name: values[i] if i < len(values) else 0 for i, name in enumerate(events)}

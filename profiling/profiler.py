@@ -247,15 +247,13 @@ class Profiler:
         self._dumps_seen = {p.name for p in callgrind.dump_files(self._dump_prefix)}
         self._label_prefix = f"marlbuf{os.getpid()}.{id(self):x}:"
         self._dump_cache: dict[str, tuple[str, dict[str, int]]] = {}
+        self._simulated_caches: list[str] = []
         if not callgrind.cache_sim_enabled():
             self.notes.append("callgrind runs without --cache-sim=yes: only Ir is simulated")
         self.notes.append(
-            "simulated figures come from callgrind's cache model (pinned geometry: "
-            + ", ".join(
-                f"{k} {s}B {a}-way {ln}B lines" for k, (s, a, ln) in callgrind.PINNED_CACHES.items()
-            )
-            + "); it models no hardware prefetcher and no TLB, and sums all threads; "
-            "time figures are inflated ~50-100x by valgrind"
+            "simulated figures come from callgrind's cache model (geometry in "
+            "'simulated_caches'); it models no hardware prefetcher and no TLB, and sums all "
+            "threads; time figures are inflated ~50-100x by valgrind"
         )
         callgrind.start_instrumentation()
         # costs collected before this profiler (or across a stop/start of the simulation) are
@@ -360,6 +358,8 @@ class Profiler:
                 values["D1_misses"] = values["D1mr"] + values.get("D1mw", 0.0)
                 values["LL_misses"] = values["ILmr"] + values["DLmr"] + values.get("DLmw", 0.0)
             per_path.setdefault(label[len(self._label_prefix) :], []).append(values)
+            if not self._simulated_caches:
+                self._simulated_caches = callgrind.read_dump_caches(dump)
         return per_path
 
     # ------------------------------------------------------------------ report
@@ -456,6 +456,7 @@ class Profiler:
             "total_raw": total_raw,
             "total_overhead": total_overhead,
             "threads": _thread_settings(),
+            "simulated_caches": list(getattr(self, "_simulated_caches", [])),
             "notes": list(self.notes),
         }
 
@@ -488,6 +489,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return "-"
     if unit == "s":
         return f"{value * 1e3:.3f}ms"
+    if unit == "ns":
+        return f"{value / 1e6:.3f}ms"
     if abs(value) >= 1e6:
         return f"{value / 1e6:.2f}M"
     if abs(value) >= 1e4:

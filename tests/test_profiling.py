@@ -260,6 +260,7 @@ def test_read_dump_summary_pads_omitted_trailing_zeros(tmp_path) -> None:
     (tmp_path / "callgrind.out.7.2").write_text(
         "desc: Trigger: Program termination\nevents: Ir\nsummary: 5\n"
     )
+    assert cg.read_dump_caches(dump) == []
     label, costs = cg.read_dump_summary(dump)
     assert label == "marlbuf:sampling"
     assert costs == {

@@ -103,6 +103,7 @@ def test_backend_and_labels(callgrind_report: dict[str, Any]) -> None:
     assert sources["wall_s"] == "time"
     assert "hardware" not in sources.values()
     assert any("no hardware prefetcher and no TLB" in n for n in rep["notes"])
+    assert "LL cache: 33554432 B, 64 B, 16-way associative" in rep["simulated_caches"]
     assert rep["null_phase"]["Ir"] > 0  # the boundary code itself costs instructions
 
 
