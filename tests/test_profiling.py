@@ -375,3 +375,33 @@ def test_hardware_backend_mechanics_with_a_group_that_opens(
     assert rep["metrics"]["task-clock"]["source"] == "hardware"  # as declared by this test
     assert row["exclusive_raw"]["task-clock"] > 0
     assert any("calling thread only" in n for n in rep["notes"])
+
+
+def test_no_profiler_hooks_are_a_shared_no_op() -> None:
+    from marlbuf.profiling import NullProfiler
+
+    null = NullProfiler()
+    assert null.phase("sampling") is null.phase("env_step")  # nothing allocated per call
+
+
+def test_runner_phase_hooks_are_called_as_documented(tmp_path) -> None:
+    """Counted calls (not time): the trainer's phases reach any profiler with phase(name)."""
+    algos = pytest.importorskip("marlbuf.algos")
+    calls: dict[str, int] = {}
+
+    class CountingProfiler:
+        def phase(self, name: str) -> object:
+            calls[name] = calls.get(name, 0) + 1
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    cfg = algos.TrainConfig(n_agents=2, batch_size=32, buffer_size=2000, warmup_steps=64)
+    runner = algos.Runner(cfg, profiler=CountingProfiler())
+    runner.collect(70, random_policy=True)
+    assert calls == {"action_selection": 70, "env_step": 70, "buffer_add": 70}
+    runner.update_round()
+    assert calls["update_all_trainers"] == 1
+    assert calls["sampling"] == 1
+    assert calls["target_q"] >= 1 and calls["q_p_loss"] >= 1
+    assert "priority_update" not in calls  # uniform sampler: no priorities to update
