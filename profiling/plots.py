@@ -48,10 +48,18 @@ def _exclusive(report: dict[str, Any], metric: str) -> dict[str, float]:
     return out
 
 
-def plot_phase_breakdown(result: dict[str, Any], path: str | Path, metric: str = "wall_s") -> Path:
-    """Stacked share of ``metric`` per phase, per agent count; one panel per layout/sampler."""
+def plot_phase_breakdown(
+    result: dict[str, Any], path: str | Path, metric: str | None = None
+) -> Path:
+    """Stacked share of ``metric`` per phase, per agent count; one panel per layout/sampler.
+
+    ``metric`` defaults to wall time, or to simulated instructions (``Ir``) under callgrind,
+    where time is inflated unevenly by the instrumentation."""
     plt = _pyplot()
     runs = result["runs"]
+    if metric is None:
+        first = runs[0]["report"]["metrics"] if runs else {}
+        metric = "Ir" if "Ir" in first else "wall_s"
     groups = sorted({(r["layout"], r["sampler"]) for r in runs})
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
     source = runs[0]["report"]["metrics"].get(metric, {}).get("source", "?") if runs else "?"
@@ -79,9 +87,9 @@ def plot_phase_breakdown(result: dict[str, Any], path: str | Path, metric: str =
         ax.set_ylim(0, 100)
     axes[0][0].set_ylabel(f"% of profiled {metric} [{source}]")
     handles, names_ = axes[0][-1].get_legend_handles_labels()
-    fig.legend(handles, names_, loc="center right", fontsize="small")
+    fig.legend(handles, names_, loc="lower center", ncol=len(names_), fontsize="small")
     fig.suptitle(f"Phase breakdown ({result['config']['workload']} workload)")
-    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     target = Path(path)
     fig.savefig(target, dpi=120)
     plt.close(fig)
@@ -115,9 +123,13 @@ def plot_sampling_counters(
             metrics = [m for m in metrics if available[m]["source"] != "time"]
     agents = sorted({r["n_agents"] for r in runs})
     groups = sorted({(r["layout"], r["sampler"]) for r in runs})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 4), squeeze=False)
+    ncols = min(3, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4 * nrows), squeeze=False)
+    for ax in axes.ravel()[len(metrics) :]:
+        ax.set_visible(False)
     width = 0.8 / max(1, len(groups))
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes.ravel(), metrics):
         for g, (layout, sampler) in enumerate(groups):
             heights = []
             for n in agents:
@@ -142,7 +154,7 @@ def plot_sampling_counters(
             ax.bar(xs, heights, width=width, label=f"{layout}/{sampler}")
         ax.set_xticks(range(len(agents)), [str(n) for n in agents])
         ax.set_xlabel("agents")
-        ax.set_title(f"sampling: {metric} [{available[metric]['source']}]")
+        ax.set_title(f"sampling: {metric} [{available[metric]['source']}]", fontsize="medium")
         ax.set_ylabel(f"per update round ({available[metric]['unit']})")
     axes[0][0].legend(fontsize="small")
     fig.tight_layout()
