@@ -27,6 +27,7 @@ FULL: dict[str, Any] = {
     "batch_size": 1024,
     "run_length": 16,
     "rounds": 10,
+    "model": True,  # modelled LL/dTLB misses of the gathered rows (computed outside the phase)
 }
 QUICK: dict[str, Any] = {**FULL, "agents": [3], "fill_steps": 20_000, "rounds": 3}
 
@@ -63,6 +64,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 settings["run_length"],
                 settings["fill_steps"],
                 seed=0,
+                model=settings["model"],
             )
             for c in group
         }
@@ -100,6 +102,21 @@ def run(quick: bool = False) -> dict[str, Any]:
         key = f"{row['layout']}/N={row['n_agents']}"
         summary[key] = {
             f"neighbor_over_uniform_{m.removesuffix('_per_round')}": row[m] / base[m]
+            for m in row
+            if m.endswith("_per_round") and base.get(m)
+        }
+    for row in rows:
+        if row["layout"] != "interleaved":
+            continue
+        base = next(
+            r
+            for r in rows
+            if r["layout"] == "agent_major"
+            and (r["sampler"], r["n_agents"]) == (row["sampler"], row["n_agents"])
+        )
+        key = f"{row['sampler']}/N={row['n_agents']}"
+        summary[key] = {
+            f"interleaved_over_agent_major_{m.removesuffix('_per_round')}": row[m] / base[m]
             for m in row
             if m.endswith("_per_round") and base.get(m)
         }
