@@ -350,7 +350,13 @@ def test_counters_suite_quick_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     payload = counters.run(quick=True)
     assert counters.SUITE == "counters"
     assert len(payload["rows"]) == 4
-    assert set(payload["summary"]) == {"agent_major/N=2", "interleaved/N=2"}
+    assert set(payload["summary"]) == {
+        "agent_major/N=2",
+        "interleaved/N=2",
+        "uniform/N=2",
+        "neighbor/N=2",
+    }
+    assert "neighbor_over_uniform_model_LL_misses" in payload["summary"]["agent_major/N=2"]
     assert all(r["wall_s_source"] == "time" for r in payload["rows"])
     json.dumps(payload)
 
