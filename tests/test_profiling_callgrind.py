@@ -133,3 +133,28 @@ def test_nested_sums(callgrind_report: dict[str, Any]) -> None:
     assert corrected + rep["total_overhead"]["Ir"] == pytest.approx(
         rep["total_raw"]["Ir"], rel=0.02
     )
+
+
+def test_marlbuf_profile_relaunches_itself_under_callgrind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One command: warm the kernels natively, rerun under valgrind, read the result back."""
+    from marlbuf.profiling.cli import main
+
+    root = str(Path(marlbuf.__file__).resolve().parent.parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    out = tmp_path / "prof"
+    argv = ["--workload", "sampling", "--backend", "callgrind", "--agents", "2"]
+    argv += ["--layout", "agent_major", "--sampler", "uniform", "--batch-size", "64"]
+    argv += ["--fill", "4000", "--updates", "2", "--no-plots", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads((out / "profile.json").read_text())
+    (run,) = result["runs"]
+    assert run["report"]["backend"] == "callgrind"
+    sampling = next(r for r in run["report"]["phases"] if r["name"] == "sampling")
+    assert sampling["calls"] == 2
+    assert sampling["inclusive"]["Ir"] > 0
+    assert run["report"]["metrics"]["LL_misses"]["source"] == "simulated"
+    assert not list(out.glob("callgrind*"))  # dumps went to a temporary folder, now removed
