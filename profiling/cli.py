@@ -21,7 +21,14 @@ from typing import Any
 
 from marlbuf.profiling import callgrind
 from marlbuf.profiling.profiler import BACKENDS, NullProfiler, Profiler, format_table, write_json
-from marlbuf.profiling.workloads import ENV_ALIASES, Case, SamplingWorkload, TrainWorkload
+from marlbuf.profiling.workloads import (
+    ENV_ALIASES,
+    SAMPLER_NAMES,
+    Case,
+    SamplingWorkload,
+    TrainWorkload,
+)
+from marlbuf.storage import LAYOUTS
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
 RESULT_NAME = "profile.json"
@@ -95,6 +102,12 @@ def _check(args: argparse.Namespace) -> None:
     for n in args.agents:
         if n < 1:
             raise SystemExit(f"--agents must be positive; got {n}")
+    for layout in args.layout:
+        if layout not in LAYOUTS:
+            raise SystemExit(f"--layout must be among {sorted(LAYOUTS)}; got {layout!r}")
+    for sampler in args.sampler:
+        if sampler not in SAMPLER_NAMES:
+            raise SystemExit(f"--sampler must be among {list(SAMPLER_NAMES)}; got {sampler!r}")
     for name, value in (("--updates", args.updates), ("--batch-size", args.batch_size)):
         if value < 1:
             raise SystemExit(f"{name} must be >= 1; got {value}")

@@ -26,6 +26,7 @@ DEFAULT_FILL_BYTES = 256 * 1024**2
 PAPER_CAPACITY = 1_000_000
 _FILL_CHUNK = 8192
 
+SAMPLER_NAMES = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
 ENV_ALIASES = {"cn": "cooperative_navigation", "pp": "predator_prey"}
 
 

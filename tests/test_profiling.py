@@ -338,6 +338,10 @@ def test_profile_cli_rejects_bad_arguments(tmp_path) -> None:
         main(["--env", "chess", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--run-length"):
         main(["--sampler", "neighbor", "--batch-size", "100", "--run-length", "16"])
+    with pytest.raises(SystemExit, match="--layout"):
+        main(["--layout", "columnar"])
+    with pytest.raises(SystemExit, match="--sampler"):
+        main(["--sampler", "lifo"])
     with pytest.raises(SystemExit, match="--updates"):
         main(["--updates", "0"])
 
