@@ -292,3 +292,33 @@ class Tf2marlNaivePrioritized(Tf2marlNaiveBuffer):
         for slot, priority in zip(indices, priorities):
             self.leaf[slot] = float(priority) ** self.alpha
             self.max_priority = max(self.max_priority, float(priority))
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue #7 (profiling): the valgrind client-request kernel. On a real CPU the magic sequence is
+# a no-op, so the request's answer is the caller's default.
+# ---------------------------------------------------------------------------------------------
+def client_request_outside_valgrind(block: np.ndarray, default: int) -> int:
+    """What ``client_request_kernel`` returns when no valgrind runs: ``default``."""
+    return int(default)
+
+
+class NaiveLRUCache:
+    """A set-associative LRU cache as Python lists: the twin of ``_kernels.cachemodel``."""
+
+    def __init__(self, n_sets: int, ways: int) -> None:
+        self.sets: list[list[int]] = [[] for _ in range(n_sets)]  # most recent last
+        self.ways = ways
+
+    def access(self, blocks: np.ndarray) -> int:
+        misses = 0
+        for block in (int(b) for b in blocks):
+            line = self.sets[block % len(self.sets)]
+            if block in line:
+                line.remove(block)
+            else:
+                misses += 1
+                if len(line) == self.ways:
+                    line.pop(0)  # evict the least recently used
+            line.append(block)
+        return misses

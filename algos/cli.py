@@ -1,0 +1,299 @@
+"""``marlbuf train``: MADDPG / MATD3 on MPE cooperative navigation or predator-prey.
+
+Writes into ``--out`` (default ``runs/<algo>-<env>-<N>-s<seed>``):
+
+* ``episodes.csv`` and ``episodes.jsonl`` — one line per episode: return (sum over agents, as
+  openai/maddpg prints it), the same in the original MPE's units, per-agent returns, update
+  rounds so far, wall time and the episode's time per phase;
+* ``config.json`` — the full :class:`~marlbuf.algos.TrainConfig`;
+* ``checkpoint/`` — networks, optimizers, buffer and RNG states every ``--checkpoint-every``
+  episodes, at the end, and on Ctrl-C; ``--resume`` continues from it exactly;
+* ``rewards.png`` — the reward curve (needs matplotlib; skipped with a note otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from marlbuf.algos.config import ALGOS, ENVS, FORMULATIONS, LAYOUTS, SAMPLERS, TrainConfig
+
+#: Episodes of the default run: about 2-3 minutes on one core of a 2020s laptop (see
+#: docs/training.md for what the reward curve should look like).
+DEFAULT_EPISODES = 4000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="marlbuf train",
+        description="Train MADDPG / MATD3 on MPE (paper defaults; deviations are flags).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--algo", choices=ALGOS, default="maddpg")
+    p.add_argument("--env", choices=ENVS, default="cooperative_navigation")
+    p.add_argument("--agents", type=int, default=3, help="agents (CN) or predators (PP)")
+    p.add_argument("--prey", type=int, default=None, help="PP prey (default max(1, N // 3))")
+    p.add_argument("--layout", choices=LAYOUTS, default="interleaved")
+    p.add_argument("--sampler", choices=SAMPLERS, default="uniform")
+    p.add_argument("--run-length", type=int, default=16, help="neighbor: slots per reference")
+    p.add_argument("--alpha", type=float, default=0.6, help="prioritized: priority exponent")
+    p.add_argument("--beta", type=float, default=0.5, help="prioritized: initial IS exponent")
+    p.add_argument("--beta-final", type=float, default=1.0, help="prioritized: final IS exponent")
+    p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--buffer-size", type=int, default=1_000_000)
+    p.add_argument(
+        "--warmup", type=int, default=None, help="transitions before updates (batch * 25)"
+    )
+    p.add_argument("--update-every", type=int, default=100, help="env steps per update round")
+    p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (actor and critic)")
+    p.add_argument("--formulation", choices=FORMULATIONS, default="batched")
+    p.add_argument(
+        "--shared-index",
+        action="store_true",
+        help="one index array for all trainers (deviation from MADDPG)",
+    )
+    p.add_argument(
+        "--overlap-gather",
+        action="store_true",
+        help="loop formulation: gather the next trainer's batch in a background thread",
+    )
+    p.add_argument("--out", type=Path, default=None, help="output directory")
+    p.add_argument("--checkpoint-every", type=int, default=500, help="episodes (0: only at end)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument("--no-plot", action="store_true", help="skip rewards.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed arguments (raises ``ValueError`` on bad input)."""
+    total_rounds = max(1, args.episodes * 25 // max(1, args.update_every))
+    return TrainConfig(
+        algo=args.algo,
+        env=args.env,
+        n_agents=args.agents,
+        n_prey=args.prey,
+        layout=args.layout,
+        sampler=args.sampler,
+        run_length=args.run_length,
+        alpha=args.alpha,
+        beta=args.beta,
+        beta_final=args.beta_final,
+        beta_anneal_rounds=total_rounds,
+        batch_size=args.batch_size,
+        buffer_size=args.buffer_size,
+        warmup_steps=args.warmup,
+        update_every=args.update_every,
+        lr_actor=args.lr,
+        lr_critic=args.lr,
+        formulation=args.formulation,
+        shared_index=args.shared_index,
+        overlap_gather=args.overlap_gather,
+        seed=args.seed,
+        threads=args.threads,
+        device=args.device,
+    )
+
+
+class _StopFlag:
+    """First Ctrl-C: finish the current episode, save, exit. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "\nmarlbuf train: stopping after this episode and saving a checkpoint "
+            "(Ctrl-C again to abort without saving)",
+            file=sys.stderr,
+        )
+
+
+CSV_FIELDS = [
+    "episode",
+    "steps",
+    "return",
+    "return_original",
+    "update_rounds",
+    "wall_s",
+    "agent_returns",
+]
+
+
+def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
+    """Reward curve (raw and a 100-episode moving mean) from ``episodes.csv``; ``False`` when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    import numpy as np
+
+    with open(csv_path) as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        return False
+    episodes = np.array([int(r["episode"]) for r in rows])
+    returns = np.array([float(r["return_original"]) for r in rows])
+    window = min(100, len(returns))
+    smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(episodes, returns, color="0.8", lw=0.5, label="episode")
+    ax.plot(episodes[window - 1 :], smooth, color="C0", label=f"mean of {window}")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("return (original MPE units, sum over agents)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _truncate_logs(out: Path, episodes: int) -> None:
+    """Drop log lines of episodes after the checkpoint (a run killed without saving)."""
+    jsonl = out / "episodes.jsonl"
+    if jsonl.exists():
+        lines = [ln for ln in jsonl.read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in lines if json.loads(ln)["episode"] < episodes]
+        jsonl.write_text("".join(ln + "\n" for ln in kept))
+    table = out / "episodes.csv"
+    if table.exists():
+        with open(table, newline="") as fh:
+            rows = list(csv.reader(fh))
+        if rows:
+            body = [r for r in rows[1:] if r and int(r[0]) < episodes]
+            with open(table, "w", newline="") as fh:
+                csv.writer(fh).writerows([rows[0], *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``marlbuf train``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+        if args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1; got {args.episodes}")
+        if args.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0; got {args.checkpoint_every}")
+    except (ValueError, TypeError) as exc:
+        print(f"marlbuf train: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / f"{config.algo}-{config.env}-{config.n_agents}-s{config.seed}"
+    checkpoint = out / "checkpoint"
+    if args.resume and not (checkpoint / "runner.json").exists():
+        print(f"marlbuf train: --resume but no checkpoint in {checkpoint}", file=sys.stderr)
+        return 2
+    from marlbuf.algos.runner import PhaseTimer, Runner
+
+    timer = PhaseTimer()
+    try:
+        runner = Runner(config, profiler=timer)
+    except (ValueError, TypeError) as exc:
+        print(f"marlbuf train: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    if args.resume:
+        runner.load_checkpoint(checkpoint)
+        _truncate_logs(out, runner.episodes)
+    else:
+        for stale in ("episodes.csv", "episodes.jsonl"):
+            (out / stale).unlink(missing_ok=True)
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    remaining = args.episodes - runner.episodes
+    print(
+        f"marlbuf train: {config.algo} on {config.env}, {runner.n_trainers} trainers "
+        f"(obs {sorted(set(runner.env.obs_dims))}), {config.layout}/{config.sampler}, "
+        f"{config.formulation}; episodes {runner.episodes}..{args.episodes}; out {out}",
+        file=sys.stderr,
+    )
+    stop = _StopFlag()
+    previous_handler = signal.signal(signal.SIGINT, stop)
+    csv_file = open(out / "episodes.csv", "a", newline="")
+    jsonl_file = open(out / "episodes.jsonl", "a")
+    writer = csv.DictWriter(csv_file, fieldnames=CSV_FIELDS + [f"t_{p}" for p in timer.totals])
+    if csv_file.tell() == 0:
+        writer.writeheader()
+    recent: deque[float] = deque(maxlen=100)
+    last_phases = timer.snapshot()
+    start = time.perf_counter()
+    steps_at_start = runner.total_steps
+    bar: Any = None
+    if not args.no_progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=args.episodes, initial=runner.episodes, unit="ep", file=sys.stderr)
+        except ImportError:
+            bar = None
+
+    def on_episode(record: Any) -> None:
+        nonlocal last_phases
+        now = timer.snapshot()
+        record.phases = {k: now[k] - last_phases.get(k, 0.0) for k in now}
+        last_phases = now
+        row = record.to_dict()
+        jsonl_file.write(json.dumps(row) + "\n")
+        flat = {k: row[k] for k in CSV_FIELDS if k != "agent_returns"}
+        flat["agent_returns"] = " ".join(f"{r:.4g}" for r in record.agent_returns)
+        flat.update({f"t_{k}": f"{v:.6f}" for k, v in record.phases.items()})
+        writer.writerow(flat)
+        recent.append(record.ret_original)
+        if bar is not None:
+            rate = (runner.total_steps - steps_at_start) / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(
+                steps_s=f"{rate:.0f}", ret=f"{sum(recent) / len(recent):.1f}", refresh=False
+            )
+            bar.update(1)
+        if args.checkpoint_every and runner.episodes % args.checkpoint_every == 0:
+            csv_file.flush()
+            jsonl_file.flush()
+            runner.save_checkpoint(checkpoint)
+
+    status = 0
+    try:
+        runner.train(remaining, on_episode=on_episode, should_stop=lambda: stop.requested)
+        runner.save_checkpoint(checkpoint)
+        if stop.requested:
+            print(f"marlbuf train: interrupted; checkpoint saved in {checkpoint}", file=sys.stderr)
+            status = 130
+    except KeyboardInterrupt:
+        print("marlbuf train: aborted without saving", file=sys.stderr)
+        status = 130
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        if bar is not None:
+            bar.close()
+        csv_file.close()
+        jsonl_file.close()
+        runner.close()
+    elapsed = time.perf_counter() - start
+    print(
+        f"marlbuf train: {runner.episodes} episodes, {runner.total_steps} steps, "
+        f"{runner.update_rounds} update rounds; this session {elapsed:.1f} s",
+        file=sys.stderr,
+    )
+    if not args.no_plot and status == 0:
+        title = f"{config.algo} {config.env} N={config.n_agents} ({config.sampler})"
+        if plot_rewards(out / "episodes.csv", out / "rewards.png", title):
+            print(f"marlbuf train: reward curve in {out / 'rewards.png'}", file=sys.stderr)
+        else:
+            print("marlbuf train: no plot (pip install 'marlbuf[bench]' for matplotlib)")
+    return status

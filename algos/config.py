@@ -1,0 +1,211 @@
+"""Training configuration: one dataclass, one docstring per field, validated before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGOS = ("maddpg", "matd3")
+ENVS = ("cooperative_navigation", "predator_prey")
+SAMPLERS = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
+LAYOUTS = ("interleaved", "agent_major")
+FORMULATIONS = ("batched", "loop")
+
+#: Agent counts the MPE scenarios are run with here (DESIGN section 7).
+MIN_AGENTS, MAX_AGENTS = 1, 48
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. Defaults are the paper's (openai/maddpg's).
+
+    Deviations from MADDPG/MATD3 are fields, off by default, and say so.
+    """
+
+    algo: str = "maddpg"
+    """``"maddpg"`` or ``"matd3"`` (twin critics, target smoothing, delayed actor)."""
+    env: str = "cooperative_navigation"
+    """``"cooperative_navigation"`` (MPE simple_spread) or ``"predator_prey"`` (simple_tag)."""
+    n_agents: int = 3
+    """Agents (cooperative navigation) or predators (predator-prey; prey and landmarks follow
+    the paper: M = max(1, N // 3) prey, L = max(2, N // 3) landmarks, all trained)."""
+    n_prey: int | None = None
+    """Predator-prey only: override the number of prey."""
+    layout: str = "interleaved"
+    """Buffer storage layout: ``"interleaved"`` (one gather per trainer) or ``"agent_major"``."""
+    sampler: str = "uniform"
+    """``uniform``, ``neighbor``, ``prioritized`` or ``prioritized_neighbor``."""
+    run_length: int = 16
+    """Neighbor sampler: contiguous slots per reference (16: 64 references x 16 at B = 1024)."""
+    alpha: float = 0.6
+    """Prioritized samplers: priority exponent."""
+    beta: float = 0.5
+    """Prioritized samplers: importance-weight exponent at the start, annealed linearly to
+    ``beta_final`` over ``beta_anneal_steps`` update rounds."""
+    beta_final: float = 1.0
+    """Prioritized samplers: importance-weight exponent at the end of the annealing."""
+    beta_anneal_rounds: int = 10_000
+    """Prioritized samplers: update rounds over which beta goes from ``beta`` to ``beta_final``."""
+    priority_eps: float = 1e-6
+    """Prioritized samplers: added to |TD error| so no slot gets probability zero."""
+    batch_size: int = 1024
+    """Rows per trainer per update."""
+    buffer_size: int = 1_000_000
+    """Replay capacity in joint transitions."""
+    episode_length: int = 25
+    """Steps per episode (MPE truncates there)."""
+    update_every: int = 100
+    """Env steps between update rounds (every trainer updates once per round)."""
+    warmup_steps: int | None = None
+    """Stored transitions before the first update; ``None`` means ``batch_size * 25``
+    (openai/maddpg's ``batch_size * max_episode_len``)."""
+    gamma: float = 0.95
+    """Discount."""
+    tau: float = 0.01
+    """Polyak rate of the target networks (target <- (1 - tau) target + tau online)."""
+    lr_actor: float = 0.01
+    """Adam learning rate of the actors."""
+    lr_critic: float = 0.01
+    """Adam learning rate of the critics."""
+    hidden: int = 64
+    """Units in each of the two hidden layers of every actor and critic."""
+    grad_clip: float = 0.5
+    """Clip-by-norm per parameter tensor (TensorFlow's ``clip_by_norm``), as openai/maddpg."""
+    actor_reg: float = 1e-3
+    """Weight of mean(logits^2) in the actor loss."""
+    policy_delay: int = 2
+    """MATD3: the actor and all target networks update every ``policy_delay``-th round."""
+    target_noise: float = 0.2
+    """MATD3: std of the Gaussian noise added to every target action (policy smoothing)."""
+    target_noise_clip: float = 0.5
+    """MATD3: the smoothing noise is clipped to +-this."""
+    shared_index: bool = False
+    """One index array for all trainers (EPyMARL/BenchMARL). **A deviation from MADDPG**."""
+    formulation: str = "batched"
+    """``"batched"`` (stacked weights over agents, bmm) or ``"loop"`` (one module per agent,
+    the readable reference). Both give the same numbers."""
+    overlap_gather: bool = False
+    """Loop formulation: gather trainer t+1's batch in a background thread while trainer t
+    updates (the gather kernels release the GIL)."""
+    seed: int = 0
+    """Seeds the environment, the buffer's sampler, the networks and the exploration noise."""
+    threads: int = 1
+    """Torch intra-op threads. 1 by default: idle OpenMP pools busy-wait on small machines."""
+    device: str = "cpu"
+    """``"cpu"`` or ``"cuda"`` (networks and batches; the buffer stays in host memory)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes stored with checkpoints and logs (not used by the trainer)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def twin_critics(self) -> bool:
+        """Whether this is MATD3."""
+        return self.algo == "matd3"
+
+    @property
+    def effective_warmup(self) -> int:
+        """Transitions stored before the first update round."""
+        return self.batch_size * 25 if self.warmup_steps is None else self.warmup_steps
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` naming the first bad field; no side effects."""
+        for name, allowed in (
+            ("algo", ALGOS),
+            ("env", ENVS),
+            ("sampler", SAMPLERS),
+            ("layout", LAYOUTS),
+            ("formulation", FORMULATIONS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {name}={value!r}")
+        ints = (
+            "n_agents",
+            "run_length",
+            "batch_size",
+            "buffer_size",
+            "episode_length",
+            "update_every",
+            "hidden",
+            "policy_delay",
+            "threads",
+            "beta_anneal_rounds",
+        )
+        for name in ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int; got {name}={value!r}")
+        if not MIN_AGENTS <= self.n_agents <= MAX_AGENTS:
+            raise ValueError(
+                f"n_agents must be in [{MIN_AGENTS}, {MAX_AGENTS}] for the MPE scenarios; "
+                f"got n_agents={self.n_agents}"
+            )
+        if self.env == "cooperative_navigation" and self.n_prey is not None:
+            raise ValueError("n_prey applies to predator_prey only; got n_prey with env=CN")
+        if self.n_prey is not None and (not isinstance(self.n_prey, int) or self.n_prey < 1):
+            raise ValueError(f"n_prey must be a positive int; got n_prey={self.n_prey!r}")
+        if self.warmup_steps is not None and (
+            not isinstance(self.warmup_steps, int) or self.warmup_steps < self.batch_size
+        ):
+            raise ValueError(
+                f"warmup_steps must be an int >= batch_size ({self.batch_size}); "
+                f"got warmup_steps={self.warmup_steps!r}"
+            )
+        if self.effective_warmup > self.buffer_size:
+            raise ValueError(
+                f"the buffer (buffer_size={self.buffer_size}) must hold the warm-up "
+                f"({self.effective_warmup} transitions); raise buffer_size or lower warmup_steps"
+            )
+        if self.sampler in ("neighbor",) and self.batch_size % self.run_length:
+            raise ValueError(
+                f"run_length must divide batch_size for the neighbor sampler; got "
+                f"run_length={self.run_length}, batch_size={self.batch_size}"
+            )
+        if self.sampler.startswith("prioritized") and self.shared_index:
+            raise ValueError(
+                "shared_index=True cannot be combined with a prioritized sampler (each trainer "
+                "keeps its own priority tree); drop shared_index or use uniform/neighbor"
+            )
+        if self.overlap_gather and self.formulation != "loop":
+            raise ValueError(
+                "overlap_gather applies to formulation='loop' (the batched formulation needs "
+                "every batch before it starts); got formulation='batched'"
+            )
+        floats = {
+            "gamma": (0.0, 1.0),
+            "tau": (0.0, 1.0),
+            "alpha": (0.0, 10.0),
+            "beta": (0.0, 1.0),
+            "beta_final": (0.0, 1.0),
+        }
+        for name, (lo, hi) in floats.items():
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}]; got {name}={value!r}")
+        positive = ("lr_actor", "lr_critic", "grad_clip", "priority_eps")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number; got {name}={value!r}")
+        for name in ("actor_reg", "target_noise", "target_noise_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0; got {name}={value!r}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:k]'; got device={self.device!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (stored in checkpoints and logs)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(names)}")
+        return cls(**data)
