@@ -46,6 +46,7 @@ from marlbuf.algos.nets import (
     torch,
 )
 from marlbuf.algos.stacking import merge_leading, stack_fields, stack_or_copy
+from marlbuf import _config
 from marlbuf.batch import Batch
 
 #: A phase hook: ``phase(name)`` returns a context manager (see :mod:`marlbuf.algos.runner`).
@@ -534,6 +535,27 @@ class BatchedLearner(Learner):
             )
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    def _target_logits(self, batches: Sequence[Batch], agents: Sequence[str]) -> Tensor:
+        """Target actor of every agent j on agent j's next obs in every trainer t's batch:
+        logits of shape (T, N, B, A).
+
+        Trainers are taken in chunks of ``TARGET_CHUNK_ROWS`` rows so the (N, rows, hidden)
+        activations stay in cache; within a chunk each group of equal-size agents is one
+        (G, rows, obs_dim) strided view of the gathered rows (no copy with a RoundBlock).
+        """
+        n, batch_size = len(agents), len(batches[0])
+        per_chunk = max(1, _config.TARGET_CHUNK_ROWS // batch_size)
+        chunks = []
+        for first in range(0, len(batches), per_chunk):
+            chunk = batches[first : first + per_chunk]
+            per_agent = [
+                merge_leading(stack_or_copy([b.next_obs[a] for b in chunk])) for a in agents
+            ]
+            groups = [stack_or_copy(per_agent[start:stop]) for start, stop, _ in self.obs_groups]
+            logits = self._actor_groups("target_actor", groups, relu_inplace=True)
+            chunks.append(logits.view(n, len(chunk), batch_size, -1).transpose(0, 1))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
     @torch.no_grad()
     def act(self, obs: Sequence[np.ndarray]) -> list[np.ndarray]:
         noise = self.draw_action_noise()
@@ -553,15 +575,7 @@ class BatchedLearner(Learner):
         actor_updates = self.actor_updates_now()
         with phase("target_q"), torch.no_grad():
             next_obs = self._tensor(stack_fields(batches, "next_obs"))  # (T, B, S)
-            # target actor of agent j on agent j's next obs in every trainer's batch
-            # (agent j, trainer t's rows) -> one (G, T*B, obs_dim) view per group, no copy
-            # when the batches share a RoundBlock
-            per_agent = [
-                merge_leading(stack_or_copy([b.next_obs[a] for b in batches])) for a in agents
-            ]
-            groups = [stack_or_copy(per_agent[start:stop]) for start, stop, _ in self.obs_groups]
-            logits = self._actor_groups("target_actor", groups, relu_inplace=True)  # (N, T*B, A)
-            logits = logits.view(n, n, batch_size, act_dim).transpose(0, 1)  # (T, N, B, A)
+            logits = self._target_logits(batches, agents)  # (T, N, B, A)
             target_act = gumbel_softmax(logits, noise.target_uniform)
             if noise.smoothing is not None:
                 target_act = target_act + noise.smoothing

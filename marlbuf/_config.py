@@ -17,3 +17,7 @@ MEMORY_WARN_FRACTION = 0.8
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
 SAVE_VERSION = 1
+
+#: Batched MADDPG trainer: rows (trainers x batch) per chunk of the target-actor pass, so that
+#: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
+TARGET_CHUNK_ROWS = 1024
