@@ -25,9 +25,9 @@ from typing import Any
 
 from marlbuf.algos.config import ALGOS, ENVS, FORMULATIONS, LAYOUTS, SAMPLERS, TrainConfig
 
-#: Episodes of the default run: about 2-3 minutes on one core of a 2020s laptop (see
+#: Episodes of the default run: about 2-3 minutes on one core (see
 #: docs/training.md for what the reward curve should look like).
-DEFAULT_EPISODES = 4000
+DEFAULT_EPISODES = 6000
 
 
 def build_parser() -> argparse.ArgumentParser:

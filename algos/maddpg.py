@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
 from marlbuf.algos.config import TrainConfig
 from marlbuf.algos.nets import (
     LAYERS,
@@ -46,7 +47,6 @@ from marlbuf.algos.nets import (
     torch,
 )
 from marlbuf.algos.stacking import merge_leading, stack_fields, stack_or_copy
-from marlbuf import _config
 from marlbuf.batch import Batch
 
 #: A phase hook: ``phase(name)`` returns a context manager (see :mod:`marlbuf.algos.runner`).

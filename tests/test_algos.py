@@ -322,3 +322,17 @@ def test_cuda_request_without_cuda_is_a_clear_error() -> None:
 def test_profiler_without_phase_is_rejected() -> None:
     with pytest.raises(TypeError, match="phase"):
         Runner(TrainConfig(**SMALL), profiler=object())
+
+
+def test_maddpg_learns_cooperative_navigation() -> None:
+    """A seeded short run beats the same seed's untrained policy by a clear margin on the same
+    evaluation episodes (measured margins over seeds 0-2: 126, 98, 74; random policy about
+    -680 in original MPE units)."""
+    config = TrainConfig(
+        batch_size=128, warmup_steps=1250, update_every=5, buffer_size=20_000, seed=0
+    )
+    runner = Runner(config)
+    untrained = np.mean(runner.evaluate(40))
+    runner.train(400)
+    trained = np.mean(runner.evaluate(40))
+    assert trained > untrained + 40, (untrained, trained)
