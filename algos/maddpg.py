@@ -544,6 +544,10 @@ class BatchedLearner(Learner):
         (G, rows, obs_dim) strided view of the gathered rows (no copy with a RoundBlock).
         """
         n, batch_size = len(agents), len(batches[0])
+        if len(batches) > 1 and all(b is batches[0] for b in batches):
+            # shared_index: every trainer holds the same rows, so the logits are the same too
+            one = self._target_logits(batches[:1], agents)
+            return one.expand(len(batches), *one.shape[1:])
         per_chunk = max(1, _config.TARGET_CHUNK_ROWS // batch_size)
         chunks = []
         for first in range(0, len(batches), per_chunk):

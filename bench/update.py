@@ -30,6 +30,25 @@ CONFIGS = {
     "marlbuf": {"formulation": "batched", "layout": "interleaved"},
 }
 
+#: Extra configurations measured at the largest sizes (full run only): the background-thread
+#: gather of the loop formulation against the same loop without it, and the shared-index
+#: deviation of the batched trainer.
+EXTRA_CONFIGS = {
+    "loop_interleaved": {"formulation": "loop", "layout": "interleaved"},
+    "loop_interleaved_overlap": {
+        "formulation": "loop",
+        "layout": "interleaved",
+        "overlap_gather": True,
+    },
+    "marlbuf_shared_index": {
+        "formulation": "batched",
+        "layout": "interleaved",
+        "shared_index": True,
+    },
+}
+ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS}
+EXTRA_FOR = ("CN-24", "PP-24+8")
+
 FULL_WORKLOADS = [
     Workload("cooperative_navigation", 3),
     Workload("cooperative_navigation", 6),
@@ -104,7 +123,7 @@ def median_rows(
             "n": workload.n,
             "trainers": workload.n_trainers,
             "config": name,
-            **CONFIGS[name],
+            **ALL_CONFIGS[name],
             "total_s": float(np.median(per_phase["total"])),
             "total_min_s": float(np.min(per_phase["total"])),
             "repeats": len(per_phase["total"]),
@@ -124,22 +143,35 @@ def run(quick: bool = False) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for workload in workloads:
         capacity = 3000 if quick else (20_000 if workload.n >= 12 else 50_000)
+        configs = dict(CONFIGS)
+        if not quick and workload.label in EXTRA_FOR:
+            configs.update(EXTRA_CONFIGS)
         runners = {
             name: make_runner(workload, overrides, batch_size, capacity)
-            for name, overrides in CONFIGS.items()
+            for name, overrides in configs.items()
         }
         samples = time_rounds(runners, repeats, lambda r: r.update_round())
         for runner in runners.values():
             runner.close()
         del runners
         workload_rows = median_rows(workload, samples, UPDATE_PHASES)
-        base, ours = workload_rows
+        base, ours = workload_rows[:2]
         speedup = base["total_s"] / ours["total_s"]
         for row in workload_rows:
             row["speedup_vs_baseline"] = base["total_s"] / row["total_s"]
             row["capacity"] = capacity
         rows += workload_rows
         summary[f"speedup_{workload.label}"] = round(speedup, 3)
+        by_name = {row["config"]: row for row in workload_rows}
+        if "loop_interleaved_overlap" in by_name:
+            summary[f"overlap_gain_{workload.label}"] = round(
+                by_name["loop_interleaved"]["total_s"]
+                / by_name["loop_interleaved_overlap"]["total_s"],
+                3,
+            )
+            summary[f"shared_index_speedup_{workload.label}"] = round(
+                base["total_s"] / by_name["marlbuf_shared_index"]["total_s"], 3
+            )
     return {
         "rows": rows,
         "summary": summary,
@@ -149,6 +181,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             "capacity": "3000 (quick) / 50000 (N < 12) / 20000 (N >= 12)",
             "threads": threads,
             "configs": CONFIGS,
+            "extra_configs": {"workloads": list(EXTRA_FOR), **EXTRA_CONFIGS},
             "what": "one update round (every trainer once), median seconds, by phase",
         },
     }

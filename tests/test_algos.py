@@ -336,3 +336,14 @@ def test_maddpg_learns_cooperative_navigation() -> None:
     runner.train(400)
     trained = np.mean(runner.evaluate(40))
     assert trained > untrained + 40, (untrained, trained)
+
+
+def test_shared_index_batches_give_the_same_numbers_in_both_formulations() -> None:
+    workload = Workload("predator_prey", 3)
+    loop, batched = learners(TrainConfig(batch_size=32, shared_index=True), workload, F64)
+    buf = filled_buffer(workload)
+    for _ in range(2):
+        batches = buf.sample_for_trainers(32, shared_index=True)
+        a, b = loop.update(batches), batched.update(batches)
+        np.testing.assert_allclose(a.critic_loss, b.critic_loss, rtol=1e-9)
+    assert max_param_diff(loop, batched) <= 1e-10
