@@ -25,7 +25,7 @@ from marlbuf.bench.workloads import Workload, random_steps
 SUITE = "update"
 
 #: (label, TrainConfig overrides) of the two configurations compared.
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
     "baseline": {"formulation": "loop", "layout": "agent_major"},
     "marlbuf": {"formulation": "batched", "layout": "interleaved"},
 }
@@ -33,7 +33,7 @@ CONFIGS = {
 #: Extra configurations measured at the largest sizes (full run only): the background-thread
 #: gather of the loop formulation against the same loop without it, and the shared-index
 #: deviation of the batched trainer.
-EXTRA_CONFIGS = {
+EXTRA_CONFIGS: dict[str, dict[str, Any]] = {
     "loop_interleaved": {"formulation": "loop", "layout": "interleaved"},
     "loop_interleaved_overlap": {
         "formulation": "loop",

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from marlbuf.algos.cli import main  # noqa: E402
+from marlbuf.algos.cli import main
 
 SMALL = ["--batch-size", "32", "--buffer-size", "3000", "--warmup", "100", "--no-progress"]
 
