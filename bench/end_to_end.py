@@ -34,6 +34,51 @@ LOOP_PHASES = (
 )
 STEPS = 100
 
+#: Short learning runs compared across samplers (full run only): cooperative navigation with 3
+#: agents, the fast-learning settings of the seeded learning test.
+CURVE_SAMPLERS = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
+CURVE_SETTINGS: dict[str, Any] = {"batch_size": 128, "warmup_steps": 1250, "update_every": 5, "run_length": 16}
+CURVE_EPISODES = 500
+
+
+def reward_curves(episodes: int = CURVE_EPISODES) -> list[dict[str, Any]]:
+    """One seeded run per sampler: returns of the untrained and the trained policy on the same
+    40 evaluation episodes, the training curve in 50-episode means, and the wall time."""
+    import time
+
+    import numpy as np
+
+    from marlbuf.algos import Runner, TrainConfig
+
+    rows = []
+    for sampler in CURVE_SAMPLERS:
+        config = TrainConfig(
+            sampler=sampler,
+            buffer_size=20_000,
+            seed=0,
+            beta_anneal_rounds=episodes * 25 // CURVE_SETTINGS["update_every"],
+            **CURVE_SETTINGS,
+        )
+        runner = Runner(config)
+        untrained = float(np.mean(runner.evaluate(40)))
+        start = time.perf_counter()
+        returns = [r.ret_original for r in runner.train(episodes)]
+        wall = time.perf_counter() - start
+        trained = float(np.mean(runner.evaluate(40)))
+        means = [float(np.mean(returns[i : i + 50])) for i in range(0, len(returns), 50)]
+        rows.append(
+            {
+                "sampler": sampler,
+                "episodes": episodes,
+                "untrained_return": untrained,
+                "trained_return": trained,
+                "curve_50ep_means": means,
+                "train_wall_s": wall,
+            }
+        )
+        runner.close()
+    return rows
+
 
 def run(quick: bool = False) -> dict[str, Any]:
     threads = quiet_threads()
@@ -62,8 +107,12 @@ def run(quick: bool = False) -> dict[str, Any]:
             row["capacity"] = capacity
         rows += workload_rows
         summary[f"speedup_{workload.label}"] = round(workload_rows[1]["speedup_vs_baseline"], 3)
+    curves = [] if quick else reward_curves()
+    for curve in curves:
+        summary[f"trained_return_{curve['sampler']}"] = round(curve["trained_return"], 1)
     return {
         "rows": rows,
+        "reward_curves": curves,
         "summary": summary,
         "config": {
             "batch_size": batch_size,
@@ -73,6 +122,11 @@ def run(quick: bool = False) -> dict[str, Any]:
             "threads": threads,
             "configs": CONFIGS,
             "what": "seconds per 100 env steps incl. env and one update round, median, by phase",
+            "reward_curves": {
+                "env": "cooperative_navigation, 3 agents, seed 0",
+                "episodes": CURVE_EPISODES,
+                **CURVE_SETTINGS,
+            },
         },
     }
 

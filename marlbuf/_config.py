@@ -20,4 +20,4 @@ SAVE_VERSION = 1
 
 #: Batched MADDPG trainer: rows (trainers x batch) per chunk of the target-actor pass, so that
 #: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
-TARGET_CHUNK_ROWS = 1024
+TARGET_CHUNK_ROWS = 4096
