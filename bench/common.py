@@ -17,7 +17,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 
-def markdown_table(rows: list[Mapping[str, Any]], columns: list[str]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     """A GitHub-markdown table of ``rows`` restricted to ``columns``."""
 
     def fmt(v: Any) -> str:

@@ -6,9 +6,13 @@ side with interleaved repeats:
 
 * ``mpe2_parallel`` — mpe2's own PettingZoo ``parallel_env`` with dict actions (the baseline:
   what a trainer would use without ``marlbuf.envs``);
-* ``marlbuf_env`` — :func:`marlbuf.envs.make` with its defaults (drives mpe2's AEC env
-  directly, shared predator reward computed once per step);
-* ``marlbuf_env_uncached`` — predator-prey only: the same without the shared reward cache;
+* ``marlbuf_env`` — :func:`marlbuf.envs.make` with its defaults: drives mpe2's AEC env
+  directly, with the vectorized world step, rewards and observations of
+  :mod:`marlbuf.envs._fast` (bit-identical to mpe2);
+* ``marlbuf_env_fast_off`` — ``make(..., fast=False)``: mpe2's own per-entity loops (for
+  predator-prey with the shared predator reward computed once per step);
+* ``marlbuf_env_unpatched`` — predator-prey only: ``fast=False, shared_predator_reward=False``,
+  mpe2's code untouched (only the wrapper differs from ``mpe2_parallel``);
 * ``rollout+buffer`` — :func:`marlbuf.envs.rollout` of one episode into an interleaved
   ``MultiAgentReplayBuffer`` (the env side of a training loop, ``buffer.add`` included).
 
@@ -80,9 +84,11 @@ def _cases(workload: Workload) -> dict[str, Callable[[], None]]:
         "mpe2_parallel": lambda: _episode_mpe2(parallel, env.agents, rng),
         "marlbuf_env": lambda: _episode_marlbuf(env),
     }
+    slow = _make(workload, fast=False)
+    cases["marlbuf_env_fast_off"] = lambda: _episode_marlbuf(slow)
     if workload.env == "predator_prey":
-        uncached = _make(workload, shared_predator_reward=False)
-        cases["marlbuf_env_uncached"] = lambda: _episode_marlbuf(uncached)
+        unpatched = _make(workload, fast=False, shared_predator_reward=False)
+        cases["marlbuf_env_unpatched"] = lambda: _episode_marlbuf(unpatched)
     fill_env = _make(workload)
     buffer = MultiAgentReplayBuffer(fill_env.specs(), capacity=100 * EPISODE_LENGTH, seed=0)
 

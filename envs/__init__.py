@@ -29,6 +29,9 @@ Conventions (details in ``docs/envs.md``):
 * Rewards are mpe2's; :meth:`MPEEnv.original_reward` and ``info["original_return"]`` give them
   in the original MPE's units (cooperative navigation: ``2·Σᵢ rᵢ − N`` per step).
 * ``seed`` makes the sequence of episodes (and the default random actions) reproducible.
+* ``make(..., fast=True)`` (default) steps the world, rewards and observations on whole arrays
+  (:mod:`marlbuf.envs._fast`), bit-identical to mpe2 and 8-34x faster than its
+  ``parallel_env`` at 6-32 agents; ``fast=False`` runs mpe2's own loops.
 """
 
 from marlbuf.envs.mpe import EPISODE_LENGTH, SCENARIOS, MPEEnv, make

@@ -304,6 +304,15 @@ class MPEEnv:
                     f"actions must have one entry per agent ({self.n_agents}, in env.agents "
                     f"order); got an array of shape {actions.shape}"
                 )
+            if (
+                self.continuous_actions
+                and len(set(self.action_dims)) == 1
+                and actions.dtype == np.float32
+                and actions.shape == (self.n_agents, self.action_dims[0])
+                and np.isfinite(actions).all()
+            ):
+                # the common case (a stacked policy's output), checked and clipped at once
+                return list(np.clip(actions, np.float32(0.0), np.float32(1.0)))
             items: Sequence[Any] = list(actions)
         elif isinstance(actions, Sequence) and not isinstance(actions, (str, bytes)):
             if len(actions) != self.n_agents:

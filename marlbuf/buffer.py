@@ -16,9 +16,8 @@ from marlbuf import _config
 from marlbuf.batch import Batch
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.staging import RowCodec, RowViews, steps_of
 from marlbuf.storage import Storage, make_storage
-
-_FLOAT_KINDS = "f"
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -93,7 +92,13 @@ class MultiAgentReplayBuffer:
             raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
         self.capacity = int(capacity)
         self.n_trainers = int(n_trainers)
-        self.storage: Storage = make_storage(layout, self.specs, self.capacity)
+        # enough recycled batch blocks for two rounds of every trainer (one being consumed
+        # while the next is gathered)
+        pool_blocks = 2 * self.n_trainers + 2
+        self._codec = RowCodec(self.specs)  # validation + staging of add/extend
+        self.storage: Storage = make_storage(
+            layout, self.specs, self.capacity, pool_blocks, self._codec
+        )
         self.sampler = sampler
         self.sampler.bind(self.capacity, self.n_trainers)
         self.rng = make_rng(seed)
@@ -147,8 +152,8 @@ class MultiAgentReplayBuffer:
         """
         fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
         fields["done"] = done
-        data = {f: self._coerce_field(f, value, steps=None) for f, value in fields.items()}
-        self._commit(data, 1)
+        rows, views = self._codec.stage(fields, None)
+        self._commit(rows, views, 1)
 
     def extend(
         self,
@@ -166,108 +171,19 @@ class MultiAgentReplayBuffer:
         """
         fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
         fields["done"] = done
-        steps = self._infer_steps(fields)
-        data = {f: self._coerce_field(f, value, steps=steps) for f, value in fields.items()}
-        self._commit(data, steps)
+        steps = steps_of(self._codec, fields)
+        rows, views = self._codec.stage(fields, steps)
+        self._commit(rows, views, steps)
 
-    def _as_agent_dict(self, field: str, value: Any) -> dict[str, Any]:
-        if isinstance(value, Mapping):
-            missing = [a for a in self.specs if a not in value]
-            extra = [a for a in value if a not in self.specs]
-            if missing or extra:
-                raise ValueError(
-                    f"{field} must have exactly the agents {self.agents}; "
-                    f"missing {missing}, unexpected {extra}"
-                )
-            return {a: value[a] for a in self.specs}
-        if isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
-            if len(value) != len(self.specs):
-                raise ValueError(
-                    f"{field} given as a sequence must have one entry per agent "
-                    f"({len(self.specs)}); got {len(value)}"
-                )
-            return dict(zip(self.specs, value))
-        raise TypeError(
-            f"{field} must be a dict keyed by agent name (or a list in agent order); "
-            f"got {type(value).__name__}"
-        )
-
-    def _infer_steps(self, fields: dict[str, Any]) -> int:
-        steps: int | None = None
-        for f, value in fields.items():
-            for agent, item in self._as_agent_dict(f, value).items():
-                arr = np.asarray(item)
-                shape = self.specs[agent].shape(f)
-                discrete_index = f == "action" and self.specs[agent].n_discrete_actions
-                if arr.ndim != len(shape) + 1 and not (discrete_index and arr.ndim == 1):
-                    raise ValueError(
-                        f"extend needs a leading time axis: {f}[{agent!r}] must have shape "
-                        f"{('T', *shape)}; got {arr.shape}. "
-                        "Use add() for one timestep"
-                    )
-                if steps is None:
-                    steps = int(arr.shape[0])
-                elif arr.shape[0] != steps:
-                    raise ValueError(
-                        f"every extend argument needs the same number of timesteps; "
-                        f"{f}[{agent!r}] has {arr.shape[0]}, expected {steps}"
-                    )
-        if not steps:
-            raise ValueError("extend needs at least one timestep; got T=0")
-        return steps
-
-    def _coerce_field(self, field: str, value: Any, steps: int | None) -> dict[str, np.ndarray]:
-        """Validate one field of every agent; return (T, *shape) arrays in the storage dtype."""
-        out: dict[str, np.ndarray] = {}
-        lead = () if steps is None else (steps,)
-        for agent, item in self._as_agent_dict(field, value).items():
-            spec = self.specs[agent]
-            target = spec.dtype(field)
-            shape = spec.shape(field)
-            arr = np.asarray(item)
-            if arr.dtype.kind not in "biuf":
-                raise TypeError(
-                    f"{field}[{agent!r}] must be numeric; got dtype {arr.dtype} "
-                    f"({type(item).__name__})"
-                )
-            if (
-                field == "action"
-                and spec.n_discrete_actions is not None
-                and arr.dtype.kind in "iu"
-                and arr.shape == lead
-            ):
-                arr = self._one_hot(agent, arr, spec.n_discrete_actions, target)
-            if arr.shape != lead + shape:
-                raise ValueError(
-                    f"{field}[{agent!r}] must have shape {lead + shape}; got {arr.shape}"
-                )
-            if not np.can_cast(arr.dtype, target, casting="same_kind"):
-                raise TypeError(
-                    f"{field}[{agent!r}] has dtype {arr.dtype}, which does not cast safely to "
-                    f"the stored {target}; convert it or declare the dtype in the AgentSpec"
-                )
-            if arr.dtype.kind in _FLOAT_KINDS and not np.isfinite(arr).all():
-                raise ValueError(f"{field}[{agent!r}] contains NaN or inf; got {arr!r}")
-            converted = arr.astype(target, copy=False).reshape((-1, *shape))
-            out[agent] = converted
-        return out
-
-    @staticmethod
-    def _one_hot(agent: str, arr: np.ndarray, n: int, dtype: np.dtype) -> np.ndarray:
-        if arr.size and (arr.min() < 0 or arr.max() >= n):
-            raise ValueError(
-                f"action[{agent!r}] holds discrete actions outside [0, {n}); got {arr!r}"
-            )
-        return np.eye(n, dtype=dtype)[arr]
-
-    def _commit(self, data: dict[str, dict[str, np.ndarray]], steps: int) -> None:
+    def _commit(self, rows: np.ndarray, views: RowViews, steps: int) -> None:
         skip = max(0, steps - self.capacity)  # older steps would be overwritten at once
         if skip:
-            data = {f: {a: x[skip:] for a, x in per.items()} for f, per in data.items()}
+            rows = rows[skip:]
+            views = {f: {a: x[skip:] for a, x in per.items()} for f, per in views.items()}
         count = steps - skip
         start = (self.cursor + skip) % self.capacity
         slots = (start + np.arange(count, dtype=np.int64)) % self.capacity  # wraps past the end
-        self.storage.write(slots, data)
+        self.storage.write(slots, rows, views)
         self.write_generation[slots] = self.total_writes + skip + np.arange(count, dtype=np.int64)
         self.total_writes += steps
         self.cursor = (self.cursor + steps) % self.capacity
@@ -350,6 +266,10 @@ class MultiAgentReplayBuffer:
 
     def gather(self, indices: Any, trainer: int | None = None) -> Batch:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``)."""
+        return self._gather(self._check_indices(indices), None, trainer, None)
+
+    def _check_indices(self, indices: Any) -> np.ndarray:
+        """``indices`` as a 1-D int64 array of filled slots, or a clear error."""
         idx = np.asarray(indices)
         if idx.ndim != 1 or idx.dtype.kind not in "iu":
             raise TypeError(
@@ -360,7 +280,7 @@ class MultiAgentReplayBuffer:
                 f"indices must lie in [0, {self.size}) (the filled slots); "
                 f"got min {idx.min()}, max {idx.max()}"
             )
-        return self._gather(idx.astype(np.int64, copy=False), None, trainer, None)
+        return idx.astype(np.int64, copy=False)
 
     def _gather(
         self,
@@ -394,16 +314,7 @@ class MultiAgentReplayBuffer:
         assumed (no update is dropped).
         """
         trainer = self._check_trainer(trainer)
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or idx.dtype.kind not in "iu":
-            raise TypeError(
-                f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
-            )
-        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
-            raise ValueError(
-                f"indices must lie in [0, {self.size}); got min {idx.min()}, max {idx.max()}"
-            )
-        idx = idx.astype(np.int64, copy=False)
+        idx = self._check_indices(indices)
         gens = self.write_generation[idx] if generations is None else np.asarray(generations)
         if gens.shape != idx.shape:
             raise ValueError(

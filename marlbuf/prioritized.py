@@ -271,7 +271,7 @@ class PriorityTrees:
         self.sums = np.zeros((self.n_trees, width), dtype=np.float64)
         self.maxes = np.zeros((self.n_trees, width if self.track_max else 0), dtype=np.float64)
         self.max_priority = np.ones(self.n_trees, dtype=np.float64)
-        self._empty = np.zeros(0, dtype=np.float64)
+        self.empty = np.zeros(0, dtype=np.float64)
 
     def leaves(self, trainer: int) -> np.ndarray:
         """View of one trainer's ``priority ** alpha`` per slot: shape (capacity,), float64."""
@@ -303,11 +303,11 @@ class PriorityTrees:
             return
         set_leaves(
             self.sums[trainer],
-            self.maxes[trainer] if self.track_max else self._empty,
+            self.maxes[trainer] if self.track_max else self.empty,
             self.leaf_offset,
             slots,
             priorities**self.alpha,
-            priorities if self.track_max else self._empty,
+            priorities if self.track_max else self.empty,
             self.track_max,
         )
         self.max_priority[trainer] = max(self.max_priority[trainer], float(priorities.max()))

@@ -12,7 +12,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from marlbuf._kernels import find_prefix, locality_sample, neighbor_indices, per_sample
+from marlbuf import _config
+from marlbuf._kernels import (
+    apply_td_errors,
+    find_prefix,
+    locality_sample,
+    neighbor_indices,
+    per_sample,
+)
+from marlbuf._kernels.sumtree import (
+    MODE_ABS,
+    MODE_GIVEN,
+    MODE_SQUARED,
+    TD_NEGATIVE,
+    TD_NOT_FINITE,
+    TD_OVERFLOW,
+)
 from marlbuf.prioritized import (
     LinearBeta,
     PriorityTrees,
@@ -185,6 +200,9 @@ class Neighbor(Sampler):
         return {"run_length": self.run_length}
 
 
+_PRIORITY_MODE_CODES = {"abs": MODE_ABS, "squared": MODE_SQUARED, "given": MODE_GIVEN}
+
+
 class Prioritized(Sampler):
     """Proportional prioritized experience replay (Schaul et al., 2016), one tree per trainer.
 
@@ -273,51 +291,49 @@ class Prioritized(Sampler):
         self.batches_drawn[trainer] += 1
         return indices, weights
 
-    def priorities_from(self, td_errors: Any, n: int) -> np.ndarray:
-        """Validated priorities (shape (n,), float64) from ``n`` TD errors; raises on bad input."""
+    def update_priorities(
+        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
+    ) -> None:
         td = np.asarray(td_errors)
         if td.dtype.kind not in "iuf":
             raise TypeError(
                 f"td_errors must be a real numeric array; got dtype {td.dtype} ({td_errors!r:.80})"
             )
-        if td.shape != (n,):
+        if td.shape != indices.shape:
             raise ValueError(
-                f"td_errors must have shape ({n},), one per index; got shape {td.shape}"
+                f"td_errors must have shape {indices.shape}, one per index; got shape {td.shape}"
             )
-        td = td.astype(np.float64, copy=False)
-        bad = ~np.isfinite(td)
-        if bad.any():
+        td = np.ascontiguousarray(td, dtype=np.float64)
+        # one kernel validates every entry first (nothing is written on bad input), then sets
+        # the priorities of the rows not overwritten since they were sampled (stale: dropped)
+        code, position, largest = apply_td_errors(
+            self.trees.sums[trainer],
+            self.trees.maxes[trainer] if self._track_max else self.trees.empty,
+            self.trees.leaf_offset,
+            np.ascontiguousarray(indices, dtype=np.int64),
+            td,
+            np.ascontiguousarray(stale, dtype=np.bool_),
+            _PRIORITY_MODE_CODES[self.priority],
+            self.eps,
+            self.alpha,
+            self._track_max,
+        )
+        if code == TD_NOT_FINITE:
             raise ValueError(
-                f"td_errors must be finite; got {td[bad][:5].tolist()} at positions "
-                f"{np.flatnonzero(bad)[:5].tolist()} (check the critic's loss for divergence)"
+                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
+                "critic's loss for divergence)"
             )
-        if self.priority == "abs":
-            priorities = np.abs(td) + self.eps
-        elif self.priority == "squared":
-            priorities = td * td + self.eps
-        else:
-            if (td < 0).any():
-                raise ValueError(
-                    "priorities must be >= 0 with priority='given'; got "
-                    f"{td[td < 0][:5].tolist()} at positions {np.flatnonzero(td < 0)[:5].tolist()}"
-                )
-            priorities = td + self.eps
-        with np.errstate(over="ignore"):
-            too_big = ~np.isfinite(priorities**self.alpha)
-        if too_big.any():
+        if code == TD_NEGATIVE:
             raise ValueError(
-                f"priorities overflow float64 after **alpha (alpha={self.alpha}); got "
-                f"{priorities[too_big][:5].tolist()}"
+                f"priorities must be >= 0 with priority='given'; got "
+                f"td_errors[{position}]={td[position]}"
             )
-        return priorities
-
-    def update_priorities(
-        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
-    ) -> None:
-        priorities = self.priorities_from(td_errors, indices.shape[0])  # validate first
-        fresh = ~np.asarray(stale, dtype=bool)  # overwritten since sampled: drop, not misapply
-        slots = np.ascontiguousarray(indices[fresh], dtype=np.int64)
-        self.trees.set(trainer, slots, np.ascontiguousarray(priorities[fresh]))
+        if code == TD_OVERFLOW:
+            raise ValueError(
+                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
+                f"(priority={self.priority!r}, alpha={self.alpha}); scale the TD errors down"
+            )
+        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
 
     def config(self) -> dict[str, Any]:
         beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
@@ -433,6 +449,7 @@ class PrioritizedNeighbor(Prioritized):
                 table[1],
                 beta,
                 self.weights == "inherit",
+                _config.SEARCH_CHUNK_MIN,
                 indices,
                 weights,
                 np.empty(batch_size, dtype=np.float64),

@@ -54,8 +54,10 @@ class AgentSpec:
     n_discrete_actions : int, optional
         Set for a ``Discrete(n)`` action space: actions are stored **one-hot** as ``(n,)``
         float32 (what MADDPG's critics consume), and ``add`` also accepts the integer index.
-
-    Rewards and dones are stored as float32 scalars per agent.
+    reward_dtype, done_dtype : dtype, default float32
+        Storage dtypes of the per-agent reward and done scalars. float32 is what trainers
+        consume; the drop-in adapters (:mod:`marlbuf.compat`) set float64 to return exactly what
+        the original buffers return for Python-float rewards.
 
     Examples
     --------
@@ -68,6 +70,8 @@ class AgentSpec:
     obs_dtype: Any = np.float32
     action_dtype: Any = np.float32
     n_discrete_actions: int | None = None
+    reward_dtype: Any = np.float32
+    done_dtype: Any = np.float32
     _dtypes: dict[str, np.dtype] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,10 @@ class AgentSpec:
         act_dt = _check_dtype("action_dtype", self.action_dtype)
         object.__setattr__(self, "obs_dtype", obs_dt)
         object.__setattr__(self, "action_dtype", act_dt)
+        rew_dt = _check_dtype("reward_dtype", self.reward_dtype)
+        done_dt = _check_dtype("done_dtype", self.done_dtype)
+        object.__setattr__(self, "reward_dtype", rew_dt)
+        object.__setattr__(self, "done_dtype", done_dt)
         if self.n_discrete_actions is not None:
             n = self.n_discrete_actions
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -87,8 +95,13 @@ class AgentSpec:
                     f"({n},) with a float action_dtype; got action_shape={self.action_shape}, "
                     f"action_dtype={act_dt}"
                 )
-        f32 = np.dtype(np.float32)
-        dtypes = {"obs": obs_dt, "action": act_dt, "reward": f32, "next_obs": obs_dt, "done": f32}
+        dtypes = {
+            "obs": obs_dt,
+            "action": act_dt,
+            "reward": rew_dt,
+            "next_obs": obs_dt,
+            "done": done_dt,
+        }
         object.__setattr__(self, "_dtypes", dtypes)
 
     @property
@@ -125,6 +138,8 @@ class AgentSpec:
             "obs_dtype": self.obs_dtype.str,
             "action_dtype": self.action_dtype.str,
             "n_discrete_actions": self.n_discrete_actions,
+            "reward_dtype": self.reward_dtype.str,
+            "done_dtype": self.done_dtype.str,
         }
 
     @classmethod
@@ -136,6 +151,8 @@ class AgentSpec:
             obs_dtype=np.dtype(data["obs_dtype"]),
             action_dtype=np.dtype(data["action_dtype"]),
             n_discrete_actions=data.get("n_discrete_actions"),
+            reward_dtype=np.dtype(data.get("reward_dtype", "<f4")),
+            done_dtype=np.dtype(data.get("done_dtype", "<f4")),
         )
 
     @classmethod

@@ -342,3 +342,47 @@ def test_from_spaces():
         AgentSpec.from_spaces(obs, gym.spaces.MultiBinary(3))
     with pytest.raises(TypeError, match="observation_space must be a Box"):
         AgentSpec.from_spaces(gym.spaces.Discrete(3), gym.spaces.Discrete(5))
+
+
+# ------------------------------------------------------------------------- block recycling
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_held_batches_are_never_overwritten(mixed_specs, layout):
+    buf = MultiAgentReplayBuffer(mixed_specs, 64, layout=layout, seed=0)
+    buf.extend(**random_step_data(mixed_specs, 64, np.random.default_rng(0)))
+    held = [buf.sample(16) for _ in range(30)]  # more than the pool keeps
+    snapshots = [b.obs["pred_0"].copy() for b in held]
+    for _ in range(30):
+        buf.sample_for_trainers(16)
+    for batch, snap in zip(held, snapshots):
+        np.testing.assert_array_equal(batch.obs["pred_0"], snap)
+        np.testing.assert_array_equal(batch.obs["pred_0"], buf.gather(batch.indices).obs["pred_0"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_released_batch_memory_is_recycled(mixed_specs, layout):
+    buf = MultiAgentReplayBuffer(mixed_specs, 64, layout=layout, seed=0)
+    buf.extend(**random_step_data(mixed_specs, 64, np.random.default_rng(0)))
+    first = buf.sample(16)
+    address = first.obs["pred_0"].__array_interface__["data"][0]
+    del first
+    second = buf.sample(16)
+    assert second.obs["pred_0"].__array_interface__["data"][0] == address
+    kept_view = second.reward["prey_0"]  # any surviving view pins the block
+    del second
+    third = buf.sample(16)
+    assert not np.shares_memory(third.obs["pred_0"], kept_view.base)
+
+
+def test_torch_tensors_pin_their_block(mixed_specs):
+    torch = pytest.importorskip("torch")
+    buf = MultiAgentReplayBuffer(mixed_specs, 64, seed=0)
+    buf.extend(**random_step_data(mixed_specs, 64, np.random.default_rng(0)))
+    tensors = buf.sample(16).to_torch()
+    expected = tensors.obs["pred_0"].clone()
+    joint = tensors.concat("obs", "action")
+    assert isinstance(joint, torch.Tensor) and joint.shape == (16, 16 + 6 + 14 + 5 + 5 + 4)
+    for _ in range(10):
+        buf.sample(16)
+    assert torch.equal(tensors.obs["pred_0"], expected)

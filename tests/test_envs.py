@@ -128,7 +128,10 @@ def run_side_by_side(env: MPEEnv, steps: int, seed: int, actions_seed: int = 0) 
             obs = env.reset()
             ref_obs, _ = ref.reset()
             continue
-        actions = rng.random((env.n_agents, 5), dtype=np.float32)
+        if env.continuous_actions:
+            actions = rng.random((env.n_agents, 5), dtype=np.float32)
+        else:
+            actions = rng.integers(0, 5, env.n_agents)
         obs, reward, done, info = env.step(actions)
         ref_obs, ref_rew, ref_term, ref_trunc, _ = ref.step(
             {a: actions[i] for i, a in enumerate(env.agents)}
@@ -144,11 +147,15 @@ def run_side_by_side(env: MPEEnv, steps: int, seed: int, actions_seed: int = 0) 
         {"name": "cooperative_navigation", "n_agents": 3},
         {"name": "predator_prey", "n_predators": 3},
         {"name": "predator_prey", "n_predators": 6, "n_prey": 3, "n_landmarks": 1},
+        {"name": "cooperative_navigation", "n_agents": 1},
+        {"name": "cooperative_navigation", "n_agents": 2, "continuous_actions": False},
+        {"name": "predator_prey", "n_predators": 1, "n_prey": 1, "n_landmarks": 0},
+        {"name": "predator_prey", "n_predators": 2, "n_prey": 3, "continuous_actions": False},
     ],
-    ids=["CN-3", "PP-3+1", "PP-6+3"],
+    ids=["CN-3", "PP-3+1", "PP-6+3", "CN-1", "CN-2-discrete", "PP-1+1+0", "PP-2+3-discrete"],
 )
 def test_identical_to_unpatched_mpe2_over_two_episodes(kwargs):
-    # the shared predator reward cache is on by default: rewards must stay bit-identical
+    # the default (vectorized) env against mpe2's parallel_env, edge sizes included
     run_side_by_side(make(**kwargs), steps=2 * EPISODE_LENGTH + 3, seed=11)
 
 

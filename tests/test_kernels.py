@@ -46,3 +46,20 @@ def test_neighbor_indices_wraps_like_naive(run_length, capacity):
     neighbor_indices(refs, run_length, capacity, out)
     np.testing.assert_array_equal(out, naive.neighbor_indices(refs, run_length, capacity))
     assert out.min() >= 0 and out.max() < capacity
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
+def test_first_nonfinite_matches_naive(dtype, bad):
+    from marlbuf._kernels import first_nonfinite
+
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal((5, 40)).astype(dtype)
+    values[2, 31] = 3e38 if dtype == np.float32 else 1e308  # large but finite
+    starts = np.array([0, 10, 25, 30], np.int64)
+    counts = np.array([10, 5, 5, 10], np.int64)
+    if bad is not None:
+        values[4, 27] = bad  # inside segment 2
+    got = first_nonfinite(values, starts, counts)
+    assert got == naive.first_nonfinite(values, starts, counts)
+    assert got == (-1 if bad is None else 2)

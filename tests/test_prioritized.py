@@ -3,6 +3,8 @@ stale updates, bad input and persistence (issue 3)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -144,9 +146,12 @@ def test_per_sample_matches_naive(beta: float) -> None:
     np.testing.assert_allclose(weights, want_weights, rtol=1e-6)
 
 
+@pytest.mark.parametrize("min_chunk", [1, 7, 32])
 @pytest.mark.parametrize("inherit", [False, True])
 @pytest.mark.parametrize(("capacity", "size"), [(31, 31), (31, 17), (32, 5), (8, 8)])
-def test_locality_sample_matches_naive(inherit: bool, capacity: int, size: int) -> None:
+def test_locality_sample_matches_naive(
+    inherit: bool, capacity: int, size: int, min_chunk: int
+) -> None:
     rng = np.random.default_rng(capacity + size)
     priorities = np.zeros(capacity)
     priorities[:size] = rng.integers(1, 12, size=size)
@@ -163,7 +168,7 @@ def test_locality_sample_matches_naive(inherit: bool, capacity: int, size: int) 
     weights = np.empty(64, np.float32)
     refs = locality_sample(
         trees.sums[0], trees.maxes[0], trees.leaf_offset, capacity, size, uniforms,
-        thresholds, run_lengths, 0.7, inherit, slots, weights, np.empty(64),
+        thresholds, run_lengths, 0.7, inherit, min_chunk, slots, weights, np.empty(64),
     )  # fmt: skip
     want_slots, want_weights = naive_locality_sample(
         leaves, priorities, size, uniforms, thresholds, run_lengths, 0.7, inherit
@@ -547,3 +552,25 @@ def test_predictor_round_trip_and_registry() -> None:
     )
     with pytest.raises(ValueError, match="unknown predictor"):
         RunLengthPredictor.from_config({"type": "Nope"})
+
+
+def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
+    from marlbuf.bench import common
+    from marlbuf.bench import prioritized as suite
+    from marlbuf.bench.workloads import Workload
+
+    tiny = {
+        "per_capacity": 4_000,
+        "per_repeats": 2,
+        "capacity": 2_000,
+        "repeats": 1,
+        "workloads": [Workload("predator_prey", 3)],
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True)
+    cases = {r["case"] for r in payload["rows"]}
+    assert {"marlbuf_sampler", "numpy", "per_round", "locality_round"} <= cases
+    assert all(r.get("us_median", r.get("ms_median", 0)) > 0 for r in payload["rows"])
+    assert payload["summary"]["per_vs_numpy"] > 0
+    assert payload["config"]["per_capacity"] == 4_000
+    json.dumps(payload, default=common._json_default)

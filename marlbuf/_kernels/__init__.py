@@ -5,8 +5,9 @@ inputs: the public Python method that calls it validates shapes, dtypes and rang
 Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
-from marlbuf._kernels.rows import gather_rows, neighbor_indices, scatter_rows
+from marlbuf._kernels.rows import first_nonfinite, gather_rows, neighbor_indices, scatter_rows
 from marlbuf._kernels.sumtree import (
+    apply_td_errors,
     fill_new_slots,
     find_prefix,
     locality_sample,
@@ -16,8 +17,10 @@ from marlbuf._kernels.sumtree import (
 )
 
 __all__ = [
+    "apply_td_errors",
     "fill_new_slots",
     "find_prefix",
+    "first_nonfinite",
     "gather_rows",
     "locality_sample",
     "neighbor_indices",

@@ -78,3 +78,26 @@ def neighbor_indices(refs: np.ndarray, run_length: int, capacity: int, out: np.n
             if slot >= capacity:  # wrap from the last slot to slot 0
                 slot -= capacity
             out[base + k] = slot
+
+
+@njit(cache=True, nogil=True)
+def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> int:
+    """Index of the first segment holding a NaN or inf in any row, or -1.
+
+    Parameters
+    ----------
+    values : ndarray, shape (rows, width), float32 or float64
+        Staged rows viewed in the segments' dtype.
+    starts, counts : ndarray, shape (n_segments,), int64
+        Each segment covers ``values[:, starts[s] : starts[s] + counts[s]]``.
+    """
+    for s in range(starts.shape[0]):
+        lo = starts[s]
+        hi = lo + counts[s]
+        for r in range(values.shape[0]):
+            row = values[r]
+            for w in range(lo, hi):
+                x = row[w]
+                if x - x != 0.0:  # NaN - NaN and inf - inf are NaN; finite x gives 0
+                    return s
+    return -1

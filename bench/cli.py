@@ -1,0 +1,141 @@
+"""``marlbuf bench``: run benchmark suites, write JSON + markdown, compare two runs.
+
+Usage::
+
+    marlbuf bench --quick                  # every suite at small sizes (the README's main job)
+    marlbuf bench sampling prioritized     # named suites at full size
+    marlbuf bench --list                   # suites and whether they can run here
+    marlbuf bench compare A.json B.json    # ratio table between two result files
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from marlbuf.bench.common import RESULTS_DIR, markdown_table, write_result
+
+#: suite name -> module (each exposes SUITE and run(quick) -> payload)
+SUITES: dict[str, str] = {
+    "sampling": "marlbuf.bench.sampling",
+    "layout": "marlbuf.bench.layout",
+    "prioritized": "marlbuf.bench.prioritized",
+    "adapters": "marlbuf.bench.adapters",
+    "envs": "marlbuf.bench.envs",
+    "update": "marlbuf.bench.update",
+    "end_to_end": "marlbuf.bench.end_to_end",
+    "counters": "marlbuf.bench.counters",
+    "peers": "marlbuf.bench.peers",
+}
+
+
+def _load(name: str) -> Any:
+    """The suite's module, or an explanation why it cannot run here."""
+    try:
+        return importlib.import_module(SUITES[name])
+    except ImportError as exc:
+        return f"unavailable: {exc}"
+
+
+def compare(path_a: Path, path_b: Path) -> str:
+    """Markdown table of B's median time over A's for every case present in both runs."""
+    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+
+    def keyed(record: dict[str, Any]) -> dict[tuple[str, ...], float]:
+        out = {}
+        for row in record.get("rows", []):
+            time_key = next((k for k in ("ms_median", "s_median", "us_median") if k in row), None)
+            if time_key is None:
+                continue
+            ident = tuple(v for v in row.values() if isinstance(v, str))
+            out[ident] = float(row[time_key])
+        return out
+
+    ka, kb = keyed(a), keyed(b)
+    rows = [
+        {"case": " / ".join(k), "A": ka[k], "B": kb[k], "B/A": kb[k] / ka[k]}
+        for k in ka
+        if k in kb and ka[k] > 0
+    ]
+    if not rows:
+        return "no common cases between the two runs"
+    header = f"A = {path_a} ({a.get('created', '?')}), B = {path_b} ({b.get('created', '?')})"
+    return header + "\n\n" + markdown_table(rows, ["case", "A", "B", "B/A"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "compare":
+        parser = argparse.ArgumentParser(prog="marlbuf bench compare")
+        parser.add_argument("a", type=Path, help="baseline result JSON")
+        parser.add_argument("b", type=Path, help="new result JSON")
+        ns = parser.parse_args(args_list[1:])
+        for p in (ns.a, ns.b):
+            if not p.is_file():
+                parser.error(f"no such result file: {p}")
+        print(compare(ns.a, ns.b))
+        return 0
+
+    parser = argparse.ArgumentParser(
+        prog="marlbuf bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("suites", nargs="*", help=f"suites to run (default: all): {list(SUITES)}")
+    parser.add_argument("--quick", action="store_true", help="small sizes (minutes, not hours)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
+    parser.add_argument("--list", action="store_true", help="list suites and exit")
+    ns = parser.parse_args(args_list)
+    unknown = [s for s in ns.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    if ns.list:
+        for name in SUITES:
+            mod = _load(name)
+            print(f"{name:<12} {'ok' if not isinstance(mod, str) else mod}")
+        return 0
+
+    names = ns.suites or list(SUITES)
+    report = [f"# marlbuf benchmark report ({'quick' if ns.quick else 'full'})", ""]
+    failed = []
+    for name in names:
+        mod = _load(name)
+        if isinstance(mod, str):
+            # a suite that is not built yet, or whose optional extra is missing: say so, go on
+            print(f"[{name}] skipped ({mod})", flush=True)
+            report += [f"## {name}", "", f"skipped: {mod}", ""]
+            continue
+        start = time.perf_counter()
+        try:
+            payload = mod.run(quick=ns.quick)
+        except Exception as exc:  # report and continue with the other suites
+            failed.append(name)
+            print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            report += [f"## {name}", "", f"FAILED: {type(exc).__name__}: {exc}", ""]
+            continue
+        path = write_result(name, payload, ns.quick, ns.out)
+        elapsed = time.perf_counter() - start
+        print(f"[{name}] {elapsed:.1f} s -> {path}", flush=True)
+        report += [f"## {name}", "", f"`{path.name}`, {elapsed:.0f} s", ""]
+        if payload.get("markdown"):
+            report += [payload["markdown"], ""]
+        if payload.get("summary"):
+            report += ["```", json.dumps(payload["summary"], indent=1, default=str), "```", ""]
+    try:
+        from marlbuf.bench.plots import make_all
+
+        figures = make_all(ns.out, quick=ns.quick)
+        report += ["## figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
+        print(f"figures: {[str(p) for p in figures]}")
+    except ImportError as exc:  # matplotlib missing: results stay usable without figures
+        print(f"figures skipped: {exc}")
+    report_path = Path(ns.out) / f"REPORT{'-quick' if ns.quick else ''}.md"
+    if len(names) > 1 or not report_path.exists():
+        report_path.write_text("\n".join(report))
+        print(f"report: {report_path}")
+    return 1 if failed else 0

@@ -1,0 +1,253 @@
+"""The MADDPG sampling workload (issue 2, the paper's Fig. 8 and 14 views).
+
+Per round, each of the N trainers draws one index array of B = 1024 and gathers obs, action,
+reward, next_obs and done of **all** agents at it — the O(N²B) pattern. Compared side by side in
+one process, repeats interleaved:
+
+* ``list_of_tuples`` — openai/maddpg's buffer (the paper's baseline), ``make_index`` +
+  ``sample_index`` per agent;
+* ``numpy_per_agent`` — preallocated per-agent arrays, fancy indexing (a strong baseline);
+* marlbuf ``agent_major`` and ``interleaved`` layouts × ``uniform`` and ``neighbor`` samplers
+  through ``sample_for_trainers``, with fresh output arrays each round and with ``out=`` reuse.
+
+Also measured: the *copy floor* — one contiguous ``memcpy`` per trainer of exactly the bytes its
+batch gathers, timed in the same interleaved repeats as the cases (so machine noise hits it
+alike) — and this machine's copy bandwidth with the floor it implies (useful bytes gathered /
+bandwidth).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from marlbuf import MultiAgentReplayBuffer
+from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
+from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
+from marlbuf.samplers import Neighbor, Sampler, Uniform
+
+SUITE = "sampling"
+BATCH = 1024
+FILL_CHUNK = 5_000
+
+#: marlbuf cases: name -> (layout, sampler factory, reuse output arrays)
+MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], bool]] = {
+    "agent_major+uniform": ("agent_major", Uniform, False),
+    "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), False),
+    "interleaved+uniform": ("interleaved", Uniform, False),
+    "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), False),
+    "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), False),
+    "interleaved+uniform+out": ("interleaved", Uniform, True),
+    "interleaved+neighbor64+out": ("interleaved", lambda: Neighbor(64), True),
+}
+
+QUICK: dict[str, Any] = {
+    "workloads": [Workload("cooperative_navigation", 3), Workload("cooperative_navigation", 6)],
+    "capacity": 20_000,
+    "repeats": 3,
+}
+FULL: dict[str, Any] = {"workloads": PAPER_WORKLOADS, "capacity": 100_000, "repeats": 5}
+
+
+def _share_storage(
+    buf: MultiAgentReplayBuffer, sampler: Sampler, seed: int
+) -> MultiAgentReplayBuffer:
+    """A second handle on ``buf``'s storage with another sampler (read-only use: the copies'
+    write cursors would diverge on writes). Saves one full copy of the data per sampler."""
+    other = copy.copy(buf)
+    other.sampler = sampler
+    sampler.bind(buf.capacity, buf.n_trainers)
+    other.rng = np.random.default_rng(seed)
+    return other
+
+
+def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
+    """Build every buffer of one workload, filled with the same random transitions."""
+    specs = workload.specs()
+    rng = np.random.default_rng(seed)
+    by_layout = {
+        layout: MultiAgentReplayBuffer(specs, capacity, layout=layout, seed=seed)
+        for layout in dict.fromkeys(layout for layout, _, _ in MARLBUF_CASES.values())
+    }
+    numpy_buf = NumpyPerAgentBuffer(specs, capacity, seed=seed)
+    lists = {a: ListOfTuplesBuffer(capacity, seed=seed + i) for i, a in enumerate(specs)}
+    for start in range(0, capacity, FILL_CHUNK):
+        steps = min(FILL_CHUNK, capacity - start)
+        data = random_steps(specs, steps, rng)
+        for buf in by_layout.values():
+            buf.extend(**data)
+        numpy_buf.extend(**data)
+        for agent, lst in lists.items():
+            obs, act, rew = data["obs"][agent], data["action"][agent], data["reward"][agent]
+            nxt, done = data["next_obs"][agent], data["done"][agent]
+            for t in range(steps):  # one small array per field per step, as a real loop makes
+                lst.add(obs[t].copy(), act[t].copy(), float(rew[t]), nxt[t].copy(), bool(done[t]))
+    bufs = {
+        name: _share_storage(by_layout[layout], make_sampler(), seed)
+        for name, (layout, make_sampler, _) in MARLBUF_CASES.items()
+    }
+    floor_bytes = useful_bytes_per_round(workload)
+    return {"marlbuf": bufs, "numpy": numpy_buf, "lists": lists, "floor_bytes": floor_bytes}
+
+
+def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[], Any]]:
+    lists: dict[str, ListOfTuplesBuffer] = buffers["lists"]
+    agents = list(lists)
+
+    def list_round() -> None:
+        for t in range(n_trainers):
+            index = lists[agents[t]].make_index(BATCH)
+            for agent in agents:
+                lists[agent].sample_index(index)
+
+    numpy_buf: NumpyPerAgentBuffer = buffers["numpy"]
+
+    def numpy_round() -> None:
+        for _ in range(n_trainers):
+            numpy_buf.sample_joint(BATCH)
+
+    fns: dict[str, Callable[[], Any]] = {
+        "list_of_tuples": list_round,
+        "numpy_per_agent": numpy_round,
+        "copy_floor": _copy_floor(buffers["floor_bytes"], n_trainers),
+    }
+    for name, buf in buffers["marlbuf"].items():
+        reuse = MARLBUF_CASES[name][2]
+        fns[name] = _marlbuf_round(buf, reuse)
+    return fns
+
+
+def _copy_floor(nbytes: int, n_trainers: int) -> Callable[[], Any]:
+    """The floor: one contiguous copy per trainer of the bytes its batch gathers (memcpy speed,
+    measured in the same interleaved repeats as the cases)."""
+    per_trainer = max(1, nbytes // n_trainers // 8)
+    src = np.ones((n_trainers, per_trainer), dtype=np.float64)  # distinct pages per trainer
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in
+
+    def copy_round() -> None:
+        for t in range(n_trainers):
+            np.copyto(dst[t], src[t])
+
+    return copy_round
+
+
+def _marlbuf_round(buf: MultiAgentReplayBuffer, reuse: bool) -> Callable[[], Any]:
+    previous: list[Any] = []
+
+    def round_() -> None:
+        out = previous[0] if (reuse and previous) else None
+        batches = buf.sample_for_trainers(BATCH, out=out)
+        if reuse:
+            previous[:] = [batches]
+
+    return round_
+
+
+def useful_bytes_per_round(workload: Workload) -> int:
+    """Bytes of transition data one round gathers (no padding): N trainers × B × row."""
+    row = sum(
+        (2 * s.obs_dim + s.action_dim) * s.obs_dtype.itemsize + 2 * 4
+        for s in workload.specs().values()
+    )
+    return workload.n_trainers * BATCH * row
+
+
+def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Measure every case on every workload; returns the JSON payload (see module doc)."""
+    cfg = QUICK if quick else FULL
+    threads = quiet_threads()
+    bandwidth = copy_bandwidth()
+    rows: list[dict[str, Any]] = []
+    for workload in cfg["workloads"]:
+        if progress:
+            print(f"[sampling] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
+        buffers = _fill(workload, cfg["capacity"], seed=0)
+        fns = _round_fns(buffers, workload.n_trainers)
+        timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
+        floor = timings["copy_floor"]["median"]
+        base_a = timings["list_of_tuples"]["median"]
+        base_b = timings["numpy_per_agent"]["median"]
+        uniform = timings["interleaved+uniform"]["median"]
+        for case, t in timings.items():
+            rows.append(
+                {
+                    "workload": workload.label,
+                    "n_trainers": workload.n_trainers,
+                    "case": case,
+                    "ms_median": 1e3 * t["median"],
+                    "ms_min": 1e3 * t["min"],
+                    "ms_max": 1e3 * t["max"],
+                    "speedup_vs_list_of_tuples": base_a / t["median"],
+                    "speedup_vs_numpy_per_agent": base_b / t["median"],
+                    "time_vs_interleaved_uniform": t["median"] / uniform,
+                    "x_copy_floor": t["median"] / floor,
+                    "floor_ms": 1e3 * floor,
+                    "floor_ms_from_bandwidth": 1e3 * useful_bytes_per_round(workload) / bandwidth,
+                }
+            )
+        if progress:
+            print(
+                f"[sampling] {workload.label}: "
+                + ", ".join(f"{k} {1e3 * v['median']:.1f} ms" for k, v in timings.items()),
+                flush=True,
+            )
+        del buffers, fns
+        gc.collect()
+    summary = _summary(rows)
+    return {
+        "config": {
+            "batch_size": BATCH,
+            "capacity": cfg["capacity"],
+            "repeats": cfg["repeats"],
+            "workloads": [w.label for w in cfg["workloads"]],
+            "threads": threads,
+            "copy_bandwidth_GBps": bandwidth / 1e9,
+        },
+        "rows": rows,
+        "summary": summary,
+        "markdown": markdown_table(
+            rows,
+            [
+                "workload",
+                "case",
+                "ms_median",
+                "speedup_vs_list_of_tuples",
+                "speedup_vs_numpy_per_agent",
+                "time_vs_interleaved_uniform",
+                "x_copy_floor",
+            ],
+        ),
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline ratios per workload (the issue's targets are at CN-24)."""
+    out: dict[str, Any] = {}
+    for label in dict.fromkeys(r["workload"] for r in rows):
+        by_case = {r["case"]: r for r in rows if r["workload"] == label}
+        iu = by_case["interleaved+uniform"]
+        out[label] = {
+            "interleaved_uniform_vs_numpy_per_agent": iu["speedup_vs_numpy_per_agent"],
+            "interleaved_uniform_vs_list_of_tuples": iu["speedup_vs_list_of_tuples"],
+            "interleaved_uniform_x_copy_floor": iu["x_copy_floor"],
+            "interleaved_neighbor64_time_vs_uniform": by_case["interleaved+neighbor64"][
+                "time_vs_interleaved_uniform"
+            ],
+            "agent_major_neighbor64_time_vs_uniform": by_case["agent_major+neighbor64"]["ms_median"]
+            / by_case["agent_major+uniform"]["ms_median"],
+            "best_marlbuf_case": min(
+                (
+                    r
+                    for r in by_case.values()
+                    if r["case"] not in ("list_of_tuples", "numpy_per_agent", "copy_floor")
+                ),
+                key=lambda r: r["ms_median"],
+            )["case"],
+        }
+    return out

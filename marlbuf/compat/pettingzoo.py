@@ -1,0 +1,144 @@
+"""Filling a :class:`~marlbuf.MultiAgentReplayBuffer` from a PettingZoo parallel environment.
+
+``MultiAgentReplayBuffer.add`` takes the dicts ``env.step`` returns (``{agent: value}``)
+directly, and :func:`marlbuf.specs_from_env` builds every agent's spec from
+``env.observation_space(agent)`` / ``env.action_space(agent)``. This module adds the two things
+a training loop still needs:
+
+* :func:`buffer_from_env` — a buffer for every agent of an environment in one call;
+* :func:`add_parallel_step` — one ``env.step`` into the buffer, with PettingZoo's episode-end
+  rules made explicit: ``done`` is the **termination** flag (a time-limit truncation is not a
+  terminal state, so critics keep bootstrapping; pass ``truncation_is_done=True`` for the other
+  convention), and agents that have left the episode are either an error (default) or padded.
+
+MPE (``mpe2``) keeps every agent until the time limit: the last step's dicts hold all agents
+with ``truncations`` all True, then ``env.agents`` is empty and the env must be reset. Stepping
+after that returns empty dicts, which :func:`add_parallel_step` rejects.
+
+Examples
+--------
+>>> from mpe2 import simple_spread_v3
+>>> env = simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=True)
+>>> buf = buffer_from_env(env, capacity=1000)
+>>> obs, _ = env.reset(seed=0)
+>>> while env.agents:
+...     actions = {a: env.action_space(a).sample() for a in env.agents}
+...     next_obs, rewards, terminations, truncations, _ = env.step(actions)
+...     _ = add_parallel_step(buf, obs, actions, rewards, next_obs, terminations, truncations)
+...     obs = next_obs
+>>> len(buf), buf.sample(4).obs["agent_0"].shape
+(25, (4, 18))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.spec import specs_from_env
+
+
+def buffer_from_env(env: Any, capacity: int, **kwargs: Any) -> MultiAgentReplayBuffer:
+    """A buffer with one spec per agent of ``env`` (``env.possible_agents`` order).
+
+    ``kwargs`` go to :class:`~marlbuf.MultiAgentReplayBuffer` (``layout``, ``sampler``,
+    ``seed``, ``n_trainers``).
+    """
+    return MultiAgentReplayBuffer(specs_from_env(env), capacity, **kwargs)
+
+
+def _check_dict(name: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{name} must be the dict env.step returns ({{agent: value}}); "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+def add_parallel_step(
+    buf: MultiAgentReplayBuffer,
+    obs: Mapping[str, Any],
+    actions: Mapping[str, Any],
+    rewards: Mapping[str, Any],
+    next_obs: Mapping[str, Any],
+    terminations: Mapping[str, Any],
+    truncations: Mapping[str, Any] | None = None,
+    *,
+    truncation_is_done: bool = False,
+    pad_missing: bool = False,
+) -> list[str]:
+    """Store one parallel-API step: ``obs`` before it, then ``env.step``'s outputs.
+
+    Parameters
+    ----------
+    buf : MultiAgentReplayBuffer
+    obs : dict
+        Observations the actions were chosen from (the previous ``next_obs`` or ``reset``'s).
+    actions, rewards, next_obs, terminations, truncations : dict
+        ``actions`` as passed to ``env.step``; the others as it returned them.
+    truncation_is_done : bool, default False
+        Store ``done = termination or truncation`` instead of ``done = termination``.
+    pad_missing : bool, default False
+        An agent of the buffer that is absent from the step's dicts (it left the episode
+        earlier) raises ``ValueError`` by default. With ``True`` it is stored as an absorbing
+        transition: zero observation, action, reward and next observation, ``done = 1``.
+
+    Returns
+    -------
+    list of str
+        The agents that were padded (empty unless ``pad_missing``).
+    """
+    dicts = {
+        "obs": _check_dict("obs", obs),
+        "actions": _check_dict("actions", actions),
+        "rewards": _check_dict("rewards", rewards),
+        "next_obs": _check_dict("next_obs", next_obs),
+        "terminations": _check_dict("terminations", terminations),
+    }
+    if truncations is not None:
+        dicts["truncations"] = _check_dict("truncations", truncations)
+    elif truncation_is_done:
+        raise ValueError("truncation_is_done=True needs the truncations dict; got None")
+    agents = buf.agents
+    missing = sorted({a for a in agents for d in dicts.values() if a not in d})
+    if missing and not pad_missing:
+        where = [n for n, d in dicts.items() if any(a not in d for a in missing)]
+        raise ValueError(
+            f"agents {missing} are missing from {where}. PettingZoo drops an agent from the "
+            "step dicts after it terminates or is truncated (and returns empty dicts once the "
+            "episode is over: reset the env when env.agents is empty). A joint buffer stores "
+            "every agent each step: reset the env, or pass pad_missing=True to store absorbing "
+            "transitions (zeros, done=1) for agents that left."
+        )
+    unknown = sorted({a for d in dicts.values() for a in d if a not in buf.specs})
+    if unknown:
+        raise ValueError(f"agents {unknown} are not in the buffer (agents {agents})")
+    row: dict[str, dict[str, Any]] = {f: {} for f in ("obs", "action", "reward", "next_obs")}
+    row["done"] = {}
+    for agent in agents:
+        spec = buf.specs[agent]
+        if agent in missing:
+            zeros_obs = np.zeros(spec.obs_shape, spec.obs_dtype)
+            row["obs"][agent] = zeros_obs
+            row["action"][agent] = np.zeros(spec.action_shape, spec.action_dtype)
+            row["reward"][agent] = 0.0
+            row["next_obs"][agent] = zeros_obs
+            row["done"][agent] = 1.0
+            continue
+        done = bool(terminations[agent])
+        if truncation_is_done and truncations is not None:
+            done = done or bool(truncations[agent])
+        row["obs"][agent] = obs[agent]
+        row["action"][agent] = actions[agent]
+        row["reward"][agent] = rewards[agent]
+        row["next_obs"][agent] = next_obs[agent]
+        row["done"][agent] = done
+    buf.add(**row)
+    return missing
+
+
+__all__ = ["add_parallel_step", "buffer_from_env", "specs_from_env"]

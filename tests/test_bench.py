@@ -1,0 +1,93 @@
+"""Benchmark suites at tiny sizes: they run, their JSON has the schema, compare works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marlbuf.bench import cli, common
+from marlbuf.bench.workloads import Workload
+
+TINY = {
+    "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
+    "capacity": 3_000,
+    "repeats": 2,
+    "inner": 1,
+}
+
+
+def _tiny(monkeypatch, module):
+    monkeypatch.setattr(module, "QUICK", dict(TINY))
+
+
+def check_schema(payload):
+    assert isinstance(payload["rows"], list) and payload["rows"]
+    assert all(isinstance(r, dict) for r in payload["rows"])
+    assert isinstance(payload["summary"], dict)
+    assert isinstance(payload["config"], dict)
+    json.dumps(payload, default=common._json_default)  # serialisable
+
+
+@pytest.mark.parametrize("suite", ["sampling", "layout", "peers"])
+def test_buffer_suites_run_tiny(monkeypatch, tmp_path, suite):
+    module = cli._load(suite)
+    assert not isinstance(module, str), module
+    _tiny(monkeypatch, module)
+    payload = module.run(quick=True, progress=False)
+    check_schema(payload)
+    path = common.write_result(suite, payload, quick=True, out_dir=tmp_path)
+    record = json.loads(path.read_text())
+    assert record["suite"] == suite and record["quick"] is True
+    assert "cpu_model" in record["machine"] and "perf_counters" in record["machine"]
+    assert "ratio" not in record or record["ratio"] > 0
+
+
+def test_sampling_rows_have_ratios(monkeypatch):
+    from marlbuf.bench import sampling
+
+    _tiny(monkeypatch, sampling)
+    payload = sampling.run(quick=True, progress=False)
+    cases = {r["case"] for r in payload["rows"]}
+    assert {"list_of_tuples", "numpy_per_agent", "interleaved+uniform"} <= cases
+    for row in payload["rows"]:
+        assert row["ms_median"] > 0 and row["speedup_vs_list_of_tuples"] > 0
+    for label in ("CN-3", "PP-3+1"):
+        assert label in payload["summary"]
+
+
+def test_compare_prints_ratios(tmp_path, capsys):
+    rows_a = [{"workload": "CN-3", "case": "x", "ms_median": 2.0}]
+    rows_b = [{"workload": "CN-3", "case": "x", "ms_median": 1.0}]
+    a = common.write_result("demo", {"rows": rows_a}, quick=True, out_dir=tmp_path / "a")
+    b = common.write_result("demo", {"rows": rows_b}, quick=True, out_dir=tmp_path / "b")
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| CN-3 / x | 2 | 1 | 0.5 |" in out
+
+
+def test_cli_lists_and_rejects_unknown_suites(capsys):
+    assert cli.main(["--list"]) == 0
+    assert "sampling" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["no_such_suite"])
+
+
+def test_time_interleaved_counts_calls():
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+
+        return fn
+
+    res = common.time_interleaved({"a": make("a"), "b": make("b")}, repeats=3, warmup=2, inner=4)
+    assert calls == {"a": 14, "b": 14}
+    assert res["a"]["n"] == 3 and res["a"]["min"] <= res["a"]["median"] <= res["a"]["max"]
+
+
+def test_workload_obs_dims_match_the_paper():
+    assert Workload("cooperative_navigation", 24).obs_dims() == [144] * 24
+    assert Workload("predator_prey", 3).obs_dims() == [16] * 3 + [14]
+    assert Workload("predator_prey", 24).obs_dims() == [98] * 24 + [96] * 8
