@@ -16,13 +16,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from marlbuf.bench.common import quiet_threads
+from marlbuf.bench.common import markdown_table, quiet_threads
 from marlbuf.bench.update import CONFIGS, FULL_WORKLOADS, make_runner, median_rows, time_rounds
 from marlbuf.bench.workloads import Workload
 
 SUITE = "end_to_end"
 
-QUICK_WORKLOADS = [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)]
+#: Sizes of the quick run (``marlbuf bench --quick``); tests patch it smaller.
+QUICK: dict[str, Any] = {
+    "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
+    "batch_size": 256,
+    "capacity": 3000,
+    "repeats": 2,
+}
 LOOP_PHASES = (
     "action_selection",
     "env_step",
@@ -37,7 +43,12 @@ STEPS = 100
 #: Short learning runs compared across samplers (full run only): cooperative navigation with 3
 #: agents, the fast-learning settings of the seeded learning test.
 CURVE_SAMPLERS = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
-CURVE_SETTINGS: dict[str, Any] = {"batch_size": 128, "warmup_steps": 1250, "update_every": 5, "run_length": 16}
+CURVE_SETTINGS: dict[str, Any] = {
+    "batch_size": 128,
+    "warmup_steps": 1250,
+    "update_every": 5,
+    "run_length": 16,
+}
 CURVE_EPISODES = 500
 
 
@@ -82,13 +93,13 @@ def reward_curves(episodes: int = CURVE_EPISODES) -> list[dict[str, Any]]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     threads = quiet_threads()
-    workloads = QUICK_WORKLOADS if quick else FULL_WORKLOADS
-    batch_size = 256 if quick else 1024
-    repeats = 2 if quick else 3
+    workloads = QUICK["workloads"] if quick else FULL_WORKLOADS
+    batch_size = QUICK.get("batch_size", 256) if quick else 1024
+    repeats = QUICK["repeats"] if quick else 3
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for workload in workloads:
-        capacity = 3000 if quick else (20_000 if workload.n >= 12 else 50_000)
+        capacity = QUICK["capacity"] if quick else (20_000 if workload.n >= 12 else 50_000)
         runners = {
             name: make_runner(workload, overrides, batch_size, capacity)
             for name, overrides in CONFIGS.items()
@@ -110,8 +121,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     curves = [] if quick else reward_curves()
     for curve in curves:
         summary[f"trained_return_{curve['sampler']}"] = round(curve["trained_return"], 1)
+    columns = ["workload", "config", "total_s", "action_selection_s", "env_step_s"]
+    columns += ["update_all_trainers_s", "speedup_vs_baseline"]
     return {
         "rows": rows,
+        "markdown": markdown_table(rows, columns),
         "reward_curves": curves,
         "summary": summary,
         "config": {

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf.bench.common import quiet_threads
+from marlbuf.bench.common import markdown_table, quiet_threads
 from marlbuf.bench.workloads import Workload, random_steps
 
 SUITE = "update"
@@ -57,8 +57,23 @@ FULL_WORKLOADS = [
     Workload("predator_prey", 3),
     Workload("predator_prey", 24),
 ]
-QUICK_WORKLOADS = [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)]
+#: Sizes of the quick run (``marlbuf bench --quick``); tests patch it smaller.
+QUICK: dict[str, Any] = {
+    "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
+    "batch_size": 256,
+    "capacity": 3000,
+    "repeats": 2,
+}
 
+TABLE_COLUMNS = [
+    "workload",
+    "config",
+    "total_s",
+    "sampling_s",
+    "target_q_s",
+    "q_p_loss_s",
+    "speedup_vs_baseline",
+]
 UPDATE_PHASES = ("update_all_trainers", "sampling", "target_q", "q_p_loss", "priority_update")
 
 
@@ -136,13 +151,13 @@ def median_rows(
 
 def run(quick: bool = False) -> dict[str, Any]:
     threads = quiet_threads()
-    workloads = QUICK_WORKLOADS if quick else FULL_WORKLOADS
-    batch_size = 256 if quick else 1024
-    repeats = 2 if quick else 5
+    workloads = QUICK["workloads"] if quick else FULL_WORKLOADS
+    batch_size = QUICK.get("batch_size", 256) if quick else 1024
+    repeats = QUICK["repeats"] if quick else 5
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for workload in workloads:
-        capacity = 3000 if quick else (20_000 if workload.n >= 12 else 50_000)
+        capacity = QUICK["capacity"] if quick else (20_000 if workload.n >= 12 else 50_000)
         configs = dict(CONFIGS)
         if not quick and workload.label in EXTRA_FOR:
             configs.update(EXTRA_CONFIGS)
@@ -174,6 +189,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             )
     return {
         "rows": rows,
+        "markdown": markdown_table(rows, TABLE_COLUMNS),
         "summary": summary,
         "config": {
             "batch_size": batch_size,

@@ -73,3 +73,24 @@ def test_bad_options_exit_2_before_any_work(bad: list[str], tmp_path: Path, caps
 
 def test_resume_without_checkpoint_is_an_error(tmp_path: Path) -> None:
     assert main([*SMALL, "--out", str(tmp_path), "--resume"]) == 2
+
+
+@pytest.mark.parametrize("suite", ["update", "end_to_end"])
+def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: str) -> None:
+    import importlib
+
+    from marlbuf.bench.workloads import Workload
+
+    module = importlib.import_module(f"marlbuf.bench.{suite}")
+    tiny = {
+        "workloads": [Workload("predator_prey", 3)],
+        "batch_size": 32,
+        "capacity": 500,
+        "repeats": 1,
+    }
+    monkeypatch.setattr(module, "QUICK", tiny)
+    payload = module.run(quick=True)
+    assert [r["config"] for r in payload["rows"]] == ["baseline", "marlbuf"]
+    assert payload["summary"]["speedup_PP-3+1"] > 0
+    json.dumps(payload)
+    assert "| workload |" in payload["markdown"]
