@@ -16,7 +16,7 @@ Example
 >>> runner = Runner(cfg)
 >>> records = runner.train(episodes=8)
 >>> len(records), runner.total_steps, runner.update_rounds
-(8, 200, 1)
+(8, 200, 2)
 """
 
 from __future__ import annotations
