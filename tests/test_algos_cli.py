@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,36 @@ def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: s
     assert payload["summary"]["speedup_PP-3+1"] > 0
     json.dumps(payload)
     assert "| workload |" in payload["markdown"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX SIGINT delivery")
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "marlbuf", "train", "--episodes", "100000", *SMALL]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            table = out / "episodes.csv"
+            if table.exists() and len(table.read_text().splitlines()) > 3:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    meta = json.loads((out / "checkpoint" / "runner.json").read_text())
+    rows = read_rows(out / "episodes.csv")
+    assert meta["episodes"] == len(rows) > 2
