@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (actor and critic)")
     p.add_argument("--formulation", choices=FORMULATIONS, default="batched")
     p.add_argument(
+        "--target-init",
+        choices=("copy", "independent"),
+        default="copy",
+        help="target networks start as copies, or independently drawn (openai/maddpg)",
+    )
+    p.add_argument(
         "--shared-index",
         action="store_true",
         help="one index array for all trainers (deviation from MADDPG)",
@@ -108,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         lr_critic=args.lr,
         formulation=args.formulation,
         shared_index=args.shared_index,
+        target_init=args.target_init,
         overlap_gather=args.overlap_gather,
         seed=args.seed,
         threads=args.threads,

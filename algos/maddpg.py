@@ -153,7 +153,8 @@ class Learner:
         """Fresh weights of every trainer, drawn in trainer order from the generator.
 
         Returns, per trainer, ``{"actor.l0.W": ..., "critic.l0.W": ..., "target_actor.l0.W":
-        ..., ...}`` with each agent's true (unpadded) shapes; targets start as copies.
+        ..., ...}`` with each agent's true (unpadded) shapes; targets start as copies, or
+        with their own draws when ``config.target_init == "independent"``.
         """
         hidden, act = self.config.hidden, self.action_dim
         out: list[dict[str, Tensor]] = []
@@ -166,6 +167,9 @@ class Learner:
                 for key, value in glorot_mlp(n_in, hidden, n_out, self.generator).items():
                     params[f"{net}.{key}"] = value
                     params[f"target_{net}.{key}"] = value.clone()
+                if self.config.target_init == "independent":
+                    fresh = glorot_mlp(n_in, hidden, n_out, self.generator)
+                    params.update({f"target_{net}.{k}": v for k, v in fresh.items()})
             out.append(params)
         return out
 
