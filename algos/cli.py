@@ -25,9 +25,9 @@ from typing import Any
 
 from marlbuf.algos.config import ALGOS, ENVS, FORMULATIONS, LAYOUTS, SAMPLERS, TrainConfig
 
-#: Episodes of the default run: about 2-3 minutes on one core of a 2020s laptop (see
+#: Episodes of the default run: about 2-3 minutes on one core (see
 #: docs/training.md for what the reward curve should look like).
-DEFAULT_EPISODES = 4000
+DEFAULT_EPISODES = 6000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.6, help="prioritized: priority exponent")
     p.add_argument("--beta", type=float, default=0.5, help="prioritized: initial IS exponent")
     p.add_argument("--beta-final", type=float, default=1.0, help="prioritized: final IS exponent")
+    p.add_argument(
+        "--beta-anneal-rounds",
+        type=int,
+        default=None,
+        help="prioritized: update rounds of the beta annealing (default: the whole run; "
+        "with --resume: the checkpoint's)",
+    )
     p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -58,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update-every", type=int, default=100, help="env steps per update round")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (actor and critic)")
     p.add_argument("--formulation", choices=FORMULATIONS, default="batched")
+    p.add_argument(
+        "--target-init",
+        choices=("copy", "independent"),
+        default="copy",
+        help="target networks start as copies, or independently drawn (openai/maddpg)",
+    )
     p.add_argument(
         "--shared-index",
         action="store_true",
@@ -78,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` of parsed arguments (raises ``ValueError`` on bad input)."""
-    total_rounds = max(1, args.episodes * 25 // max(1, args.update_every))
+    total_rounds = args.beta_anneal_rounds
+    if total_rounds is None:
+        total_rounds = max(1, args.episodes * 25 // max(1, args.update_every))
     return TrainConfig(
         algo=args.algo,
         env=args.env,
@@ -99,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         lr_critic=args.lr,
         formulation=args.formulation,
         shared_index=args.shared_index,
+        target_init=args.target_init,
         overlap_gather=args.overlap_gather,
         seed=args.seed,
         threads=args.threads,
@@ -187,6 +203,11 @@ def _truncate_logs(out: Path, episodes: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``marlbuf train``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    out = args.out or Path("runs") / f"{args.algo}-{args.env}-{args.agents}-s{args.seed}"
+    checkpoint = out / "checkpoint"
+    if args.resume and args.beta_anneal_rounds is None and (checkpoint / "runner.json").exists():
+        saved = json.loads((checkpoint / "runner.json").read_text())["config"]
+        args.beta_anneal_rounds = saved.get("beta_anneal_rounds")
     try:
         config = config_from_args(args)
         if args.episodes < 1:
@@ -196,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print(f"marlbuf train: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("runs") / f"{config.algo}-{config.env}-{config.n_agents}-s{config.seed}"
-    checkpoint = out / "checkpoint"
     if args.resume and not (checkpoint / "runner.json").exists():
         print(f"marlbuf train: --resume but no checkpoint in {checkpoint}", file=sys.stderr)
         return 2

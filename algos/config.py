@@ -80,6 +80,11 @@ class TrainConfig:
     """MATD3: std of the Gaussian noise added to every target action (policy smoothing)."""
     target_noise_clip: float = 0.5
     """MATD3: the smoothing noise is clipped to +-this."""
+    target_init: str = "copy"
+    """``"copy"``: target networks start as copies of the online ones (the usual DDPG
+    practice). ``"independent"``: their own random initial weights, as openai/maddpg (and the
+    MATD3 code) do — it never copies, the polyak updates pull the targets in. **The default is
+    a deviation**; ``"independent"`` reproduces the original."""
     shared_index: bool = False
     """One index array for all trainers (EPyMARL/BenchMARL). **A deviation from MADDPG**."""
     formulation: str = "batched"
@@ -168,6 +173,10 @@ class TrainConfig:
             raise ValueError(
                 "shared_index=True cannot be combined with a prioritized sampler (each trainer "
                 "keeps its own priority tree); drop shared_index or use uniform/neighbor"
+            )
+        if self.target_init not in ("copy", "independent"):
+            raise ValueError(
+                f"target_init must be 'copy' or 'independent'; got target_init={self.target_init!r}"
             )
         if self.overlap_gather and self.formulation != "loop":
             raise ValueError(

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
 from marlbuf.algos.config import TrainConfig
 from marlbuf.algos.nets import (
     LAYERS,
@@ -152,7 +153,8 @@ class Learner:
         """Fresh weights of every trainer, drawn in trainer order from the generator.
 
         Returns, per trainer, ``{"actor.l0.W": ..., "critic.l0.W": ..., "target_actor.l0.W":
-        ..., ...}`` with each agent's true (unpadded) shapes; targets start as copies.
+        ..., ...}`` with each agent's true (unpadded) shapes; targets start as copies, or
+        with their own draws when ``config.target_init == "independent"``.
         """
         hidden, act = self.config.hidden, self.action_dim
         out: list[dict[str, Tensor]] = []
@@ -165,6 +167,9 @@ class Learner:
                 for key, value in glorot_mlp(n_in, hidden, n_out, self.generator).items():
                     params[f"{net}.{key}"] = value
                     params[f"target_{net}.{key}"] = value.clone()
+                if self.config.target_init == "independent":
+                    fresh = glorot_mlp(n_in, hidden, n_out, self.generator)
+                    params.update({f"target_{net}.{k}": v for k, v in fresh.items()})
             out.append(params)
         return out
 
@@ -534,6 +539,31 @@ class BatchedLearner(Learner):
             )
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    def _target_logits(self, batches: Sequence[Batch], agents: Sequence[str]) -> Tensor:
+        """Target actor of every agent j on agent j's next obs in every trainer t's batch:
+        logits of shape (T, N, B, A).
+
+        Trainers are taken in chunks of ``TARGET_CHUNK_ROWS`` rows so the (N, rows, hidden)
+        activations stay in cache; within a chunk each group of equal-size agents is one
+        (G, rows, obs_dim) strided view of the gathered rows (no copy with a RoundBlock).
+        """
+        n, batch_size = len(agents), len(batches[0])
+        if len(batches) > 1 and all(b is batches[0] for b in batches):
+            # shared_index: every trainer holds the same rows, so the logits are the same too
+            one = self._target_logits(batches[:1], agents)
+            return one.expand(len(batches), *one.shape[1:])
+        per_chunk = max(1, _config.TARGET_CHUNK_ROWS // batch_size)
+        chunks = []
+        for first in range(0, len(batches), per_chunk):
+            chunk = batches[first : first + per_chunk]
+            per_agent = [
+                merge_leading(stack_or_copy([b.next_obs[a] for b in chunk])) for a in agents
+            ]
+            groups = [stack_or_copy(per_agent[start:stop]) for start, stop, _ in self.obs_groups]
+            logits = self._actor_groups("target_actor", groups, relu_inplace=True)
+            chunks.append(logits.view(n, len(chunk), batch_size, -1).transpose(0, 1))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
     @torch.no_grad()
     def act(self, obs: Sequence[np.ndarray]) -> list[np.ndarray]:
         noise = self.draw_action_noise()
@@ -553,15 +583,7 @@ class BatchedLearner(Learner):
         actor_updates = self.actor_updates_now()
         with phase("target_q"), torch.no_grad():
             next_obs = self._tensor(stack_fields(batches, "next_obs"))  # (T, B, S)
-            # target actor of agent j on agent j's next obs in every trainer's batch
-            # (agent j, trainer t's rows) -> one (G, T*B, obs_dim) view per group, no copy
-            # when the batches share a RoundBlock
-            per_agent = [
-                merge_leading(stack_or_copy([b.next_obs[a] for b in batches])) for a in agents
-            ]
-            groups = [stack_or_copy(per_agent[start:stop]) for start, stop, _ in self.obs_groups]
-            logits = self._actor_groups("target_actor", groups, relu_inplace=True)  # (N, T*B, A)
-            logits = logits.view(n, n, batch_size, act_dim).transpose(0, 1)  # (T, N, B, A)
+            logits = self._target_logits(batches, agents)  # (T, N, B, A)
             target_act = gumbel_softmax(logits, noise.target_uniform)
             if noise.smoothing is not None:
                 target_act = target_act + noise.smoothing

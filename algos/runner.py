@@ -16,7 +16,7 @@ Example
 >>> runner = Runner(cfg)
 >>> records = runner.train(episodes=8)
 >>> len(records), runner.total_steps, runner.update_rounds
-(8, 200, 1)
+(8, 200, 2)
 """
 
 from __future__ import annotations
@@ -91,10 +91,12 @@ class PhaseTimer:
         return dict(self.totals)
 
 
-def episode_seed(seed: int, episode: int) -> int:
+def episode_seed(seed: int, episode: int, evaluation: bool = False) -> int:
     """The environment seed of episode ``episode`` of a run seeded ``seed``. Each episode is
-    reseeded, so a resumed run replays exactly what an uninterrupted one would."""
-    return int(np.random.SeedSequence([seed, episode]).generate_state(1)[0])
+    reseeded, so a resumed run replays exactly what an uninterrupted one would; evaluation
+    episodes have seeds of their own."""
+    words = [seed, episode, 1] if evaluation else [seed, episode]
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
 
 
 def build_sampler(config: TrainConfig) -> Sampler:
@@ -208,7 +210,7 @@ class Runner:
     # ------------------------------------------------------------------ phases
     def phase(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """The profiler's context for ``name`` (a shared no-op without a profiler)."""
-        return self.profiler.phase(name)  # type: ignore[no-any-return]
+        return self.profiler.phase(name)
 
     # ------------------------------------------------------------------ env interaction
     def _start_episode(self) -> None:
@@ -232,7 +234,7 @@ class Runner:
             self.buffer.add(obs, actions, reward, next_obs, done)
         self.total_steps += 1
         self._obs = next_obs
-        return info  # type: ignore[no-any-return]
+        return info
 
     def _finish_episode(self, info: dict[str, Any]) -> EpisodeRecord:
         record = EpisodeRecord(
@@ -299,6 +301,27 @@ class Runner:
             if on_episode is not None:
                 on_episode(record)
         return records
+
+    def evaluate(self, episodes: int, random_policy: bool = False) -> list[float]:
+        """Returns (original MPE units, sum over agents) of ``episodes`` episodes of the current
+        policy, with its exploration noise, on fixed evaluation seeds; nothing is stored or
+        trained and the training episode sequence is unchanged. The same seeds every call, so
+        two policies are compared on the same episodes."""
+        if self._obs is not None:
+            raise RuntimeError("evaluate between episodes (the current one is unfinished)")
+        returns = []
+        for episode in range(int(episodes)):
+            obs = self.env.reset(seed=episode_seed(self.config.seed, episode, evaluation=True))
+            while True:
+                if random_policy:
+                    actions = list(self.env.random_actions())
+                else:
+                    actions = self.learner.act(obs)
+                obs, _, _, info = self.env.step(actions)
+                if info["episode_over"]:
+                    returns.append(float(np.sum(info["original_return"])))
+                    break
+        return returns
 
     # ------------------------------------------------------------------ updates
     def update_round(self) -> UpdateStats:

@@ -18,6 +18,10 @@ MEMORY_WARN_FRACTION = 0.8
 SAVE_FORMAT = "marlbuf-buffer"
 SAVE_VERSION = 1
 
+#: Batched MADDPG trainer: rows (trainers x batch) per chunk of the target-actor pass, so that
+#: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
+TARGET_CHUNK_ROWS = 4096
+
 #: Prioritized-locality sampling searches its reference slots in chunks of at least this many
 #: (one tree level at a time, so the cache misses of a chunk overlap); unused ones are dropped.
 SEARCH_CHUNK_MIN = 32

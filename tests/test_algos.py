@@ -49,6 +49,7 @@ def max_param_diff(a: Any, b: Any) -> float:
 
 CASES = [
     ("maddpg", Workload("cooperative_navigation", 3), None),
+    ("maddpg-independent-targets", Workload("cooperative_navigation", 3), None),
     ("matd3", Workload("cooperative_navigation", 3), None),
     ("maddpg", Workload("predator_prey", 3), None),  # 16/14 obs: padded, grouped actors
     ("matd3", Workload("predator_prey", 6), "prioritized"),  # weighted critic loss
@@ -57,7 +58,8 @@ CASES = [
 
 @pytest.mark.parametrize(("algo", "workload", "sampler"), CASES)
 def test_batched_equals_loop(algo: str, workload: Workload, sampler: str | None) -> None:
-    config = TrainConfig(algo=algo, batch_size=64)
+    target_init = "independent" if algo.endswith("independent-targets") else "copy"
+    config = TrainConfig(algo=algo.split("-")[0], batch_size=64, target_init=target_init)
     loop, batched = learners(config, workload, F64)
     assert max_param_diff(loop, batched) == 0.0  # same initial weights
     buf = filled_buffer(workload, Prioritized() if sampler else None)
@@ -75,6 +77,14 @@ def test_batched_equals_loop(algo: str, workload: Workload, sampler: str | None)
     obs = [np.full(d, 0.1, np.float32) for d in workload.obs_dims()]
     for x, y in zip(loop.act(obs), batched.act(obs)):
         np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_target_init() -> None:
+    dims = [18] * 3
+    for target_init, same in (("copy", True), ("independent", False)):
+        params = LoopLearner(TrainConfig(target_init=target_init), dims, 5).get_params()
+        assert torch.equal(params[0]["actor.l0.W"], params[0]["target_actor.l0.W"]) == same
+        assert params[0]["target_critic.l0.W"].shape == params[0]["critic.l0.W"].shape
 
 
 def test_batched_equals_loop_float32_agent_major() -> None:
@@ -305,6 +315,7 @@ def test_checkpoint_rejects_other_config(tmp_path: Any) -> None:
         ({"env": "cooperative_navigation", "n_prey": 2}, "n_prey"),
         ({"gamma": 1.5}, "gamma"),
         ({"device": "tpu"}, "device"),
+        ({"target_init": "zeros"}, "target_init"),
     ],
 )
 def test_bad_config_is_rejected_before_work(options: dict[str, Any], match: str) -> None:
@@ -322,3 +333,28 @@ def test_cuda_request_without_cuda_is_a_clear_error() -> None:
 def test_profiler_without_phase_is_rejected() -> None:
     with pytest.raises(TypeError, match="phase"):
         Runner(TrainConfig(**SMALL), profiler=object())
+
+
+def test_maddpg_learns_cooperative_navigation() -> None:
+    """A seeded short run beats the same seed's untrained policy by a clear margin on the same
+    evaluation episodes (measured margins over seeds 0-2: 126, 98, 74; random policy about
+    -680 in original MPE units)."""
+    config = TrainConfig(
+        batch_size=128, warmup_steps=1250, update_every=5, buffer_size=20_000, seed=0
+    )
+    runner = Runner(config)
+    untrained = np.mean(runner.evaluate(40))
+    runner.train(400)
+    trained = np.mean(runner.evaluate(40))
+    assert trained > untrained + 40, (untrained, trained)
+
+
+def test_shared_index_batches_give_the_same_numbers_in_both_formulations() -> None:
+    workload = Workload("predator_prey", 3)
+    loop, batched = learners(TrainConfig(batch_size=32, shared_index=True), workload, F64)
+    buf = filled_buffer(workload)
+    for _ in range(2):
+        batches = buf.sample_for_trainers(32, shared_index=True)
+        a, b = loop.update(batches), batched.update(batches)
+        np.testing.assert_allclose(a.critic_loss, b.critic_loss, rtol=1e-9)
+    assert max_param_diff(loop, batched) <= 1e-10

@@ -1,0 +1,130 @@
+"""``marlbuf train``: files written, resume continues the logs, bad input exits 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from marlbuf.algos.cli import main
+
+SMALL = ["--batch-size", "32", "--buffer-size", "3000", "--warmup", "100", "--no-progress"]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_train_writes_logs_checkpoint_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*SMALL, "--out", str(out), "--checkpoint-every", "3", "--no-plot"]
+    assert main(["--episodes", "6", *args]) == 0
+    rows = read_rows(out / "episodes.csv")
+    assert [int(r["episode"]) for r in rows] == list(range(6))
+    assert float(rows[-1]["t_env_step"]) > 0
+    assert (out / "checkpoint" / "runner.json").exists()
+    assert json.loads((out / "config.json").read_text())["batch_size"] == 32
+    assert main(["--episodes", "9", "--resume", *args]) == 0
+    rows = read_rows(out / "episodes.csv")
+    assert [int(r["episode"]) for r in rows] == list(range(9))
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["episode"] for ln in lines] == list(range(9))
+
+
+def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    straight, split = tmp_path / "a", tmp_path / "b"
+    assert main(["--episodes", "10", *SMALL, "--out", str(straight), "--no-plot"]) == 0
+    assert main(["--episodes", "5", *SMALL, "--out", str(split), "--no-plot"]) == 0
+    assert main(["--episodes", "10", "--resume", *SMALL, "--out", str(split), "--no-plot"]) == 0
+    a = [r["return"] for r in read_rows(straight / "episodes.csv")]
+    b = [r["return"] for r in read_rows(split / "episodes.csv")]
+    assert a == b
+
+
+def test_reward_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "run"
+    assert main(["--episodes", "3", *SMALL, "--out", str(out)]) == 0
+    assert (out / "rewards.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--agents", "0"],
+        ["--sampler", "prioritized", "--shared-index"],
+        ["--sampler", "neighbor", "--run-length", "48"],
+        ["--overlap-gather"],
+        ["--episodes", "0"],
+        ["--env", "cooperative_navigation", "--prey", "2"],
+    ],
+)
+def test_bad_options_exit_2_before_any_work(bad: list[str], tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "never"
+    assert main([*SMALL, "--out", str(out), *bad]) == 2
+    assert "marlbuf train:" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path: Path) -> None:
+    assert main([*SMALL, "--out", str(tmp_path), "--resume"]) == 2
+
+
+@pytest.mark.parametrize("suite", ["update", "end_to_end"])
+def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: str) -> None:
+    import importlib
+
+    from marlbuf.bench.workloads import Workload
+
+    module = importlib.import_module(f"marlbuf.bench.{suite}")
+    tiny = {
+        "workloads": [Workload("predator_prey", 3)],
+        "batch_size": 32,
+        "capacity": 500,
+        "repeats": 1,
+    }
+    monkeypatch.setattr(module, "QUICK", tiny)
+    payload = module.run(quick=True)
+    assert [r["config"] for r in payload["rows"]] == ["baseline", "marlbuf"]
+    assert payload["summary"]["speedup_PP-3+1"] > 0
+    json.dumps(payload)
+    assert "| workload |" in payload["markdown"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX SIGINT delivery")
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "marlbuf", "train", "--episodes", "100000", *SMALL]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            table = out / "episodes.csv"
+            if table.exists() and len(table.read_text().splitlines()) > 3:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    meta = json.loads((out / "checkpoint" / "runner.json").read_text())
+    rows = read_rows(out / "episodes.csv")
+    assert meta["episodes"] == len(rows) > 2
