@@ -6,6 +6,7 @@ Usage::
     marlbuf bench sampling prioritized     # named suites at full size
     marlbuf bench --list                   # suites and whether they can run here
     marlbuf bench compare A.json B.json    # ratio table between two result files
+    marlbuf bench report [--quick]         # rebuild REPORT.md and figures from the result files
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marlbuf.bench.common import RESULTS_DIR, markdown_table, write_result
+from marlbuf.bench.common import RESULTS_DIR, markdown_table, result_path, write_result
 
 #: suite name -> module (each exposes SUITE and run(quick) -> payload)
 SUITES: dict[str, str] = {
@@ -70,6 +71,13 @@ def compare(path_a: Path, path_b: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "report":
+        parser = argparse.ArgumentParser(prog="marlbuf bench report")
+        parser.add_argument("--quick", action="store_true", help="the quick results")
+        parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
+        ns = parser.parse_args(args_list[1:])
+        print(f"report: {write_report(ns.out, ns.quick)}")
+        return 0
     if args_list and args_list[0] == "compare":
         parser = argparse.ArgumentParser(prog="marlbuf bench compare")
         parser.add_argument("a", type=Path, help="baseline result JSON")
@@ -101,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     names = ns.suites or list(SUITES)
-    report = [f"# marlbuf benchmark report ({'quick' if ns.quick else 'full'})", ""]
+    notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
     failed = []
     for name in names:
         mod = _load(name)
         if isinstance(mod, str):
-            # a suite that is not built yet, or whose optional extra is missing: say so, go on
+            # a suite whose optional extra is missing: say so, go on with the others
             print(f"[{name}] skipped ({mod})", flush=True)
-            report += [f"## {name}", "", f"skipped: {mod}", ""]
+            notes[name] = f"skipped: {mod}"
             continue
         start = time.perf_counter()
         try:
@@ -116,26 +124,50 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report and continue with the other suites
             failed.append(name)
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            report += [f"## {name}", "", f"FAILED: {type(exc).__name__}: {exc}", ""]
+            notes[name] = f"FAILED: {type(exc).__name__}: {exc}"
             continue
         path = write_result(name, payload, ns.quick, ns.out)
-        elapsed = time.perf_counter() - start
-        print(f"[{name}] {elapsed:.1f} s -> {path}", flush=True)
-        report += [f"## {name}", "", f"`{path.name}`, {elapsed:.0f} s", ""]
-        if payload.get("markdown"):
-            report += [payload["markdown"], ""]
-        if payload.get("summary"):
-            report += ["```", json.dumps(payload["summary"], indent=1, default=str), "```", ""]
+        print(f"[{name}] {time.perf_counter() - start:.1f} s -> {path}", flush=True)
+    report_path = write_report(Path(ns.out), ns.quick, notes)
+    print(f"report: {report_path}")
+    return 1 if failed else 0
+
+
+def write_report(results_dir: Path, quick: bool, notes: dict[str, str] | None = None) -> Path:
+    """``REPORT[-quick].md``: every suite's table and summary from the result files on disk,
+    plus the figures (drawn anew). ``notes`` explain suites without a result in this run."""
+    notes = notes or {}
+    kind = "quick" if quick else "full"
+    report = [f"# marlbuf benchmark report ({kind} sizes)", ""]
+    for name in SUITES:
+        path = result_path(name, quick, results_dir)
+        report += [f"## {name}", ""]
+        if name in notes:
+            report += [notes[name], ""]
+        if not path.is_file():
+            report += [
+                f"no result yet: run `marlbuf bench {name}{' --quick' if quick else ''}`",
+                "",
+            ]
+            continue
+        record = json.loads(path.read_text())
+        report += [
+            f"`{path.name}`, {record.get('created', '?')}, config: "
+            f"`{json.dumps(record.get('config', {}), default=str)[:400]}`",
+            "",
+        ]
+        if record.get("markdown"):
+            report += [record["markdown"], ""]
+        if record.get("summary"):
+            report += ["```", json.dumps(record["summary"], indent=1, default=str), "```", ""]
     try:
         from marlbuf.bench.plots import make_all
 
-        figures = make_all(ns.out, quick=ns.quick)
-        report += ["## figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
-        print(f"figures: {[str(p) for p in figures]}")
+        figures = make_all(results_dir, quick=quick)
+        report += ["## figures", ""]
+        report += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in figures] + [""]
     except ImportError as exc:  # matplotlib missing: results stay usable without figures
-        print(f"figures skipped: {exc}")
-    report_path = Path(ns.out) / f"REPORT{'-quick' if ns.quick else ''}.md"
-    if len(names) > 1 or not report_path.exists():
-        report_path.write_text("\n".join(report))
-        print(f"report: {report_path}")
-    return 1 if failed else 0
+        report += [f"figures skipped: {exc}", ""]
+    out = Path(results_dir) / f"REPORT{'-quick' if quick else ''}.md"
+    out.write_text("\n".join(report))
+    return out

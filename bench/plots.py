@@ -121,7 +121,8 @@ def make_all(
     results_dir: Path = RESULTS_DIR, out_dir: Path | None = None, quick: bool | None = None
 ) -> list[Path]:
     """Draw every figure whose results exist; returns the PNG paths."""
-    out = Path(out_dir) if out_dir is not None else Path(results_dir) / "figures"
+    folder = "figures-quick" if quick else "figures"  # quick runs never overwrite full figures
+    out = Path(out_dir) if out_dir is not None else Path(results_dir) / folder
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for suite, plot in PLOTTERS.items():
