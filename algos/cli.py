@@ -23,7 +23,15 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from marlbuf.algos.config import ALGOS, ENVS, FORMULATIONS, LAYOUTS, SAMPLERS, TrainConfig
+from marlbuf.algos.config import (
+    ALGOS,
+    ENV_IMPLS,
+    ENVS,
+    FORMULATIONS,
+    LAYOUTS,
+    SAMPLERS,
+    TrainConfig,
+)
 
 #: Episodes of the default run: about 2-3 minutes on one core (see
 #: docs/training.md for what the reward curve should look like).
@@ -40,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", choices=ENVS, default="cooperative_navigation")
     p.add_argument("--agents", type=int, default=3, help="agents (CN) or predators (PP)")
     p.add_argument("--prey", type=int, default=None, help="PP prey (default max(1, N // 3))")
+    p.add_argument(
+        "--env-impl",
+        choices=ENV_IMPLS,
+        default="fast",
+        help="fast: vectorized MPE step (bit-identical); mpe2: mpe2's own code",
+    )
     p.add_argument("--layout", choices=LAYOUTS, default="interleaved")
     p.add_argument("--sampler", choices=SAMPLERS, default="uniform")
     p.add_argument("--run-length", type=int, default=16, help="neighbor: slots per reference")
@@ -99,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         env=args.env,
         n_agents=args.agents,
         n_prey=args.prey,
+        env_impl=args.env_impl,
         layout=args.layout,
         sampler=args.sampler,
         run_length=args.run_length,

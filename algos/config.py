@@ -11,6 +11,7 @@ ENVS = ("cooperative_navigation", "predator_prey")
 SAMPLERS = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
 LAYOUTS = ("interleaved", "agent_major")
 FORMULATIONS = ("batched", "loop")
+ENV_IMPLS = ("fast", "mpe2")
 
 #: Agent counts the MPE scenarios are run with here (DESIGN section 7).
 MIN_AGENTS, MAX_AGENTS = 1, 48
@@ -32,6 +33,9 @@ class TrainConfig:
     the paper: M = max(1, N // 3) prey, L = max(2, N // 3) landmarks, all trained)."""
     n_prey: int | None = None
     """Predator-prey only: override the number of prey."""
+    env_impl: str = "fast"
+    """``"fast"``: marlbuf's vectorized MPE step (bit-identical results); ``"mpe2"``: mpe2's own
+    code, unmodified (what the original trainers ran; the faithful end-to-end baseline)."""
     layout: str = "interleaved"
     """Buffer storage layout: ``"interleaved"`` (one gather per trainer) or ``"agent_major"``."""
     sampler: str = "uniform"
@@ -123,6 +127,7 @@ class TrainConfig:
             ("sampler", SAMPLERS),
             ("layout", LAYOUTS),
             ("formulation", FORMULATIONS),
+            ("env_impl", ENV_IMPLS),
         ):
             value = getattr(self, name)
             if value not in allowed:

@@ -118,10 +118,23 @@ def make_env(config: TrainConfig) -> Any:
     """The MPE task of ``config`` (needs the ``[envs]`` extra)."""
     from marlbuf.envs import make
 
+    fast = config.env_impl == "fast"  # "mpe2": mpe2's code untouched (no vectorized step, no
+    # shared predator reward cache)
     if config.env == "cooperative_navigation":
-        return make("cooperative_navigation", n_agents=config.n_agents, seed=config.seed)
+        return make(
+            "cooperative_navigation",
+            n_agents=config.n_agents,
+            seed=config.seed,
+            fast=fast,
+            shared_predator_reward=fast,
+        )
     return make(
-        "predator_prey", n_predators=config.n_agents, n_prey=config.n_prey, seed=config.seed
+        "predator_prey",
+        n_predators=config.n_agents,
+        n_prey=config.n_prey,
+        seed=config.seed,
+        fast=fast,
+        shared_predator_reward=fast,
     )
 
 
