@@ -91,7 +91,8 @@ def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: s
     }
     monkeypatch.setattr(module, "QUICK", tiny)
     payload = module.run(quick=True)
-    assert [r["config"] for r in payload["rows"]] == ["baseline", "marlbuf"]
+    expected = ["baseline", "marlbuf"] + (["faithful"] if suite == "end_to_end" else [])
+    assert [r["config"] for r in payload["rows"]] == expected
     assert payload["summary"]["speedup_PP-3+1"] > 0
     json.dumps(payload)
     assert "| workload |" in payload["markdown"]
