@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf.bench.baselines import ListOfTuplesBuffer
 from marlbuf.bench.common import quiet_threads, time_interleaved, write_result
 from marlbuf.bench.workloads import ACTION_DIM, Workload
 from marlbuf.compat.maddpg import ReplayBuffer, make_buffers
@@ -39,40 +40,6 @@ AGENT_COUNTS = (3, 6, 12, 24)
 MAX_CAPACITY = 100_000
 TABLE_BUDGET_BYTES = 384 * 1024**2
 BATCH_SIZE = 1024
-
-
-class ListOfTuplesBuffer:
-    """openai/maddpg's buffer semantics: a ring of ``(obs, act, rew, obs_next, done)`` tuples,
-    ``make_index`` with the ``random`` module, ``sample_index`` stacking with ``np.array``."""
-
-    def __init__(self, size: int) -> None:
-        self.items: list[tuple[Any, ...]] = []
-        self.capacity = size
-        self.next_slot = 0
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def add(self, obs: Any, act: Any, rew: Any, obs_next: Any, done: Any) -> None:
-        if self.next_slot == len(self.items):
-            self.items.append((obs, act, rew, obs_next, done))
-        else:
-            self.items[self.next_slot] = (obs, act, rew, obs_next, done)
-        self.next_slot = (self.next_slot + 1) % self.capacity
-
-    def make_index(self, batch_size: int) -> list[int]:
-        return [random.randint(0, len(self.items) - 1) for _ in range(batch_size)]
-
-    def sample_index(self, idxes: Any) -> tuple[np.ndarray, ...]:
-        obs, acts, rews, obs_next, dones = [], [], [], [], []
-        for i in idxes:
-            o, a, r, o2, d = self.items[i]
-            obs.append(np.asarray(o))
-            acts.append(np.asarray(a))
-            rews.append(r)
-            obs_next.append(np.asarray(o2))
-            dones.append(d)
-        return np.array(obs), np.array(acts), np.array(rews), np.array(obs_next), np.array(dones)
 
 
 class PerAgentArrays:
@@ -250,7 +217,7 @@ def make_data(n_agents: int, capacity: int, seed: int) -> dict[str, Any]:
 
 
 def build_original(data: dict[str, Any], capacity: int) -> list[ListOfTuplesBuffer]:
-    buffers = [ListOfTuplesBuffer(capacity) for _ in data["traj"]]
+    buffers = [ListOfTuplesBuffer(capacity, seed=i) for i in range(len(data["traj"]))]
     for i, buf in enumerate(buffers):
         steps = list(data["traj"][i])  # separate small arrays, shared by consecutive steps
         acts, rews, dones = list(data["acts"][i]), data["rews"][i].tolist(), data["dones"][i]
