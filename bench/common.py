@@ -66,11 +66,17 @@ def time_interleaved(
     Returns
     -------
     dict
-        ``{name: {"median": s, "min": s, "max": s, "n": repeats}}``.
+        ``{name: {"median": s, "min": s, "max": s, "n": repeats, "first_call": s}}`` —
+        ``first_call`` is the first warm-up call, which includes JIT compilation (or loading the
+        on-disk Numba cache) and first-touch page faults; it is reported, never timed in.
     """
-    for _ in range(warmup):
-        for fn in cases.values():
-            fn()
+    first_call: dict[str, float] = {}
+    for round_ in range(warmup):
+        for name, fn in cases.items():
+            if round_ == 0:  # the first call pays JIT compilation (or cache loading) and faults
+                first_call[name] = time_once(fn)
+            else:
+                fn()
     samples: dict[str, list[float]] = {name: [] for name in cases}
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -90,6 +96,7 @@ def time_interleaved(
             "min": float(np.min(s)),
             "max": float(np.max(s)),
             "n": len(s),
+            "first_call": first_call.get(name, float("nan")),
         }
         for name, s in samples.items()
     }

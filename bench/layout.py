@@ -90,6 +90,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                     "us_median": 1e6 * t["median"],
                     "us_min": 1e6 * t["min"],
                     "us_max": 1e6 * t["max"],
+                    "first_call_ms": 1e3 * t["first_call"],
                     "speedup_vs_numpy_per_agent": baseline / t["median"],
                 }
             )

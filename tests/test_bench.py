@@ -85,6 +85,7 @@ def test_time_interleaved_counts_calls():
     res = common.time_interleaved({"a": make("a"), "b": make("b")}, repeats=3, warmup=2, inner=4)
     assert calls == {"a": 14, "b": 14}
     assert res["a"]["n"] == 3 and res["a"]["min"] <= res["a"]["median"] <= res["a"]["max"]
+    assert res["a"]["first_call"] >= 0  # the first warm-up call is reported separately
 
 
 def test_workload_obs_dims_match_the_paper():
