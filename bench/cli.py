@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     names = ns.suites or list(SUITES)
     notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
     failed = []
-    for name in names:
+    for position, name in enumerate(names, 1):
+        print(f"== suite {position}/{len(names)}: {name}", flush=True)  # sweep progress
         mod = _load(name)
         if isinstance(mod, str):
             # a suite whose optional extra is missing: say so, go on with the others
