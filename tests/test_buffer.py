@@ -386,3 +386,12 @@ def test_torch_tensors_pin_their_block(mixed_specs):
     for _ in range(10):
         buf.sample(16)
     assert torch.equal(tensors.obs["pred_0"], expected)
+
+
+@pytest.mark.parametrize("module_name", ["marlbuf.buffer", "marlbuf.spec", "marlbuf.samplers"])
+def test_docstring_examples_run(module_name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
