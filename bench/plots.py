@@ -110,10 +110,97 @@ def plot_peers(record: dict[str, Any], out: Path) -> Path:
     )
 
 
+def _stacked_phases(
+    record: dict[str, Any],
+    configs: list[str],
+    phases: list[tuple[str, str]],
+    title: str,
+    path: Path,
+) -> Path:
+    """Per workload, one stacked bar per configuration: seconds per phase (plus "other": the
+    total's remainder), normalised to the first configuration's total (Figs. 2, 3, 9 views)."""
+    plt = _plt()
+    rows = record["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    configs = [c for c in configs if any(r["config"] == c for r in rows)]
+    width = 0.8 / len(configs)
+    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.5 * len(workloads) + 2), 5))
+    for j, workload in enumerate(workloads):
+        by_config = {r["config"]: r for r in rows if r["workload"] == workload}
+        norm = by_config[configs[0]]["total_s"]
+        for i, config in enumerate(configs):
+            row = by_config.get(config)
+            if row is None:
+                continue
+            x = j + (i - (len(configs) - 1) / 2) * width
+            bottom = 0.0
+            parts = [(label, row.get(key, 0.0)) for key, label in phases]
+            parts.append(("other", max(0.0, row["total_s"] - sum(v for _, v in parts))))
+            for k, (label, seconds) in enumerate(parts):
+                value = seconds / norm
+                ax.bar(
+                    x,
+                    value,
+                    width,
+                    bottom=bottom,
+                    color=colors[k % 10],
+                    label=label if (i == 0 and j == 0) else None,
+                )
+                bottom += value
+            ax.text(x, bottom, config, rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.set_xticks(range(len(workloads)))
+    ax.set_xticklabels(workloads)
+    ax.set_ylabel(f"time / {configs[0]} total")
+    ax.set_title(title + (" (quick sizes)" if record.get("quick") else ""), fontsize=9)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_end_to_end(record: dict[str, Any], out: Path) -> Path:
+    """Fig. 9 view: time per 100 env steps by phase, relative to the faithful baseline."""
+    phases = [
+        ("action_selection_s", "action selection"),
+        ("env_step_s", "env step"),
+        ("buffer_add_s", "buffer add"),
+        ("update_all_trainers_s", "update all trainers"),
+    ]
+    return _stacked_phases(
+        record,
+        ["faithful", "baseline", "marlbuf"],
+        phases,
+        "Time per 100 env steps by phase (faithful = per-agent loop, per-agent arrays, mpe2 env)",
+        out / "end_to_end.png",
+    )
+
+
+def plot_update(record: dict[str, Any], out: Path) -> Path:
+    """One update round by phase, relative to the per-agent-loop baseline."""
+    phases = [
+        ("sampling_s", "sampling"),
+        ("target_q_s", "target Q"),
+        ("q_p_loss_s", "Q and P loss"),
+        ("priority_update_s", "priority update"),
+    ]
+    return _stacked_phases(
+        record,
+        ["baseline", "marlbuf", "marlbuf_shared_index"],
+        phases,
+        "One update round (every trainer once) by phase, B = 1024",
+        out / "update.png",
+    )
+
+
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "sampling": plot_sampling,
     "layout": plot_layout,
     "peers": plot_peers,
+    "update": plot_update,
+    "end_to_end": plot_end_to_end,
 }
 
 
