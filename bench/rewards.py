@@ -70,6 +70,13 @@ FULL: dict[str, Any] = {
     "seeds": [0, 1, 2],
     "episodes": 2500,
     "block": 50,
+    # the neighbor samplers again at the paper's batch of 1024 (64 refs x 16, 16 refs x 64):
+    # does a loss at batch 256 (16 refs x 16, 4 refs x 64) come from too few references?
+    "supplement": {
+        "envs": ["CN-3"],
+        "samplers": ["uniform", "neighbor_16", "neighbor_64"],
+        "settings": {"batch_size": 1024},
+    },
 }
 #: The quick run (CI, ``marlbuf bench --quick``): well under a minute. Tests patch it smaller.
 QUICK: dict[str, Any] = {
@@ -263,6 +270,17 @@ def summarize(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
                 base_finals.min() <= entry["final_mean"] <= base_finals.max()
             )
             entry["within_uniform_std"] = bool(abs(diff) <= base_std)
+            # same seed = same initial weights and environment episodes: pair them
+            by_seed = {r["seed"]: r["final_return"] for r in base}
+            entry["paired_diffs"] = [
+                r["final_return"] - by_seed[r["seed"]]
+                for r in sorted(group, key=lambda r: r["seed"])
+                if r["seed"] in by_seed
+            ]
+            spread = np.sqrt(
+                (entry["final_std"] ** 2 + base_std**2) / max(1, min(len(finals), len(base_finals)))
+            )
+            entry["welch_t"] = float(diff / spread) if spread > 0 else 0.0
             entry["verdict"] = _verdict(entry, base_finals)
         table.append(entry)
         key = f"{env}/{sampler}"
@@ -276,13 +294,18 @@ def summarize(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
 
 
 def _verdict(entry: dict[str, Any], base_finals: np.ndarray) -> str:
-    """A plain reading: below/above every uniform seed, else within uniform's spread."""
+    """A plain reading from uniform's seed range and the per-seed (paired) differences."""
     if entry["sampler"] == "uniform":
         return "baseline"
+    paired = entry.get("paired_diffs") or []
     if entry["final_mean"] < base_finals.min():
-        return "loses reward (below every uniform seed)"
+        if paired and all(d < 0 for d in paired):
+            return "loses reward (below every uniform seed, lower on every seed)"
+        return "slightly below uniform's seed range (not lower on every seed)"
     if entry["final_mean"] > base_finals.max():
-        return "gains reward (above every uniform seed)"
+        if paired and all(d > 0 for d in paired):
+            return "gains reward (above every uniform seed, higher on every seed)"
+        return "slightly above uniform's seed range (not higher on every seed)"
     return "within uniform's seed spread"
 
 
@@ -303,12 +326,39 @@ def run(
         for env in sizes["envs"]
         for sampler in sizes["samplers"]
     ]
+    supplement = sizes.get("supplement")
+    extra_settings = {**settings, **supplement["settings"]} if supplement else {}
+    extra_specs = (
+        [
+            run_spec(env, sampler, seed, episodes, block, extra_settings)
+            for seed in sizes["seeds"]
+            for env in supplement["envs"]
+            for sampler in supplement["samplers"]
+        ]
+        if supplement
+        else []
+    )
+    cached = sum(_key(s) in _load_cache(cache) for s in specs + extra_specs)
     start = time.perf_counter()
-    rows = train_all(specs, workers=workers, progress=progress, cache=cache)
+    all_rows = train_all(specs + extra_specs, workers=workers, progress=progress, cache=cache)
     wall = time.perf_counter() - start
+    rows, extra_rows = all_rows[: len(specs)], all_rows[len(specs) :]
     table, summary = summarize(rows)
     columns = ["env", "sampler", "metric", "seeds", "final_mean", "final_std"]
-    columns += ["diff_vs_uniform", "within_uniform_range", "verdict"]
+    columns += ["diff_vs_uniform", "welch_t", "within_uniform_range", "verdict"]
+    extra: dict[str, Any] = {}
+    if extra_rows:
+        extra_table, extra_summary = summarize(extra_rows)
+        extra = {
+            "supplement": {
+                "what": "the same runs with only these settings changed",
+                "settings": extra_settings,
+                "rows": extra_rows,
+                "table": extra_table,
+                "summary": extra_summary,
+                "markdown": markdown_table(extra_table, columns),
+            }
+        }
     return {
         "rows": rows,
         "table": table,
@@ -327,31 +377,41 @@ def run(
             "workers": workers,
             "torch_threads_per_run": 1,
             "wall_s": wall,
-            "cpu_s": float(sum(r["train_wall_s"] for r in rows)),
+            "runs_read_from_cache": cached,
+            "cpu_s": float(sum(r["train_wall_s"] for r in all_rows)),
             "units": "original MPE units; CN: sum over agents; PP: sum over predators "
             "(final_total_return / curve_total: sum over all agents)",
             "what": "final_return = mean return of the last final_fraction of training "
             "episodes (with exploration); curve = mean return per block of episodes",
         },
+        **extra,
     }
 
 
 def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
-    """Mean reward curve per sampler with a min-max band over seeds, one panel per env.
+    """Mean reward curve per sampler with a min-max band over seeds, one panel per env (and
+    one for the supplement's runs, if any).
 
     Writes ``<out_dir>/rewards.png`` and returns its path (needs matplotlib, ``[bench]``).
     """
     from marlbuf.bench.plots import _plt
 
     plt = _plt()
-    rows = record["rows"]
-    envs = list(dict.fromkeys(r["env"] for r in rows))
-    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
-    fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 4.2), squeeze=False)
-    for ax, env in zip(axes[0], envs):
+    panels: dict[str, list[dict[str, Any]]] = {}
+    for row in record["rows"]:
+        panels.setdefault(row["env"], []).append(row)
+    supplement = record.get("supplement")
+    if supplement:
+        batch = supplement["settings"].get("batch_size")
+        for row in supplement["rows"]:
+            panels.setdefault(f"{row['env']}, batch {batch}", []).append(row)
+    samplers = list(dict.fromkeys(r["sampler"] for rows in panels.values() for r in rows))
+    colors = {s: f"C{i}" for i, s in enumerate(samplers)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (env, rows) in zip(axes[0], panels.items()):
         metric = "return"
         for sampler in samplers:
-            group = [r for r in rows if r["env"] == env and r["sampler"] == sampler]
+            group = [r for r in rows if r["sampler"] == sampler]
             if not group:
                 continue
             metric = group[0]["metric"]
@@ -359,11 +419,11 @@ def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
             curves = np.array([r["curve"][:length] for r in group])
             x = (np.arange(length) + 1) * group[0]["block"]
             mean = curves.mean(axis=0)
-            (line,) = ax.plot(x, mean, label=f"{sampler} ({len(group)} seeds)", lw=1.4)
+            color = colors[sampler]
+            ax.plot(x, mean, label=f"{sampler} ({len(group)} seeds)", lw=1.4, color=color)
             if len(group) > 1:
-                ax.fill_between(
-                    x, curves.min(axis=0), curves.max(axis=0), alpha=0.15, color=line.get_color()
-                )
+                low, high = curves.min(axis=0), curves.max(axis=0)
+                ax.fill_between(x, low, high, alpha=0.15, color=color)
         ax.set_title(env)
         ax.set_xlabel("episode")
         ax.set_ylabel(f"{metric.replace('_', ' ')} (original MPE units)")

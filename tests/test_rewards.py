@@ -15,6 +15,11 @@ TINY = {
     "episodes": 12,
     "block": 4,
     "settings": {"batch_size": 32, "warmup_steps": 100, "update_every": 25},
+    "supplement": {
+        "envs": ["CN-3"],
+        "samplers": ["uniform", "neighbor_16"],
+        "settings": {"batch_size": 64},
+    },
 }
 
 
@@ -44,6 +49,11 @@ def test_schema(payload, tmp_path):
         assert isinstance(entry["within_uniform_range"], bool)
         assert f"{env}/{sampler}" in payload["summary"]
     assert table[("CN-3", "uniform")]["verdict"] == "baseline"
+    assert len(table[("CN-3", "neighbor_16")]["paired_diffs"]) == 2
+    supplement = payload["supplement"]
+    assert supplement["settings"]["batch_size"] == 64
+    assert len(supplement["rows"]) == 2 * 2 and len(supplement["table"]) == 2
+    assert all(r["spec"]["settings"]["batch_size"] == 64 for r in supplement["rows"])
     assert payload["config"]["settings"]["batch_size"] == 32
     path = common.write_result(rewards.SUITE, payload, quick=True, out_dir=tmp_path)
     record = json.loads(path.read_text())
