@@ -195,12 +195,20 @@ def plot_update(record: dict[str, Any], out: Path) -> Path:
     )
 
 
+def plot_rewards(record: dict[str, Any], out: Path) -> Path:
+    """Figs. 10-11 view: reward curves per sampler (see :func:`marlbuf.bench.rewards.plot`)."""
+    from marlbuf.bench.rewards import plot
+
+    return plot(record, out)
+
+
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "sampling": plot_sampling,
     "layout": plot_layout,
     "peers": plot_peers,
     "update": plot_update,
     "end_to_end": plot_end_to_end,
+    "rewards": plot_rewards,
 }
 
 
