@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from marlbuf.algos.runner import PHASES
 from marlbuf.bench.common import markdown_table, quiet_threads
 from marlbuf.bench.update import (
     CONFIGS,
@@ -39,15 +40,7 @@ QUICK: dict[str, Any] = {
     "capacity": 3000,
     "repeats": 2,
 }
-LOOP_PHASES = (
-    "action_selection",
-    "env_step",
-    "buffer_add",
-    "update_all_trainers",
-    "sampling",
-    "target_q",
-    "q_p_loss",
-)
+LOOP_PHASES = tuple(p for p in PHASES if p != "priority_update")  # uniform runs only
 STEPS = 100
 
 #: Short learning runs compared across samplers (full run only): cooperative navigation with 3

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf.bench.common import markdown_table, quiet_threads
-from marlbuf.bench.workloads import Workload, random_steps
+from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
 
 SUITE = "update"
 
@@ -52,14 +52,7 @@ FAITHFUL: dict[str, Any] = {**CONFIGS["baseline"], "env_impl": "mpe2"}
 ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS, "faithful": FAITHFUL}
 EXTRA_FOR = ("CN-24", "PP-24+8")
 
-FULL_WORKLOADS = [
-    Workload("cooperative_navigation", 3),
-    Workload("cooperative_navigation", 6),
-    Workload("cooperative_navigation", 12),
-    Workload("cooperative_navigation", 24),
-    Workload("predator_prey", 3),
-    Workload("predator_prey", 24),
-]
+FULL_WORKLOADS = PAPER_WORKLOADS  # CN 3/6/12/24, PP 3+1 and 24+8
 #: Sizes of the quick run (``marlbuf bench --quick``); tests patch it smaller.
 QUICK: dict[str, Any] = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
