@@ -35,15 +35,18 @@ SUITE = "sampling"
 BATCH = 1024
 FILL_CHUNK = 5_000
 
-#: marlbuf cases: name -> (layout, sampler factory, reuse output arrays)
-MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], bool]] = {
-    "agent_major+uniform": ("agent_major", Uniform, False),
-    "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), False),
-    "interleaved+uniform": ("interleaved", Uniform, False),
-    "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), False),
-    "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), False),
-    "interleaved+uniform+out": ("interleaved", Uniform, True),
-    "interleaved+neighbor64+out": ("interleaved", lambda: Neighbor(64), True),
+#: marlbuf cases: name -> (layout, sampler factory, variant). Variants: "" (defaults: serial
+#: kernels, pooled batch memory), "out" (``out=`` reuse of the previous round's batches),
+#: "parallel" (the opt-in threaded gather, ``parallel_gather=True``).
+MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str]] = {
+    "agent_major+uniform": ("agent_major", Uniform, ""),
+    "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), ""),
+    "interleaved+uniform": ("interleaved", Uniform, ""),
+    "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), ""),
+    "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), ""),
+    "interleaved+uniform+out": ("interleaved", Uniform, "out"),
+    "interleaved+uniform+parallel": ("interleaved", Uniform, "parallel"),
+    "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel"),
 }
 
 QUICK: dict[str, Any] = {
@@ -117,8 +120,7 @@ def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[
         "copy_floor": _copy_floor(buffers["floor_bytes"], n_trainers),
     }
     for name, buf in buffers["marlbuf"].items():
-        reuse = MARLBUF_CASES[name][2]
-        fns[name] = _marlbuf_round(buf, reuse)
+        fns[name] = _marlbuf_round(buf, MARLBUF_CASES[name][2])
     return fns
 
 
@@ -137,11 +139,14 @@ def _copy_floor(nbytes: int, n_trainers: int) -> Callable[[], Any]:
     return copy_round
 
 
-def _marlbuf_round(buf: MultiAgentReplayBuffer, reuse: bool) -> Callable[[], Any]:
+def _marlbuf_round(buf: MultiAgentReplayBuffer, variant: str) -> Callable[[], Any]:
     previous: list[Any] = []
+    reuse = variant == "out"
 
     def round_() -> None:
         out = previous[0] if (reuse and previous) else None
+        # the handles of one layout share their storage: set the kernel choice per round
+        buf.storage.parallel_gather = variant == "parallel"
         batches = buf.sample_for_trainers(BATCH, out=out)
         if reuse:
             previous[:] = [batches]

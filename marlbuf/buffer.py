@@ -48,6 +48,10 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
+    parallel_gather : bool, default False
+        Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
+        Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
+        (keep torch at one thread) and is a runtime setting, not saved with the buffer.
 
     Examples
     --------
@@ -71,6 +75,7 @@ class MultiAgentReplayBuffer:
         sampler: Sampler | None = None,
         seed: int | np.random.Generator | None = None,
         n_trainers: int | None = None,
+        parallel_gather: bool = False,
     ) -> None:
         self.specs = normalize_specs(specs)
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
@@ -99,6 +104,11 @@ class MultiAgentReplayBuffer:
         self.storage: Storage = make_storage(
             layout, self.specs, self.capacity, pool_blocks, self._codec
         )
+        if not isinstance(parallel_gather, (bool, np.bool_)):
+            raise TypeError(
+                f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}"
+            )
+        self.storage.parallel_gather = bool(parallel_gather)
         self.sampler = sampler
         self.sampler.bind(self.capacity, self.n_trainers)
         self.rng = make_rng(seed)

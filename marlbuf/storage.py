@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf import _config
-from marlbuf._kernels import gather_rows, scatter_rows
+from marlbuf._kernels import gather_rows, gather_rows_parallel, scatter_rows
 from marlbuf.spec import FIELDS, AgentSpec
 from marlbuf.staging import RowCodec, RowViews
 
@@ -130,7 +130,14 @@ class Storage(ABC):
         self.specs = dict(specs)
         self.capacity = int(capacity)
         self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
+        self.parallel_gather = False  # opt-in: threads for large gathers (see _gather_kernel)
         self.codec = codec if codec is not None else RowCodec(self.specs)
+
+    def _gather_kernel(self, out_nbytes: int) -> Any:
+        """The serial kernel, or the threaded one when opted in and the output is large."""
+        if self.parallel_gather and out_nbytes >= _config.PARALLEL_GATHER_MIN_BYTES:
+            return gather_rows_parallel
+        return gather_rows
 
     @property
     @abstractmethod
@@ -219,7 +226,7 @@ class AgentMajorStorage(Storage):
         out: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
         for key, field_name, agent, src in self._flat:
             dst = outputs[key]
-            gather_rows(src, indices, dst.reshape(n, -1))
+            self._gather_kernel(dst.nbytes)(src, indices, dst.reshape(n, -1))
             out[field_name][agent] = dst
         return out, None
 
@@ -287,7 +294,7 @@ class InterleavedStorage(Storage):
         if block is None or block.shape[0] != n:
             raw = self.pool.acquire(n * self.row_bytes)
             block = raw.view(np.uint64).reshape(n, self.row_words)
-        gather_rows(self.table, indices, block)
+        self._gather_kernel(block.nbytes)(self.table, indices, block)
         return self.codec.views(block), block
 
     def arrays(self) -> dict[str, np.ndarray]:

@@ -395,3 +395,21 @@ def test_docstring_examples_run(module_name):
 
     result = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_parallel_gather_gives_the_same_batches(mixed_specs, layout, monkeypatch):
+    from marlbuf import _config
+
+    monkeypatch.setattr(_config, "PARALLEL_GATHER_MIN_BYTES", 0)  # force the threaded kernel
+    data = random_step_data(mixed_specs, 80, np.random.default_rng(0))
+    serial = MultiAgentReplayBuffer(mixed_specs, 64, layout=layout, seed=3)
+    threaded = MultiAgentReplayBuffer(mixed_specs, 64, layout=layout, seed=3, parallel_gather=True)
+    for buf in (serial, threaded):
+        buf.extend(**data)
+    a, b = serial.sample(48), threaded.sample(48)
+    for f in FIELDS:
+        for agent in mixed_specs:
+            np.testing.assert_array_equal(a.field(f)[agent], b.field(f)[agent])
+    with pytest.raises(TypeError, match="parallel_gather must be a bool"):
+        MultiAgentReplayBuffer(mixed_specs, 8, parallel_gather="yes")

@@ -63,3 +63,15 @@ def test_first_nonfinite_matches_naive(dtype, bad):
     got = first_nonfinite(values, starts, counts)
     assert got == naive.first_nonfinite(values, starts, counts)
     assert got == (-1 if bad is None else 2)
+
+
+@pytest.mark.parametrize(("capacity", "width", "batch"), [(1, 1, 1), (100, 37, 64), (50, 600, 200)])
+def test_gather_rows_parallel_matches_naive(capacity, width, batch):
+    from marlbuf._kernels import gather_rows_parallel
+
+    rng = np.random.default_rng(width)
+    table = rng.integers(0, 2**60, (capacity, width), dtype=np.uint64)
+    idx = rng.integers(0, capacity, batch)
+    out = np.empty((batch, width), np.uint64)
+    gather_rows_parallel(table, idx, out)
+    np.testing.assert_array_equal(out, naive.gather_rows(table, idx))

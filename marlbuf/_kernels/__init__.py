@@ -5,7 +5,13 @@ inputs: the public Python method that calls it validates shapes, dtypes and rang
 Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
-from marlbuf._kernels.rows import first_nonfinite, gather_rows, neighbor_indices, scatter_rows
+from marlbuf._kernels.rows import (
+    first_nonfinite,
+    gather_rows,
+    gather_rows_parallel,
+    neighbor_indices,
+    scatter_rows,
+)
 from marlbuf._kernels.sumtree import (
     apply_td_errors,
     fill_new_slots,
@@ -22,6 +28,7 @@ __all__ = [
     "find_prefix",
     "first_nonfinite",
     "gather_rows",
+    "gather_rows_parallel",
     "locality_sample",
     "neighbor_indices",
     "per_sample",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 
 @njit(cache=True, nogil=True)
@@ -101,3 +101,20 @@ def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) 
                 if x - x != 0.0:  # NaN - NaN and inf - inf are NaN; finite x gives 0
                     return s
     return -1
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def gather_rows_parallel(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+    """:func:`gather_rows` with the rows split across Numba's threads (opt-in).
+
+    Each thread writes disjoint output rows, so there is no race. Worth it only for wide rows
+    on an otherwise idle core (measured on a quiet 2-core VM: 1.4x for the 28 KB rows of
+    24-agent cooperative navigation, 0.9x for 576-byte rows); see
+    ``_config.PARALLEL_GATHER_MIN_BYTES``.
+    """
+    width = table.shape[1]
+    for i in prange(indices.shape[0]):
+        src = table[indices[i]]
+        dst = out[i]
+        for w in range(width):
+            dst[w] = src[w]
