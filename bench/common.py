@@ -168,3 +168,14 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def per_workload(
+    rows: Sequence[Mapping[str, Any]], column: str, skip: Sequence[str] = ()
+) -> dict[str, dict[str, float]]:
+    """``{workload: {case: rows' column}}`` for summaries (cases in ``skip`` left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row["case"] not in skip:
+            out.setdefault(row["workload"], {})[row["case"]] = round(float(row[column]), 3)
+    return out

@@ -22,7 +22,7 @@ import numpy as np
 
 from marlbuf import FIELDS, MultiAgentReplayBuffer
 from marlbuf.bench.baselines import NumpyPerAgentBuffer
-from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.common import markdown_table, per_workload, quiet_threads, time_interleaved
 from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
 
 SUITE = "layout"
@@ -101,14 +101,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 flush=True,
             )
         gc.collect()
-    summary = {
-        r["workload"]: {
-            c["case"]: round(c["speedup_vs_numpy_per_agent"], 3)
-            for c in rows
-            if c["workload"] == r["workload"] and c["case"] != "numpy_per_agent"
-        }
-        for r in rows
-    }
+    summary = per_workload(rows, "speedup_vs_numpy_per_agent", skip=("numpy_per_agent",))
     return {
         "config": {
             "batch_size": BATCH,

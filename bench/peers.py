@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
-from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.common import markdown_table, per_workload, quiet_threads, time_interleaved
 from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
 from marlbuf.samplers import Neighbor, Uniform
 
@@ -165,14 +165,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             )
         gc.collect()
     skipped["torchrl PrioritizedSampler"] = _torchrl_prioritized_status()
-    summary = {
-        r["workload"]: {
-            c["case"]: round(c["time_vs_marlbuf_uniform"], 3)
-            for c in rows
-            if c["workload"] == r["workload"]
-        }
-        for r in rows
-    }
+    summary = per_workload(rows, "time_vs_marlbuf_uniform")
     return {
         "config": {
             "batch_size": BATCH,

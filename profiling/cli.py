@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from marlbuf.profiling import callgrind
+from marlbuf.profiling.plots import HEADLINE_METRICS
 from marlbuf.profiling.profiler import BACKENDS, NullProfiler, Profiler, format_table, write_json
 from marlbuf.profiling.workloads import (
     ENV_ALIASES,
@@ -205,21 +206,6 @@ def run_cases(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "summary": summarize(runs),
     }
-
-
-#: Sampling-phase metrics put in the summary, where a run has them.
-HEADLINE_METRICS = (
-    "LLC-read-misses",
-    "dTLB-read-misses",
-    "instructions",
-    "LL_misses",
-    "D1_misses",
-    "Ir",
-    "model_LL_misses",
-    "model_dTLB_misses_4k",
-    "model_dTLB_misses_2m",
-    "wall_s",
-)
 
 
 def _sampling_inclusive(report: dict[str, Any]) -> dict[str, Any]:

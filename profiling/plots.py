@@ -12,6 +12,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+#: Sampling-phase metrics put in the summary and plotted, in this order, where a run has
+#: them.
+HEADLINE_METRICS = (
+    "LLC-read-misses",
+    "dTLB-read-misses",
+    "instructions",
+    "LL_misses",
+    "D1_misses",
+    "Ir",
+    "model_LL_misses",
+    "model_dTLB_misses_4k",
+    "model_dTLB_misses_2m",
+    "wall_s",
+)
+
+
 #: Leaf phases in loop order; ``update_all_trainers`` (other) is what its children leave over.
 STACK_ORDER = (
     "action_selection",
@@ -105,19 +121,7 @@ def plot_sampling_counters(
     runs = result["runs"]
     available = runs[0]["report"]["metrics"] if runs else {}
     if metrics is None:
-        preferred = [
-            "LLC-read-misses",
-            "dTLB-read-misses",
-            "instructions",
-            "LL_misses",
-            "D1_misses",
-            "Ir",
-            "model_LL_misses",
-            "model_dTLB_misses_4k",
-            "model_dTLB_misses_2m",
-            "wall_s",
-        ]
-        metrics = [m for m in preferred if m in available][:6]
+        metrics = [m for m in HEADLINE_METRICS if m in available][:6]
         if any(available[m]["source"] in ("hardware", "simulated") for m in metrics):
             # under valgrind, time is inflated and meaningless; next to PMU counts it is noise
             metrics = [m for m in metrics if available[m]["source"] != "time"]
