@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import persistence
 from marlbuf.algos.config import TrainConfig
 from marlbuf.algos.maddpg import BatchedLearner, Learner, LoopLearner, UpdateStats, make_learner
 from marlbuf.algos.nets import torch
@@ -458,7 +459,8 @@ class Runner:
             )
         state = torch.load(path / "learner.pt", map_location=self.learner.device, weights_only=True)
         self.learner.load_state_dict(state)
-        self.buffer.load_state_dict(MultiAgentReplayBuffer.load(path / "buffer.npz").state_dict())
+        # straight into this runner's buffer: no second buffer of the checkpoint's size
+        persistence.load_into(self.buffer, path / "buffer.npz")
         self.total_steps = int(meta["total_steps"])
         self.episodes = int(meta["episodes"])
         self.update_rounds = int(meta["update_rounds"])
