@@ -1,6 +1,6 @@
 """The training loop: environment, buffer and learner wired together, phase by phase.
 
-Every step of the loop sits inside a named phase (DESIGN section 6) so a profiler can attach::
+Every step of the loop sits inside a named phase so a profiler can attach::
 
     action_selection, env_step, buffer_add,
     update_all_trainers ⊃ {sampling, target_q, q_p_loss, priority_update}
@@ -43,7 +43,7 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 
-#: Phase names, fixed (DESIGN section 6); the profiler and every report use these.
+#: Phase names, fixed; the profiler and every report use these.
 PHASES = (
     "action_selection",
     "env_step",
