@@ -2,7 +2,7 @@
 
 A sampler returns indices (and, for prioritized samplers, importance weights) for one trainer;
 the buffer gathers the rows. Samplers with per-trainer state (priority trees) allocate it in
-:meth:`Sampler.bind`. See DESIGN section 4 for the semantics.
+:meth:`Sampler.bind`. Each sampler's docstring states its semantics.
 """
 
 from __future__ import annotations
