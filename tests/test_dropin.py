@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("mpe2")
 
-import torch  # noqa: E402
+import torch
 
-from marlbuf.bench import common  # noqa: E402
-from marlbuf.bench.consumers import joint, per_agent  # noqa: E402
-from marlbuf.envs import make  # noqa: E402
+from marlbuf.bench.consumers import joint, per_agent
+from marlbuf.envs import make
 
 N_AGENTS = 3
 CAPACITY = 400
@@ -29,7 +26,7 @@ def _env():
 def _consumer_indices_per_agent(buffers):
     """marlbuf's per-agent adapters drawing the consumer's own indices (global np.random)."""
     for buf in buffers:
-        buf.make_index = lambda b, buf=buf: np.random.choice(len(buf), b, replace=False)
+        buf.make_index = lambda b, buf=buf: np.random.choice(len(buf), b, replace=False)  # noqa: NPY002
     return buffers
 
 
@@ -37,7 +34,8 @@ class _ConsumerIndicesJoint(joint.MarlbufJointBuffer):
     """marlbuf's joint buffer gathering the consumer's own indices."""
 
     def draw(self, n):
-        return self.buffer.gather(np.random.choice(np.arange(len(self)), size=n, replace=False))
+        idx = np.random.choice(np.arange(len(self)), size=n, replace=False)  # noqa: NPY002
+        return self.buffer.gather(idx)
 
 
 def _assert_same_run(a, b):

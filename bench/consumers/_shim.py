@@ -20,12 +20,12 @@ def make_buffer(specs: Any, capacity: int, **kwargs: Any) -> MultiAgentReplayBuf
 
 def as_lists(batch: Any) -> tuple[list[np.ndarray], ...]:
     if hasattr(batch, "as_lists"):
-        return batch.as_lists()  # type: ignore[no-any-return]
+        return batch.as_lists()
     return tuple([batch.field(f)[a] for a in batch.agents] for f in FIELDS)
 
 
 def reward_stats(buf: MultiAgentReplayBuffer) -> dict[str, tuple[float, float]]:
     if hasattr(buf, "reward_stats"):
-        return buf.reward_stats()  # type: ignore[no-any-return]
+        return buf.reward_stats()
     everything = buf.gather(np.arange(len(buf)))
     return {a: (float(r.mean()), float(r.std())) for a, r in everything.reward.items()}

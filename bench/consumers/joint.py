@@ -80,7 +80,8 @@ class JointReplayBuffer:
 
     def sample(self, n: int, norm_rews: bool = True) -> Sample:
         """``n`` distinct stored steps as lists of per-agent tensors."""
-        inds = np.random.choice(np.arange(self.filled_i), size=n, replace=False)
+        # the global legacy generator, as these codebases use it
+        inds = np.random.choice(np.arange(self.filled_i), size=n, replace=False)  # noqa: NPY002
 
         def cast(x: np.ndarray) -> Tensor:
             return torch.tensor(x, dtype=torch.float32)
@@ -234,7 +235,7 @@ class JointMADDPG:
         norm_rews: bool = True,
         seed: int = 0,
     ) -> None:
-        np.random.seed(seed)
+        np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
         self.env = env
         self.buffer = buffer

@@ -66,7 +66,8 @@ class AgentReplayBuffer:
 
     def make_index(self, batch_size: int) -> np.ndarray:
         """``batch_size`` distinct slots, drawn with the global NumPy generator."""
-        return np.random.choice(self.filled, batch_size, replace=False)
+        # the global legacy generator, as these codebases use it
+        return np.random.choice(self.filled, batch_size, replace=False)  # noqa: NPY002
 
     def sample_index(self, idx: Any) -> tuple[np.ndarray, ...]:
         """``(obs, act, rew, next_obs, done)`` at ``idx``: five fancy-indexing copies."""
@@ -158,7 +159,7 @@ class PerAgentMADDPG:
         noise: float = 0.1,
         seed: int = 0,
     ) -> None:
-        np.random.seed(seed)
+        np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
         self.env = env
         self.buffers = buffers
@@ -182,7 +183,7 @@ class PerAgentMADDPG:
             for trainer, o in zip(self.trainers, obs):
                 logits = trainer.actor(torch.tensor(o).unsqueeze(0))
                 a = torch.sigmoid(logits)[0].numpy()
-                a = a + np.random.normal(0.0, self.noise, self.act_dim)
+                a = a + np.random.normal(0.0, self.noise, self.act_dim)  # noqa: NPY002
                 actions.append(np.clip(a, 0.0, 1.0).astype(np.float32))
         return actions
 
