@@ -32,8 +32,14 @@ class Batch:
     trainer : int or None
         The trainer this batch was drawn for (``sample_for_trainers``), else ``None``.
 
-    With the ``interleaved`` layout every array is a strided view into one gathered block
-    (``B`` rows of the storage table), so a batch costs exactly one gather.
+    Every array views one gathered block of memory (``block``). With the ``interleaved``
+    layout and ``batch_layout="rows"`` (the default) the block is ``B`` rows of the storage
+    table and each per-agent array is a **strided** view: its row stride is the whole joint row
+    (e.g. 28,352 bytes at 24 agents), so ``batch.concat("obs", "action")`` is zero-copy but a
+    single agent's array is not C-contiguous (``torch.from_numpy(...).view(...)`` fails and a
+    matmul on it may be slower). With ``batch_layout="per_agent"`` (or the ``agent_major``
+    layout) every per-agent array is C-contiguous. The block is recycled for a later batch only
+    once nothing references any of its arrays.
     """
 
     obs: dict[str, np.ndarray]
@@ -45,7 +51,7 @@ class Batch:
     generations: np.ndarray
     weights: np.ndarray | None = None
     trainer: int | None = None
-    block: np.ndarray | None = None  # the gathered rows (interleaved layout), else None
+    block: np.ndarray | None = None  # the memory every array views (see the class docstring)
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -60,6 +66,11 @@ class Batch:
         if name not in FIELDS:
             raise ValueError(f"name must be one of {FIELDS}; got name={name!r}")
         return getattr(self, name)  # type: ignore[no-any-return,unused-ignore]
+
+    def as_lists(self) -> tuple[list[np.ndarray], ...]:
+        """The classic MADDPG format: ``(obs_n, act_n, rew_n, next_obs_n, done_n)``, each a
+        list of per-agent arrays in agent order (the same arrays, no copy)."""
+        return _as_lists(self)
 
     def concat(self, *fields: str) -> np.ndarray:
         """All agents' ``fields``, flattened and concatenated: shape ``(B, total_dim)``.
@@ -79,8 +90,12 @@ class Batch:
     ) -> TorchBatch:
         """The same batch as torch tensors (torch is imported only here).
 
-        On CPU the tensors share memory with this batch (zero copy). For a CUDA ``device`` each
-        array is copied once; ``pin_memory=True`` stages it in page-locked memory so that
+        On CPU the tensors share memory with this batch (zero copy) and keep its strides: with
+        the default ``batch_layout="rows"`` a per-agent tensor's row stride is the joint row (in
+        elements), so ``.view()`` fails (use ``.reshape()``) and per-agent networks run on
+        strided inputs; build the buffer with ``batch_layout="per_agent"`` to get contiguous
+        tensors from the same single gather. For a CUDA ``device`` each array is copied once
+        (contiguous on the device); ``pin_memory=True`` stages it in page-locked memory so that
         ``non_blocking=True`` overlaps the copy with compute.
         """
         try:
@@ -133,11 +148,19 @@ class TorchBatch:
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
+    def as_lists(self) -> tuple[list[Any], ...]:
+        """``(obs_n, act_n, rew_n, next_obs_n, done_n)`` as lists of per-agent tensors."""
+        return _as_lists(self)
+
     def concat(self, *fields: str) -> Any:
         """Tensor form of :meth:`Batch.concat` (zero copy on CPU when the rows allow it)."""
         if fields not in self.concat_cache:
             self.concat_cache[fields] = self._convert(self._source.concat(*fields))
         return self.concat_cache[fields]
+
+
+def _as_lists(batch: Batch | TorchBatch) -> tuple[list[Any], ...]:
+    return tuple(list(getattr(batch, name).values()) for name in FIELDS)
 
 
 def _contiguous_span(parts: list[np.ndarray]) -> np.ndarray | None:

@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ from marlbuf import _config
 from marlbuf.batch import Batch
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
-from marlbuf.staging import RowCodec, RowViews, steps_of
+from marlbuf.staging import RowCodec, steps_of
 from marlbuf.storage import Storage, make_storage
+from marlbuf.writer import RingWriter
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -37,7 +38,8 @@ class MultiAgentReplayBuffer:
     specs : mapping of str to AgentSpec
         One spec per agent, in agent order (agents may differ in shapes and dtypes).
     capacity : int
-        Number of joint transitions (timesteps) kept; the oldest is overwritten first.
+        Number of joint transitions (timesteps) kept; the oldest is overwritten first. An
+        integral float (``1e6``, as in many configs) is accepted.
     layout : {"interleaved", "agent_major"}
         ``"interleaved"``: one row per timestep holding every agent's fields, one gather per
         batch. ``"agent_major"``: per-agent, per-field arrays (the classic layout).
@@ -48,6 +50,13 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
+    batch_layout : {"rows", "per_agent"}, default "rows"
+        How gathered batches are laid out. ``"rows"`` (interleaved layout): every per-agent
+        array is a strided view into the gathered rows (row stride = the joint row), and
+        ``batch.concat("obs", "action")`` (the centralized critic's input) is zero-copy.
+        ``"per_agent"``: every per-agent array is C-contiguous, written so by the gather kernel
+        in the same pass; best for per-agent networks (``.view()`` works, no strided matmul).
+        ``agent_major`` storage always gathers per agent.
     parallel_gather : bool, default False
         Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
         Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
@@ -76,12 +85,10 @@ class MultiAgentReplayBuffer:
         seed: int | np.random.Generator | None = None,
         n_trainers: int | None = None,
         parallel_gather: bool = False,
+        batch_layout: str = "rows",
     ) -> None:
         self.specs = normalize_specs(specs)
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise TypeError(f"capacity must be an int; got capacity={capacity!r}")
-        if capacity <= 0:
-            raise ValueError(f"capacity must be positive; got capacity={capacity}")
+        capacity = _check_capacity(capacity)
         if sampler is None:
             sampler = Uniform()
         if not isinstance(sampler, Sampler):
@@ -95,34 +102,42 @@ class MultiAgentReplayBuffer:
             raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
         if n_trainers < 1:
             raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
-        self.capacity = int(capacity)
+        if not isinstance(parallel_gather, (bool, np.bool_)):
+            raise TypeError(
+                f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}"
+            )
+        self.capacity = capacity
         self.n_trainers = int(n_trainers)
+        # checked against capacity first (a Neighbor run longer than the ring is refused here)
+        sampler.bind(self.capacity, self.n_trainers)
+        self.sampler = sampler
         # enough recycled batch blocks for two rounds of every trainer (one being consumed
         # while the next is gathered)
         pool_blocks = 2 * self.n_trainers + 2
         self._codec = RowCodec(self.specs)  # validation + staging of add/extend
         self.storage: Storage = make_storage(
-            layout, self.specs, self.capacity, pool_blocks, self._codec
+            layout, self.specs, self.capacity, pool_blocks, self._codec, batch_layout
         )
-        if not isinstance(parallel_gather, (bool, np.bool_)):
-            raise TypeError(
-                f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}"
-            )
         self.storage.parallel_gather = bool(parallel_gather)
-        self.sampler = sampler
-        self.sampler.bind(self.capacity, self.n_trainers)
         self.rng = make_rng(seed)
-        self.cursor = 0  # next slot to write (the oldest slot once full)
-        self.size = 0  # filled slots
-        self.total_writes = 0  # transitions ever written; also the next write generation
-        # write generation of each slot: the value of total_writes when the slot was written
-        self.write_generation = np.full(self.capacity, -1, dtype=np.int64)
+        self.writer = RingWriter(self.capacity)
+        # per trainer, the write generation of each slot when that trainer was last handed it:
+        # update_priorities(indices, td) without generations= uses it to drop updates for slots
+        # overwritten since they were sampled (prioritized samplers only)
+        self._handed: np.ndarray | None = None
+        if self.sampler.weighted:
+            self._handed = np.full((self.n_trainers, self.capacity), -1, dtype=np.int64)
 
     # ----------------------------------------------------------------------------- basics
     @property
     def layout(self) -> str:
         """``"interleaved"`` or ``"agent_major"``."""
         return self.storage.layout
+
+    @property
+    def batch_layout(self) -> str:
+        """``"rows"`` (strided views of gathered rows) or ``"per_agent"`` (contiguous arrays)."""
+        return self.storage.batch_layout
 
     @property
     def agents(self) -> list[str]:
@@ -134,8 +149,29 @@ class MultiAgentReplayBuffer:
         """Bytes held by the storage arrays."""
         return self.storage.nbytes
 
+    @property
+    def cursor(self) -> int:
+        """The next slot to be written (the oldest slot once the buffer is full)."""
+        return self.writer.cursor
+
+    @property
+    def size(self) -> int:
+        """Filled slots; slots ``[0, size)`` hold data."""
+        return self.writer.size
+
+    @property
+    def total_writes(self) -> int:
+        """Transitions ever written (also the write generation of the next one)."""
+        return self.writer.total_writes
+
+    @property
+    def write_generation(self) -> np.ndarray:
+        """Per slot (shape (capacity,), int64), the value of ``total_writes`` when it was
+        written; ``-1`` for slots never written. Read-only by contract."""
+        return self.writer.write_generation
+
     def __len__(self) -> int:
-        return self.size
+        return self.writer.size
 
     def __repr__(self) -> str:
         return (
@@ -157,13 +193,17 @@ class MultiAgentReplayBuffer:
         Each argument is a dict keyed by agent name (what a PettingZoo parallel env returns) or
         a sequence in agent order. ``obs``/``next_obs`` items have shape ``obs_shape``,
         ``action`` items ``action_shape`` (or an int for a discrete agent), ``reward`` and
-        ``done`` items are scalars (bools accepted for ``done``). Nothing is written unless every
-        value is valid.
+        ``done`` items are scalars (bools accepted for ``done``). Values are converted to the
+        stored dtypes with NumPy's ``same_kind`` rule (float64 and ints into float32 storage);
+        a finite value beyond the stored dtype's range, NaN or inf is rejected. Nothing is
+        written unless every value is valid.
         """
-        fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
-        fields["done"] = done
-        rows, views = self._codec.stage(fields, None)
-        self._commit(rows, views, 1)
+        fields = (obs, action, reward, next_obs, done)
+        with self.writer.write_lock:
+            rows = self._codec.stage_fast(fields, None)
+            if rows is None:
+                rows, _ = self._codec.stage(dict(zip(FIELDS, fields)), None)
+            self._commit(rows, 1)
 
     def extend(
         self,
@@ -179,26 +219,42 @@ class MultiAgentReplayBuffer:
         With ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by
         one. Nothing is written unless every value is valid.
         """
-        fields = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs}
-        fields["done"] = done
-        steps = steps_of(self._codec, fields)
-        rows, views = self._codec.stage(fields, steps)
-        self._commit(rows, views, steps)
+        self._extend((obs, action, reward, next_obs, done))
 
-    def _commit(self, rows: np.ndarray, views: RowViews, steps: int) -> None:
-        skip = max(0, steps - self.capacity)  # older steps would be overwritten at once
-        if skip:
-            rows = rows[skip:]
-            views = {f: {a: x[skip:] for a, x in per.items()} for f, per in views.items()}
-        count = steps - skip
-        start = (self.cursor + skip) % self.capacity
-        slots = (start + np.arange(count, dtype=np.int64)) % self.capacity  # wraps past the end
-        self.storage.write(slots, rows, views)
-        self.write_generation[slots] = self.total_writes + skip + np.arange(count, dtype=np.int64)
-        self.total_writes += steps
-        self.cursor = (self.cursor + steps) % self.capacity
-        self.size = min(self.size + steps, self.capacity)
-        self.sampler.on_write(slots)
+    def add_envs(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+    ) -> None:
+        """Store one step of ``K`` vectorized environments in one call.
+
+        Like :meth:`add` with a leading environment axis on every item (``obs[agent]`` of shape
+        ``(K, *obs_shape)``, ``reward[agent]`` of shape ``(K,)``); the K transitions are stored in
+        environment order, as ``extend`` would store them. Nothing is written unless every value
+        is valid.
+        """
+        self._extend((obs, action, reward, next_obs, done))
+
+    def _extend(self, fields: tuple[Any, ...]) -> None:
+        named = dict(zip(FIELDS, fields))
+        steps = steps_of(self._codec, named)
+        with self.writer.write_lock:
+            rows = self._codec.stage_fast(fields, steps)
+            if rows is None:
+                rows, _ = self._codec.stage(named, steps)
+            self._commit(rows, steps)
+
+    def _commit(self, rows: np.ndarray, steps: int) -> None:
+        """Write validated staging rows; the only place storage and metadata change."""
+        writer = self.writer
+        with writer.lock:
+            skip, slots = writer.plan(steps)
+            self.storage.write(slots, rows[skip:] if skip else rows, None)
+            writer.advance(slots, steps, skip)
+            self.sampler.on_write(slots)
 
     # ----------------------------------------------------------------------------- sampling
     def _check_trainer(self, trainer: Any) -> int:
@@ -217,17 +273,36 @@ class MultiAgentReplayBuffer:
         Parameters
         ----------
         batch_size : int
-            Rows in the batch.
+            Rows in the batch. ``Uniform`` and ``Neighbor`` need at least as many stored
+            transitions; prioritized samplers draw with replacement by design and accept more.
         trainer : int, default 0
             Which trainer's sampler state (priority tree) to use.
         out : Batch, optional
-            A batch of the same size from an earlier call whose arrays are overwritten instead
-            of allocating new ones.
+            A batch of the same size from an earlier call of this buffer whose memory is
+            overwritten instead of taking a new block (its arrays then hold the new rows).
+            Checked: a batch of another size, layout or buffer is a ``ValueError``.
+
+        Safe to call from several threads while others write (see :mod:`marlbuf.writer`).
         """
         trainer = self._check_trainer(trainer)
         batch_size = self.sampler.check_batch_size(batch_size)
-        indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
-        return self._gather(indices, weights, trainer, out)
+        out_block = None if out is None else self._out_block(out, batch_size)
+        with self.writer.lock:
+            self._check_enough(batch_size)
+            indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
+            return self._gather(indices, weights, trainer, out_block)
+
+    def _check_enough(self, batch_size: int) -> None:
+        size = self.writer.size
+        if size == 0:
+            raise ValueError(
+                f"the buffer is empty: add transitions before sampling (batch_size={batch_size})"
+            )
+
+    def _out_block(self, out: Any, batch_size: int) -> np.ndarray:
+        if not isinstance(out, Batch):
+            raise TypeError(f"out must be a Batch from this buffer; got {type(out).__name__}")
+        return self.storage.check_out_block(out.block, batch_size)
 
     def sample_for_trainers(
         self,
@@ -238,6 +313,9 @@ class MultiAgentReplayBuffer:
     ) -> list[Batch]:
         """The MADDPG sampling round: per trainer, one index array and the joint batch of all
         agents at those indices (the O(N²B) workload of Gogineni et al.).
+
+        Every batch of the round is alive at once (``n_trainers`` blocks of memory); a learner
+        that consumes one trainer's batch at a time should use :meth:`iter_trainers`.
 
         Parameters
         ----------
@@ -250,18 +328,23 @@ class MultiAgentReplayBuffer:
             BenchMARL do). **A deviation from MADDPG**, where each trainer samples on its own;
             off by default.
         out : sequence of Batch, optional
-            Batches from an earlier round to overwrite.
+            Batches from an earlier round to overwrite; each must be a distinct block (a
+            ``shared_index=True`` round returns one batch N times: pass it only with
+            ``shared_index=True``).
         """
-        if n_trainers is None:
-            n_trainers = self.n_trainers
-        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-        if not 1 <= n_trainers <= self.n_trainers:
-            raise ValueError(
-                f"n_trainers must be in [1, {self.n_trainers}]; got n_trainers={n_trainers}"
-            )
-        if out is not None and len(out) != n_trainers:
-            raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
+        n_trainers = self._check_n_trainers(n_trainers)
+        if out is not None:
+            out = list(out)
+            if len(out) != n_trainers:
+                raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
+            blocks = [self._out_block(b, batch_size) for b in out]
+            addresses = [b.__array_interface__["data"][0] for b in blocks]
+            if not shared_index and len(set(addresses)) != len(addresses):
+                raise ValueError(
+                    "out holds the same batch (or memory) more than once, so trainers would "
+                    "overwrite each other's rows; pass distinct batches (a shared_index=True "
+                    "round's output can only be reused by another shared_index=True round)"
+                )
         if shared_index:
             if self.sampler.weighted:
                 raise ValueError(
@@ -274,9 +357,74 @@ class MultiAgentReplayBuffer:
             self.sample(batch_size, t, None if out is None else out[t]) for t in range(n_trainers)
         ]
 
+    def iter_trainers(self, batch_size: int, n_trainers: int | None = None) -> Iterator[Batch]:
+        """The MADDPG round as a stream: yields trainer 0's batch, then trainer 1's, ...
+
+        Same draws as :meth:`sample_for_trainers` for the same seed. A learner that consumes
+        each batch before asking for the next keeps one or two batches alive, so their memory
+        is recycled and stays in cache (``sample_for_trainers`` keeps all of them alive).
+        """
+        n_trainers = self._check_n_trainers(n_trainers)
+        for t in range(n_trainers):
+            yield self.sample(batch_size, t)
+
+    def _check_n_trainers(self, n_trainers: Any) -> int:
+        if n_trainers is None:
+            return self.n_trainers
+        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
+            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
+        if not 1 <= n_trainers <= self.n_trainers:
+            raise ValueError(
+                f"n_trainers must be in [1, {self.n_trainers}]; got n_trainers={n_trainers}"
+            )
+        return int(n_trainers)
+
     def gather(self, indices: Any, trainer: int | None = None) -> Batch:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``)."""
-        return self._gather(self._check_indices(indices), None, trainer, None)
+        if trainer is not None:
+            trainer = self._check_trainer(trainer)
+        with self.writer.lock:
+            return self._gather(self._check_indices(indices), None, trainer, None)
+
+    def latest(self, n: int) -> Batch:
+        """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n must be an int; got n={n!r}")
+        with self.writer.lock:
+            if not 0 < n <= self.size:
+                raise ValueError(
+                    f"n must be in [1, {self.size}] (the stored transitions); got n={n}"
+                )
+            return self._gather(self.writer.newest(int(n)), None, None, None)
+
+    def stored(self, field: str) -> dict[str, np.ndarray]:
+        """Read-only views of one field over the filled slots, per agent.
+
+        ``stored("reward")["agent_0"]`` has shape ``(len(self),)``; slots are in ring order
+        (slot 0 first, not oldest first: see :attr:`cursor`). The views see later writes; copy
+        them to keep a snapshot. With the interleaved layout they are strided (one joint row
+        apart).
+        """
+        if field not in FIELDS:
+            raise ValueError(f"field must be one of {FIELDS}; got field={field!r}")
+        with self.writer.lock:
+            size = self.size
+            return {a: self.storage.read_field(field, a, size) for a in self.specs}
+
+    def reward_stats(self) -> dict[str, tuple[float, float]]:
+        """Mean and standard deviation of every stored reward, per agent (for reward
+        normalisation and logging): ``{agent: (mean, std)}``, accumulated in float64.
+
+        Reads the stored rewards once (O(len(self)), nothing is added to the write path).
+        """
+        with self.writer.lock:
+            if self.size == 0:
+                raise ValueError("reward_stats needs data: the buffer is empty")
+            out = {}
+            for agent, values in self.stored("reward").items():
+                v = values.astype(np.float64)
+                out[agent] = (float(v.mean()), float(v.std()))
+            return out
 
     def _check_indices(self, indices: Any) -> np.ndarray:
         """``indices`` as a 1-D int64 array of filled slots, or a clear error."""
@@ -290,21 +438,24 @@ class MultiAgentReplayBuffer:
                 f"indices must lie in [0, {self.size}) (the filled slots); "
                 f"got min {idx.min()}, max {idx.max()}"
             )
-        return idx.astype(np.int64, copy=False)
+        return np.ascontiguousarray(idx, dtype=np.int64)
 
     def _gather(
         self,
         indices: np.ndarray,
         weights: np.ndarray | None,
         trainer: int | None,
-        out: Batch | None,
+        out_block: np.ndarray | None,
     ) -> Batch:
-        reuse = _reuse_arrays(out) if out is not None else None
-        fields, block = self.storage.gather(np.ascontiguousarray(indices), reuse)
+        """Gather under ``writer.lock`` (held by the caller)."""
+        fields, block = self.storage.gather(np.ascontiguousarray(indices), out_block)
+        generations = self.writer.write_generation[indices]
+        if self._handed is not None and trainer is not None:
+            self._handed[trainer, indices] = generations
         return Batch(
             **fields,
             indices=indices,
-            generations=self.write_generation[indices],
+            generations=generations,
             weights=weights,
             trainer=trainer,
             block=block,
@@ -319,19 +470,34 @@ class MultiAgentReplayBuffer:
     ) -> None:
         """Feed TD errors back to a prioritized sampler (one priority tree per trainer).
 
-        ``generations`` (from ``batch.generations``) lets the sampler drop updates for slots
-        overwritten since they were sampled; when omitted, the slots' current generations are
-        assumed (no update is dropped).
+        Updates for slots overwritten since they were sampled are dropped, never applied to
+        the new contents. Two ways to know which:
+
+        * ``update_priorities(batch.indices, td, trainer=t)``: the buffer remembers the write
+          generation of every slot it last handed to trainer ``t`` (right for the usual
+          sample-then-update loop);
+        * ``generations=batch.generations``: exact for any order, e.g. asynchronous learners
+          that update an older batch after a newer one was drawn for the same trainer.
         """
         trainer = self._check_trainer(trainer)
-        idx = self._check_indices(indices)
-        gens = self.write_generation[idx] if generations is None else np.asarray(generations)
-        if gens.shape != idx.shape:
-            raise ValueError(
-                f"generations must have the shape of indices {idx.shape}; got {gens.shape}"
-            )
-        stale = gens.astype(np.int64, copy=False) != self.write_generation[idx]
-        self.sampler.update_priorities(idx, np.asarray(td_errors), trainer, stale)
+        with self.writer.lock:
+            idx = self._check_indices(indices)
+            current = self.writer.write_generation[idx]
+            if generations is not None:
+                gens = np.asarray(generations)
+                if gens.shape != idx.shape or gens.dtype.kind not in "iu":
+                    raise ValueError(
+                        f"generations must be an integer array of the shape of indices "
+                        f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
+                        f"dtype {gens.dtype}"
+                    )
+            elif self._handed is not None:
+                gens = self._handed[trainer, idx]
+                gens = np.where(gens < 0, current, gens)  # never handed out: an explicit gather
+            else:
+                gens = current
+            stale = gens.astype(np.int64, copy=False) != current
+            self.sampler.update_priorities(idx, np.asarray(td_errors), trainer, stale)
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -352,11 +518,8 @@ class MultiAgentReplayBuffer:
                 "config": self.sampler.config(),
                 "state": self.sampler.state_dict(),
             },
-            "cursor": self.cursor,
-            "size": self.size,
-            "total_writes": self.total_writes,
+            **self.writer.state_dict(),
             "rng": self.rng.bit_generator.state,
-            "write_generation": self.write_generation[:filled].copy(),
             "storage": {k: v[:filled].copy() for k, v in self.storage.arrays().items()},
         }
 
@@ -396,11 +559,9 @@ class MultiAgentReplayBuffer:
                 )
         for key, dst in arrays.items():
             dst[:size] = state["storage"][key]
-        self.write_generation[:] = -1
-        self.write_generation[:size] = state["write_generation"]
-        self.cursor = int(state["cursor"])
-        self.size = size
-        self.total_writes = int(state["total_writes"])
+        self.writer.load_state_dict(state)
+        if self._handed is not None:
+            self._handed[:] = -1
         self.rng.bit_generator.state = state["rng"]
         self.sampler.load_state_dict(state["sampler"]["state"])
 
@@ -456,6 +617,22 @@ class MultiAgentReplayBuffer:
         return buf
 
 
+def _check_capacity(capacity: Any) -> int:
+    """``capacity`` as an int: ints and integral floats (``1e6``) are accepted."""
+    if isinstance(capacity, (float, np.floating)) and float(capacity).is_integer():
+        capacity = int(capacity)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(
+            f"capacity must be an int (or an integral float); got capacity={capacity!r}"
+        )
+    if capacity <= 0:
+        raise ValueError(
+            f"capacity must be at least 1 transition; got capacity={capacity}. A buffer needs "
+            "room for data even when it is only used for evaluation: pass capacity=1"
+        )
+    return int(capacity)
+
+
 def _check_header(state: Mapping[str, Any]) -> None:
     if state.get("format") != _config.SAVE_FORMAT:
         raise ValueError(
@@ -467,13 +644,6 @@ def _check_header(state: Mapping[str, Any]) -> None:
             f"buffer state has format version {state.get('version')!r}; this marlbuf reads "
             f"version {_config.SAVE_VERSION}. Load it with the marlbuf version that wrote it."
         )
-
-
-def _reuse_arrays(batch: Batch) -> dict[str, np.ndarray]:
-    reuse = {f"{f}/{a}": x for f in FIELDS for a, x in batch.field(f).items()}
-    if batch.block is not None:
-        reuse["block"] = batch.block
-    return reuse
 
 
 def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:

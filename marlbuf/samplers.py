@@ -121,6 +121,8 @@ class Sampler(ABC):
 
 
 def _not_enough_data(batch_size: int, size: int, need: int, what: str) -> ValueError:
+    if size == 0:
+        return ValueError(f"the buffer is empty: add transitions before sampling {batch_size} rows")
     return ValueError(
         f"batch_size={batch_size} needs {what} (at least {need} stored transitions) but the "
         f"buffer holds {size}; add more data or sample a smaller batch"
@@ -144,9 +146,13 @@ class Uniform(Sampler):
     def sample(
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        if size < 1 or (not self.replace and batch_size > size):
-            need = 1 if self.replace else batch_size
-            raise _not_enough_data(batch_size, size, need, "distinct slots")
+        if size < 1 or batch_size > size:
+            raise _not_enough_data(
+                batch_size,
+                size,
+                batch_size,
+                "distinct slots" if not self.replace else "as many rows",
+            )
         if self.replace:
             return rng.integers(0, size, size=batch_size, dtype=np.int64), None
         return rng.choice(size, size=batch_size, replace=False).astype(np.int64), None
@@ -172,6 +178,14 @@ class Neighbor(Sampler):
 
     def __init__(self, run_length: int = 16) -> None:
         self.run_length = _positive_int("run_length", run_length)
+
+    def bind(self, capacity: int, n_trainers: int) -> None:
+        if self.run_length > capacity:
+            raise ValueError(
+                f"run_length={self.run_length} is longer than the buffer's capacity={capacity}; "
+                "use a run length of at most the capacity"
+            )
+        super().bind(capacity, n_trainers)
 
     def check_batch_size(self, batch_size: int) -> int:
         batch_size = super().check_batch_size(batch_size)

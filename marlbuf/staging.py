@@ -23,6 +23,10 @@ from marlbuf.spec import FIELDS, AgentSpec, FieldSlot, interleaved_row_layout
 RowViews = dict[str, dict[str, np.ndarray]]
 
 
+class _NotCommonCase(Exception):
+    """Raised inside the fast staging path: hand the call to the complete path."""
+
+
 class RowCodec:
     """Interleaved row format of one set of specs: offsets, views and validation."""
 
@@ -51,9 +55,131 @@ class RowCodec:
                 counts = np.array([s.nbytes // dt.itemsize for s in segs], dtype=np.int64)
                 self._segments.append((dt, starts, counts, segs))
         self._castable: dict[tuple[np.dtype, np.dtype], bool] = {}
-        # one persistent staging row for add(): views built once, padding stays zero
+        # one persistent staging row for add(): padding stays zero. Callers serialize staging
+        # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
-        self._single_views = self.views(self._single)
+        self._fast = self._fast_plan()
+
+    # ------------------------------------------------------------------ fast path
+    def _fast_plan(self) -> list[tuple[str, int, int, np.dtype, list[tuple[int, ...]], Any]] | None:
+        """Per field, what the fast path needs, or ``None`` when some field is not packed.
+
+        Entries: ``(field, lo, hi, dtype, item shapes, one-hot plan)``; the one-hot plan is
+        ``(positions, n_actions)`` (element offsets of each agent's action inside the field's
+        region, and its number of discrete actions) when every agent's action is discrete.
+        """
+        plan = []
+        n_agents = len(self.agents)
+        for f in FIELDS:
+            packed = self._packed[f]
+            if packed is None:
+                return None
+            lo, hi, dt = packed
+            shapes = [s.shape for s in self._by_field[f]]
+            onehot = None
+            if f == "action" and all(sp.n_discrete_actions for sp in self.specs.values()):
+                ns = np.array([sp.n_discrete_actions for sp in self.specs.values()], np.int64)
+                positions = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
+                onehot = (positions, ns)
+            plan.append((f, lo, hi, dt, shapes, onehot))
+        assert len(plan) == len(FIELDS) and n_agents > 0
+        return plan
+
+    def stage_fast(self, fields: Sequence[Any], steps: int | None) -> np.ndarray | None:
+        """The common case in the fewest Python operations, or ``None`` to take :meth:`stage`.
+
+        ``fields`` are the five field values in :data:`FIELDS` order, each a dict keyed by agent
+        or a list/tuple in agent order, when every field is packed (see ``_packed``): one
+        ``np.concatenate`` per field writes every agent's values into the staging row(s),
+        integer actions of discrete agents are one-hot encoded in one vectorized step.
+        Whatever it cannot prove valid it hands to :meth:`stage` (returns ``None``), whose checks
+        and messages are complete: the fast path never accepts anything :meth:`stage` would
+        reject, because it only stages rows and the same NaN/inf scan runs on them before
+        anything is committed (a value beyond the stored range becomes inf when cast).
+        """
+        plan = self._fast
+        if plan is None:
+            return None
+        if steps is None:
+            rows = self._single
+        else:
+            rows = np.zeros((steps, self.row_words), dtype=np.uint64)
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, caught below
+                self._fill_fast(plan, fields, steps, rows.view(np.uint8))
+        except (_NotCommonCase, AttributeError, TypeError, ValueError, KeyError, IndexError):
+            return None  # not the common case: the complete path decides and explains
+        for dt, starts, counts, _ in self._segments:
+            if first_nonfinite(rows.view(dt), starts, counts) >= 0:
+                return None  # NaN/inf, or a value beyond the stored range: stage() says which
+        return rows
+
+    def _fill_fast(
+        self,
+        plan: list[tuple[str, int, int, np.dtype, list[tuple[int, ...]], Any]],
+        fields: Sequence[Any],
+        steps: int | None,
+        raw: np.ndarray,
+    ) -> None:
+        """Stage ``fields`` into the staging rows ``raw`` (uint8 view); raises
+        ``_NotCommonCase`` (or NumPy's own errors) for anything outside the common case."""
+        agents = self.agents
+        n_agents = len(agents)
+        for (_, lo, hi, dt, shapes, onehot), value in zip(plan, fields):
+            if type(value) is dict:
+                if len(value) != n_agents:
+                    raise _NotCommonCase
+                items = [value[a] for a in agents]
+            elif type(value) in (list, tuple):
+                if len(value) != n_agents:
+                    raise _NotCommonCase
+                items = value
+            else:
+                raise _NotCommonCase
+            region = raw[:, lo:hi].view(dt)
+            first = items[0]
+            index_like = not isinstance(first, (np.ndarray, list)) or (
+                isinstance(first, np.ndarray) and first.dtype.kind in "iu"
+            )
+            if onehot is not None and index_like:
+                # discrete actions given as indices: one-hot them in one vectorized step
+                acts = np.array(items)
+                positions, ns = onehot
+                if acts.dtype.kind not in "iu":
+                    raise _NotCommonCase
+                if steps is None:
+                    if acts.shape != (n_agents,) or (acts < 0).any() or (acts >= ns).any():
+                        raise _NotCommonCase
+                    region[0] = 0
+                    region[0, positions + acts] = 1
+                else:
+                    if acts.shape != (n_agents, steps):
+                        raise _NotCommonCase
+                    if (acts < 0).any() or (acts >= ns[:, None]).any():
+                        raise _NotCommonCase
+                    region[...] = 0
+                    region[np.arange(steps)[None, :], positions[:, None] + acts] = 1
+            elif shapes[0] == ():
+                # one scalar per agent (reward, done): one array of all agents' values
+                arr = np.array(items)
+                if arr.dtype.kind not in "biuf":
+                    raise _NotCommonCase
+                if steps is None:
+                    if arr.shape != (n_agents,):
+                        raise _NotCommonCase
+                    np.copyto(region[0], arr, casting="same_kind")
+                else:
+                    if arr.shape != (n_agents, steps):
+                        raise _NotCommonCase
+                    np.copyto(region, arr.T, casting="same_kind")
+            elif steps is None:
+                if [x.shape for x in items] != shapes:
+                    raise _NotCommonCase
+                np.concatenate(items, out=region[0], casting="same_kind")
+            else:
+                if [x.shape for x in items] != [(steps, *sh) for sh in shapes]:
+                    raise _NotCommonCase
+                np.concatenate(items, axis=1, out=region, casting="same_kind")
 
     # ------------------------------------------------------------------ views
     def views(self, rows: np.ndarray) -> RowViews:
@@ -76,7 +202,9 @@ class RowCodec:
         ``TypeError`` naming the field and agent on any bad value; nothing is stored either way.
         """
         if steps is None:
-            rows, views = self._single, self._single_views
+            rows = self._single
+            rows[...] = 0  # a rejected fast attempt may have left values in the padding
+            views = self.views(rows)
         else:
             rows = np.zeros((steps, self.row_words), dtype=np.uint64)
             views = self.views(rows)
@@ -143,8 +271,26 @@ class RowCodec:
                     f"{field}[{s.agent!r}] has dtype {src}, which does not cast safely to the "
                     f"stored {s.dtype}; convert it or declare the dtype in the AgentSpec"
                 )
+            if (
+                s.dtype.kind == "f"
+                and arr.size
+                and (src.kind in "iu" or src.itemsize > s.dtype.itemsize)
+            ):
+                self._check_range(field, s, arr)
             out.append(arr)
         return out
+
+    def _check_range(self, field: str, s: FieldSlot, arr: np.ndarray) -> None:
+        """Finite values beyond the stored float dtype's range would be stored as inf."""
+        limit = float(np.finfo(s.dtype).max)
+        with np.errstate(invalid="ignore"):
+            finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
+            if finite.size and float(np.abs(finite).max()) > limit:
+                raise ValueError(
+                    f"{field}[{s.agent!r}] holds {float(np.abs(finite).max()):g}, outside the "
+                    f"range of the stored {s.dtype} (±{limit:g}); rescale it or declare a wider "
+                    "dtype in the AgentSpec"
+                )
 
     def _reshape_special(
         self, field: str, s: FieldSlot, arr: np.ndarray, lead: tuple[int, ...]
@@ -163,7 +309,16 @@ class RowCodec:
                 f"extend needs a leading time axis: {field}[{s.agent!r}] must have shape "
                 f"{('T', *s.shape)}; got {arr.shape}. Use add() for one timestep"
             )
-        raise ValueError(f"{field}[{s.agent!r}] must have shape {lead + s.shape}; got {arr.shape}")
+        hint = ""
+        if field == "action" and n is None and arr.dtype.kind in "iu" and arr.shape == lead:
+            hint = (
+                ". An integer action needs a discrete agent: pass AgentSpec(..., "
+                f"n_discrete_actions={s.shape[0] if s.shape else 'n'}) or build the specs with "
+                "AgentSpec.from_spaces / specs_from_env"
+            )
+        raise ValueError(
+            f"{field}[{s.agent!r}] must have shape {lead + s.shape}; got {arr.shape}{hint}"
+        )
 
     def _check_finite(self, rows: np.ndarray) -> None:
         for dt, starts, counts, segs in self._segments:

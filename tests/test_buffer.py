@@ -69,7 +69,7 @@ def test_layouts_identical_bit_for_bit(mixed_specs):
     bufs = [MultiAgentReplayBuffer(mixed_specs, 32, layout=lay, seed=5) for lay in LAYOUTS]
     for b in bufs:
         b.extend(**data)
-    batches = [b.sample(64) for b in bufs]
+    batches = [b.sample(32) for b in bufs]
     np.testing.assert_array_equal(batches[0].indices, batches[1].indices)
     for f in FIELDS:
         for agent in mixed_specs:
@@ -279,8 +279,8 @@ def test_bad_extend(mixed_specs):
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        ({"capacity": 0}, ValueError, "capacity must be positive; got capacity=0"),
-        ({"capacity": -3}, ValueError, "capacity must be positive"),
+        ({"capacity": 0}, ValueError, "capacity must be at least 1 transition; got capacity=0"),
+        ({"capacity": -3}, ValueError, "capacity must be at least 1"),
         ({"capacity": 2.5}, TypeError, "capacity must be an int"),
         ({"capacity": 10, "layout": "rows"}, ValueError, "layout must be one of"),
         ({"capacity": 10, "sampler": "uniform"}, TypeError, "sampler must be"),
@@ -309,7 +309,7 @@ def test_bad_specs():
 
 def test_bad_sample_arguments(mixed_specs):
     buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(8))
-    with pytest.raises(ValueError, match="needs 1 distinct runs"):
+    with pytest.raises(ValueError, match="buffer is empty"):
         buf.sample(8)  # empty buffer
     buf.extend(**random_step_data(mixed_specs, 50, np.random.default_rng(0)))
     with pytest.raises(ValueError, match="run_length=8 must divide batch_size=12"):
@@ -327,7 +327,7 @@ def test_bad_sample_arguments(mixed_specs):
     with pytest.raises(ValueError, match="run_length must be a positive int"):
         Neighbor(0)
     uniform = MultiAgentReplayBuffer(mixed_specs, 10)
-    with pytest.raises(ValueError, match="buffer holds 0"):
+    with pytest.raises(ValueError, match="buffer is empty"):
         uniform.sample(4)
 
 

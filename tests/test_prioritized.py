@@ -477,7 +477,7 @@ def test_bad_beta_types_and_capacity() -> None:
 def test_all_zero_priorities_and_empty_buffer() -> None:
     sampler = Prioritized(eps=0.0)
     buf = make_buffer(sampler, capacity=8, filled=0)
-    with pytest.raises(ValueError, match="holds 0"):
+    with pytest.raises(ValueError, match="buffer is empty"):
         buf.sample(4)
     buf.extend(**steps(4))
     buf.update_priorities(np.arange(4), np.zeros(4), trainer=0)

@@ -9,6 +9,7 @@ from marlbuf._kernels.rows import (
     first_nonfinite,
     gather_rows,
     gather_rows_parallel,
+    gather_segments,
     neighbor_indices,
     scatter_rows,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "first_nonfinite",
     "gather_rows",
     "gather_rows_parallel",
+    "gather_segments",
     "locality_sample",
     "neighbor_indices",
     "per_sample",

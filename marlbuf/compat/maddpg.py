@@ -247,7 +247,12 @@ class SharedStore:
             raise NotEnoughDataError(
                 f"make_index({batch_size}) on an empty buffer; add transitions first"
             )
-        indices, _ = self.sampler.sample(batch_size, len(self), self.rng, trainer)
+        if batch_size > len(self) and isinstance(self.sampler, Uniform) and self.sampler.replace:
+            # openai's make_index draws with replacement from however many entries exist;
+            # the buffer's Uniform refuses a batch larger than the data, the original does not
+            indices = self.rng.integers(0, len(self), size=batch_size, dtype=np.int64)
+        else:
+            indices, _ = self.sampler.sample(batch_size, len(self), self.rng, trainer)
         return self._remember_index(indices)
 
     def make_latest_index(self, batch_size: Any) -> list[int]:
