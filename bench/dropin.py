@@ -9,9 +9,9 @@ two popular kinds of codebase write them:
   ``Uniform(replace=False)``.
 * **joint** — one ``push(obs_n, act_n, rew_n, next_obs_n, done_n)`` / ``sample(B)`` buffer
   returning per-agent tensor lists with normalised rewards; marlbuf enters as
-  ``MultiAgentReplayBuffer.add`` / ``sample`` + ``Batch.as_lists()`` + ``torch.from_numpy`` and
-  ``reward_stats()``, with ``batch_layout="per_agent"`` (case ``marlbuf``) and with the default
-  ``"rows"`` layout (case ``marlbuf_rows``).
+  ``MultiAgentReplayBuffer.add`` / ``sample`` + ``Batch.as_lists()`` + ``torch.from_numpy``
+  (rewards normalised from ``stored("reward")``), with ``batch_layout="per_agent"`` (case
+  ``marlbuf``) and with the default ``"rows"`` layout (case ``marlbuf_rows``).
 
 For every agent count and consumer, all cases are built from the same seeded environment
 (:func:`marlbuf.envs.make`'s cooperative navigation, continuous actions, vectorized step: the
@@ -186,9 +186,7 @@ def check_same_data(consumer: str, loops: dict[str, Any], capacity: int) -> None
     for case, loop in loops.items():
         if case == "own":
             continue
-        from marlbuf.bench.consumers._shim import as_lists
-
-        for field, theirs in zip(as_lists(loop.buffer.buffer.gather(idx)), own_fields):
+        for field, theirs in zip(loop.buffer.buffer.gather(idx).as_lists(), own_fields):
             if not all(np.array_equal(x, y[idx]) for x, y in zip(field, theirs)):
                 raise AssertionError(f"{case} and own buffers disagree; the benchmark is void")
 

@@ -102,7 +102,7 @@ def test_fast_path_rejects_what_the_complete_path_rejects(discrete_specs):
 
 def test_integer_action_without_discrete_spec_says_what_to_do():
     buf = MultiAgentReplayBuffer({"a": AgentSpec((2,), (5,))}, 4)
-    with pytest.raises(ValueError, match="n_discrete_actions=5.*from_spaces"):
+    with pytest.raises(ValueError, match=r"n_discrete_actions=5.*from_spaces"):
         buf.add([np.zeros(2)], [3], [0.0], [np.zeros(2)], [False])
 
 

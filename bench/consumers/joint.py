@@ -8,12 +8,15 @@ by the mean and standard deviation of all its stored rewards. Every 100 steps ea
 its own sample and updates its critic and actor (the other agents' actions in the actor loss
 come from their current policies); then all target networks are soft-updated.
 
-Swapping marlbuf in is the twenty lines of :class:`MarlbufJointBuffer`: ``push`` becomes
+Swapping marlbuf in is the thirty lines of :class:`MarlbufJointBuffer`: ``push`` becomes
 ``MultiAgentReplayBuffer.add``, ``sample`` becomes ``sample(B)`` with a ``Uniform(replace=False)``
-sampler, ``Batch.as_lists()`` and ``torch.from_numpy``; the normalisation uses
-``reward_stats()``, which the buffer keeps up to date as it writes, instead of a pass over every
-stored reward per sample. ``batch_layout="per_agent"`` makes every per-agent array contiguous,
-which the per-agent networks here read faster than strided views.
+sampler, ``Batch.as_lists()`` and ``torch.from_numpy``. The reward normalisation reads
+``stored("reward")`` with the consumer's float32 arithmetic (so learning stays bit-identical)
+and recomputes it only when the buffer has been written to since (``total_writes``): the
+consumer's own buffer makes that pass over every stored reward at every sample call, N times
+per update round although nothing is written during the round. ``batch_layout="per_agent"``
+makes every per-agent array contiguous, which the per-agent networks here read faster than
+strided views.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from torch import nn
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
-from marlbuf.bench.consumers._shim import as_lists, make_buffer, reward_stats
+from marlbuf.batch import Batch
 from marlbuf.samplers import Uniform
 
 Tensor = torch.Tensor
@@ -133,9 +136,11 @@ class MarlbufJointBuffer:
             f"agent_{i}": AgentSpec(obs_shape=(o,), action_shape=(a,))
             for i, (o, a) in enumerate(zip(obs_dims, act_dims))
         }
-        self.buffer: MultiAgentReplayBuffer = make_buffer(
+        self.buffer = MultiAgentReplayBuffer(
             specs, max_steps, sampler=Uniform(replace=False), batch_layout=batch_layout, seed=seed
         )
+        self._stats: list[tuple[np.float32, np.float32]] = []
+        self._stats_at = -1  # buffer.total_writes when _stats was computed
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -151,16 +156,24 @@ class MarlbufJointBuffer:
         """Store one step of every agent."""
         self.buffer.add(observations, actions, rewards, next_observations, dones)
 
-    def draw(self, n: int) -> Any:
+    def draw(self, n: int) -> Batch:
         """The batch of ``n`` distinct steps (the sampler draws without replacement)."""
         return self.buffer.sample(n)
 
+    def reward_stats(self) -> list[tuple[np.float32, np.float32]]:
+        """Per agent, the float32 mean and std of the stored rewards, computed as the consumer
+        computes them (bit-identical) but only when new data arrived since the last call."""
+        if self._stats_at != self.buffer.total_writes:
+            stored = self.buffer.stored("reward").values()
+            self._stats = [(r.mean(), r.std()) for r in stored]
+            self._stats_at = self.buffer.total_writes
+        return self._stats
+
     def sample(self, n: int, norm_rews: bool = True) -> Sample:
         """As :meth:`JointReplayBuffer.sample`, zero-copy tensors over the batch's arrays."""
-        obs, acs, rews, next_obs, dones = as_lists(self.draw(n))
+        obs, acs, rews, next_obs, dones = self.draw(n).as_lists()
         if norm_rews:
-            stats = reward_stats(self.buffer).values()
-            rews = [(r - mean) / std for r, (mean, std) in zip(rews, stats)]
+            rews = [(r - mean) / std for r, (mean, std) in zip(rews, self.reward_stats())]
         t = torch.from_numpy
         return (
             [t(x) for x in obs],
