@@ -115,3 +115,40 @@ def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
     assert "dropin" in cli.SUITES
     report = cli.write_report(tmp_path, quick=True).read_text()
     assert "## dropin" in report and "marlbuf_rows" in report and "numpy_rows" in report
+
+
+def test_docs_joint_buffer_snippet_matches_the_consumer_buffer():
+    """docs/migrating.md's joint ReplayBuffer returns what the consumer's own buffer returns."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    snippet = next(b for b in blocks if "class ReplayBuffer" in b)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/migrating.md", "exec"), namespace)
+    obs_dims, act_dims, steps = [6, 4, 5], [2, 3, 2], 50
+    docs_buf = namespace["ReplayBuffer"](100, obs_dims, act_dims)
+    own = joint.JointReplayBuffer(100, obs_dims, act_dims)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        step = (
+            [rng.random(d, np.float32) for d in obs_dims],
+            [rng.random(d, np.float32) for d in act_dims],
+            list(rng.standard_normal(3)),
+            [rng.random(d, np.float32) for d in obs_dims],
+            [False, True, False],
+        )
+        docs_buf.push(*step)
+        own.push(*step)
+    assert len(docs_buf) == len(own) == steps
+    np.random.seed(7)  # noqa: NPY002
+    idx = np.random.choice(np.arange(steps), size=16, replace=False)  # noqa: NPY002
+    docs_buf.buffer.sample = lambda b: docs_buf.buffer.gather(idx)  # the consumer's indices
+    np.random.seed(7)  # noqa: NPY002
+    expected = own.sample(16)
+    got = docs_buf.sample(16)
+    for field_got, field_expected in zip(got, expected):
+        for x, y in zip(field_got, field_expected, strict=True):
+            assert x.is_contiguous() and x.dtype == torch.float32
+            assert torch.equal(x, y)
