@@ -33,6 +33,7 @@ SUITES: dict[str, str] = {
     "counters": "marlbuf.bench.counters",
     "peers": "marlbuf.bench.peers",
     "rewards": "marlbuf.bench.rewards",
+    "dropin": "marlbuf.bench.dropin",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

@@ -347,36 +347,45 @@ def test_pettingzoo_episode_into_buffer() -> None:
         f"agent_{i}": ((18,), (5,)) for i in range(3)
     }
     buf = buffer_from_env(env, capacity=100, seed=0)
+    either = buffer_from_env(env, capacity=100, seed=0)
     plain = buffer_from_env(env, capacity=100, seed=0)
     obs, _ = env.reset(seed=0)
     rows = []
     while env.agents:
         actions = {a: env.action_space(a).sample() for a in env.agents}
         next_obs, rewards, terminations, truncations, _ = env.step(actions)
-        add_parallel_step(buf, obs, actions, rewards, next_obs, terminations, truncations)
+        step = (obs, actions, rewards, next_obs, terminations, truncations)
+        add_parallel_step(buf, *step, terminal="terminated")
+        add_parallel_step(either, *step, terminal="terminated_or_truncated")
         plain.add(obs, actions, rewards, next_obs, terminations)  # the dicts, as they come
         rows.append((obs, actions, rewards, next_obs, truncations))
         obs = next_obs
-    assert len(buf) == len(plain) == 25
+    assert len(buf) == len(either) == len(plain) == 25
     assert all(rows[-1][4].values())  # MPE truncates every agent at max_cycles
     everything = np.arange(25)
     got, got_plain = buf.gather(everything), plain.gather(everything)
+    got_either = either.gather(everything)
     for t, (o, act, rew, nxt, _) in enumerate(rows):
         for agent in specs:
             np.testing.assert_array_equal(got.obs[agent][t], o[agent])
             np.testing.assert_array_equal(got.action[agent][t], act[agent])
             assert got.reward[agent][t] == np.float32(rew[agent])
             np.testing.assert_array_equal(got.next_obs[agent][t], nxt[agent])
-            assert got.done[agent][t] == 0.0  # truncation is not termination
+            assert got.done[agent][t] == 0.0  # "terminated": truncation is not termination
             np.testing.assert_array_equal(got_plain.obs[agent][t], o[agent])
+            np.testing.assert_array_equal(got_either.obs[agent][t], o[agent])
+    for agent in specs:  # "terminated_or_truncated": done on the truncated last step only
+        np.testing.assert_array_equal(got_either.done[agent], np.arange(25) == 24)
     # stepping a finished episode returns empty dicts: a clear error, nothing written
     empty = env.step({})
     with pytest.raises(ValueError, match="missing from"):
-        add_parallel_step(buf, obs, {}, empty[1], empty[0], empty[2], empty[3])
+        add_parallel_step(
+            buf, obs, {}, empty[1], empty[0], empty[2], empty[3], terminal="terminated"
+        )
     assert len(buf) == 25
 
 
-def test_pettingzoo_truncation_and_missing_agents() -> None:
+def test_pettingzoo_terminal_conventions_and_missing_agents() -> None:
     from marlbuf import AgentSpec, MultiAgentReplayBuffer
     from marlbuf.compat.pettingzoo import add_parallel_step
 
@@ -387,25 +396,42 @@ def test_pettingzoo_truncation_and_missing_agents() -> None:
     rew = {"a": 1.0, "b": 2.0}
     no = {"a": False, "b": False}
     yes = {"a": True, "b": True}
-    add_parallel_step(buf, one, act, rew, one, no, yes, truncation_is_done=True)
-    assert buf.gather(np.array([0])).done["b"][0] == 1.0
-    with pytest.raises(ValueError, match="truncation_is_done=True needs the truncations"):
-        add_parallel_step(buf, one, act, rew, one, no, truncation_is_done=True)
+    step = (buf, one, act, rew, one)
+    # the convention is required: omitting it is an error that explains both choices
+    with pytest.raises(TypeError, match="needs terminal=: 'terminated' stores done"):
+        add_parallel_step(*step, no, yes)
+    with pytest.raises(ValueError, match="terminal must be one of"):
+        add_parallel_step(*step, no, yes, terminal="truncated")
+    assert len(buf) == 0
+    # truncated, not terminated: done under one convention, not under the other
+    add_parallel_step(*step, no, yes, terminal="terminated")
+    add_parallel_step(*step, no, yes, terminal="terminated_or_truncated")
+    add_parallel_step(*step, yes, no, terminal="terminated")  # termination: done under both
+    add_parallel_step(*step, yes, None, terminal="terminated")  # truncations optional here
+    np.testing.assert_array_equal(buf.gather(np.arange(4)).done["b"], [0.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="'terminated_or_truncated' needs the truncations"):
+        add_parallel_step(*step, no, terminal="terminated_or_truncated")
+    # the old flag still works, with a deprecation warning
+    with pytest.warns(DeprecationWarning, match="pass terminal='terminated_or_truncated'"):
+        add_parallel_step(*step, no, yes, truncation_is_done=True)
+    assert buf.gather(np.array([4])).done["a"][0] == 1.0
+    with pytest.raises(ValueError, match="contradicts truncation_is_done"):
+        add_parallel_step(*step, no, yes, terminal="terminated", truncation_is_done=True)
+    buf = MultiAgentReplayBuffer(specs, capacity=8)
     # agent "b" left the episode: absent from this step's dicts
     only_a = {k: {"a": v["a"]} for k, v in {"o": one, "act": act, "r": rew, "d": no}.items()}
+    left = (buf, only_a["o"], only_a["act"], only_a["r"], only_a["o"], only_a["d"])
     with pytest.raises(ValueError, match=r"agents \['b'\] are missing"):
-        add_parallel_step(buf, only_a["o"], only_a["act"], only_a["r"], only_a["o"], only_a["d"])
-    assert len(buf) == 1
-    padded = add_parallel_step(
-        buf, only_a["o"], only_a["act"], only_a["r"], only_a["o"], only_a["d"], pad_missing=True
-    )
+        add_parallel_step(*left, terminal="terminated")
+    assert len(buf) == 0
+    padded = add_parallel_step(*left, terminal="terminated", pad_missing=True)
     assert padded == ["b"]
-    row = buf.gather(np.array([1]))
+    row = buf.gather(np.array([0]))
     assert row.done["b"][0] == 1.0 and not row.obs["b"].any() and row.reward["a"][0] == 1.0
     with pytest.raises(ValueError, match=r"agents \['c'\] are not in the buffer"):
-        add_parallel_step(buf, {**one, "c": one["a"]}, act, rew, one, no)
+        add_parallel_step(buf, {**one, "c": one["a"]}, act, rew, one, no, terminal="terminated")
     with pytest.raises(TypeError, match=r"obs must be the dict env\.step returns"):
-        add_parallel_step(buf, [one["a"], one["b"]], act, rew, one, no)
+        add_parallel_step(buf, [one["a"], one["b"]], act, rew, one, no, terminal="terminated")
 
 
 def test_tf2marl_prioritized_matches_naive() -> None:

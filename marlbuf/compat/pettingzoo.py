@@ -7,9 +7,15 @@ a training loop still needs:
 
 * :func:`buffer_from_env` — a buffer for every agent of an environment in one call;
 * :func:`add_parallel_step` — one ``env.step`` into the buffer, with PettingZoo's episode-end
-  rules made explicit: ``done`` is the **termination** flag (a time-limit truncation is not a
-  terminal state, so critics keep bootstrapping; pass ``truncation_is_done=True`` for the other
-  convention), and agents that have left the episode are either an error (default) or padded.
+  rules made explicit: ``terminal=`` (required) says what the stored ``done`` is, and agents
+  that have left the episode are either an error (default) or padded.
+
+``terminal="terminated"`` stores ``done = termination``: a time-limit truncation is not a
+terminal state, so critics keep bootstrapping through it (correct for time limits).
+``terminal="terminated_or_truncated"`` stores ``done = termination or truncation``, which is
+what code written as ``done = term or trunc`` stores; choose it to keep such a codebase's
+learning targets unchanged when porting it. The two differ only on truncated steps (in MPE:
+the last step of every episode).
 
 MPE (``mpe2``) keeps every agent until the time limit: the last step's dicts hold all agents
 with ``truncations`` all True, then ``env.agents`` is empty and the env must be reset. Stepping
@@ -24,7 +30,9 @@ Examples
 >>> while env.agents:
 ...     actions = {a: env.action_space(a).sample() for a in env.agents}
 ...     next_obs, rewards, terminations, truncations, _ = env.step(actions)
-...     _ = add_parallel_step(buf, obs, actions, rewards, next_obs, terminations, truncations)
+...     _ = add_parallel_step(
+...         buf, obs, actions, rewards, next_obs, terminations, truncations, terminal="terminated"
+...     )
 ...     obs = next_obs
 >>> len(buf), buf.sample(4).obs["agent_0"].shape
 (25, (4, 18))
@@ -32,6 +40,7 @@ Examples
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,6 +57,41 @@ def buffer_from_env(env: Any, capacity: int, **kwargs: Any) -> MultiAgentReplayB
     ``seed``, ``n_trainers``).
     """
     return MultiAgentReplayBuffer(specs_from_env(env), capacity, **kwargs)
+
+
+#: the accepted values of ``add_parallel_step(terminal=...)``
+TERMINAL_CONVENTIONS = ("terminated", "terminated_or_truncated")
+
+
+def _check_terminal(terminal: Any, truncation_is_done: Any) -> str:
+    """The ``terminal`` convention, from ``terminal`` or the deprecated ``truncation_is_done``."""
+    if truncation_is_done is not None:
+        if not isinstance(truncation_is_done, (bool, np.bool_)):
+            raise TypeError(
+                f"truncation_is_done must be a bool; got truncation_is_done={truncation_is_done!r}"
+            )
+        implied = "terminated_or_truncated" if truncation_is_done else "terminated"
+        if terminal is not None and terminal != implied:
+            raise ValueError(
+                f"terminal={terminal!r} contradicts truncation_is_done={truncation_is_done}; "
+                "pass terminal= only"
+            )
+        warnings.warn(
+            f"truncation_is_done is deprecated; pass terminal={implied!r} instead",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return implied
+    if terminal is None:
+        raise TypeError(
+            "add_parallel_step needs terminal=: 'terminated' stores done = termination (a "
+            "time-limit truncation is not terminal, critics keep bootstrapping), "
+            "'terminated_or_truncated' stores done = termination or truncation (what code "
+            "written as done = term or trunc stores; keeps its learning targets unchanged)"
+        )
+    if terminal not in TERMINAL_CONVENTIONS:
+        raise ValueError(f"terminal must be one of {TERMINAL_CONVENTIONS}; got {terminal!r}")
+    return str(terminal)
 
 
 def _check_dict(name: str, value: Any) -> Mapping[str, Any]:
@@ -68,8 +112,9 @@ def add_parallel_step(
     terminations: Mapping[str, Any],
     truncations: Mapping[str, Any] | None = None,
     *,
-    truncation_is_done: bool = False,
+    terminal: str | None = None,
     pad_missing: bool = False,
+    truncation_is_done: bool | None = None,
 ) -> list[str]:
     """Store one parallel-API step: ``obs`` before it, then ``env.step``'s outputs.
 
@@ -80,18 +125,27 @@ def add_parallel_step(
         Observations the actions were chosen from (the previous ``next_obs`` or ``reset``'s).
     actions, rewards, next_obs, terminations, truncations : dict
         ``actions`` as passed to ``env.step``; the others as it returned them.
-    truncation_is_done : bool, default False
-        Store ``done = termination or truncation`` instead of ``done = termination``.
+    terminal : {"terminated", "terminated_or_truncated"}
+        Required: what the stored ``done`` is. ``"terminated"``: ``done = termination`` (a
+        time-limit truncation is not terminal; critics bootstrap through it).
+        ``"terminated_or_truncated"``: ``done = termination or truncation`` (the convention of
+        code written as ``done = term or trunc``; needs ``truncations``). Omitting it raises
+        ``TypeError``: the choice changes the critic's targets on every truncated step.
     pad_missing : bool, default False
         An agent of the buffer that is absent from the step's dicts (it left the episode
         earlier) raises ``ValueError`` by default. With ``True`` it is stored as an absorbing
         transition: zero observation, action, reward and next observation, ``done = 1``.
+    truncation_is_done : bool, optional
+        Deprecated spelling: ``True`` is ``terminal="terminated_or_truncated"``, ``False`` is
+        ``terminal="terminated"`` (warns ``DeprecationWarning``).
 
     Returns
     -------
     list of str
         The agents that were padded (empty unless ``pad_missing``).
     """
+    terminal = _check_terminal(terminal, truncation_is_done)
+    or_truncated = terminal == "terminated_or_truncated"
     dicts = {
         "obs": _check_dict("obs", obs),
         "actions": _check_dict("actions", actions),
@@ -101,8 +155,8 @@ def add_parallel_step(
     }
     if truncations is not None:
         dicts["truncations"] = _check_dict("truncations", truncations)
-    elif truncation_is_done:
-        raise ValueError("truncation_is_done=True needs the truncations dict; got None")
+    elif or_truncated:
+        raise ValueError("terminal='terminated_or_truncated' needs the truncations dict; got None")
     agents = buf.agents
     missing = sorted({a for a in agents for d in dicts.values() if a not in d})
     if missing and not pad_missing:
@@ -130,7 +184,7 @@ def add_parallel_step(
             row["done"][agent] = 1.0
             continue
         done = bool(terminations[agent])
-        if truncation_is_done and truncations is not None:
+        if or_truncated and truncations is not None:
             done = done or bool(truncations[agent])
         row["obs"][agent] = obs[agent]
         row["action"][agent] = actions[agent]
@@ -141,4 +195,4 @@ def add_parallel_step(
     return missing
 
 
-__all__ = ["add_parallel_step", "buffer_from_env", "specs_from_env"]
+__all__ = ["TERMINAL_CONVENTIONS", "add_parallel_step", "buffer_from_env", "specs_from_env"]

@@ -1,0 +1,290 @@
+"""Stand-in consumer 1: MADDPG with one replay buffer object per agent.
+
+Written the way PyTorch ports of the original MADDPG trainer are: every agent owns a buffer of
+preallocated NumPy arrays and a trainer; each environment step every agent adds its own
+transition (``buffers[i].add(obs, act, rew, next_obs, done)``); every 100 steps each trainer
+draws indices with ``np.random.choice(len, B, replace=False)`` from its own buffer, reads every
+agent's buffer at those indices (``buffers[j].sample_index(idx)``), converts the arrays with
+``torch.tensor`` and updates its critic, its actor and its target networks.
+
+Swapping marlbuf in is one function (:func:`marlbuf_buffers`): the per-agent adapter objects of
+:func:`marlbuf.compat.maddpg.make_buffers` share one interleaved store, so a trainer's
+``sample_index`` calls on all agents' buffers cost one gather; ``Uniform(replace=False)`` draws
+without replacement as ``np.random.choice(..., replace=False)`` does. Nothing else changes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from marlbuf.compat.maddpg import make_buffers
+from marlbuf.samplers import Uniform
+
+Tensor = torch.Tensor
+
+
+class AgentReplayBuffer:
+    """One agent's replay buffer: preallocated float32 arrays, a ring cursor, and the usual
+    ``make_index`` / ``sample_index`` pair.
+
+    Parameters
+    ----------
+    size : int
+        Capacity in environment steps.
+    obs_dim, act_dim : int
+        This agent's observation and action sizes.
+    """
+
+    def __init__(self, size: int, obs_dim: int, act_dim: int) -> None:
+        self.size = int(size)
+        self.obs = np.zeros((self.size, obs_dim), dtype=np.float32)
+        self.act = np.zeros((self.size, act_dim), dtype=np.float32)
+        self.rew = np.zeros(self.size, dtype=np.float32)
+        self.next_obs = np.zeros((self.size, obs_dim), dtype=np.float32)
+        self.done = np.zeros(self.size, dtype=np.float32)
+        self.ptr = 0
+        self.filled = 0
+
+    def __len__(self) -> int:
+        return self.filled
+
+    def add(self, obs: Any, act: Any, rew: Any, next_obs: Any, done: Any) -> None:
+        """Store this agent's transition of one step (overwrites the oldest once full)."""
+        self.obs[self.ptr] = obs
+        self.act[self.ptr] = act
+        self.rew[self.ptr] = rew
+        self.next_obs[self.ptr] = next_obs
+        self.done[self.ptr] = done
+        self.ptr = (self.ptr + 1) % self.size
+        self.filled = min(self.filled + 1, self.size)
+
+    def make_index(self, batch_size: int) -> np.ndarray:
+        """``batch_size`` distinct slots, drawn with the global NumPy generator."""
+        # the global legacy generator, as these codebases use it
+        return np.random.choice(self.filled, batch_size, replace=False)  # noqa: NPY002
+
+    def sample_index(self, idx: Any) -> tuple[np.ndarray, ...]:
+        """``(obs, act, rew, next_obs, done)`` at ``idx``: five fancy-indexing copies."""
+        return self.obs[idx], self.act[idx], self.rew[idx], self.next_obs[idx], self.done[idx]
+
+
+def own_buffers(size: int, obs_dims: Sequence[int], act_dim: int) -> list[AgentReplayBuffer]:
+    """The consumer's own buffers: one :class:`AgentReplayBuffer` per agent."""
+    return [AgentReplayBuffer(size, d, act_dim) for d in obs_dims]
+
+
+def marlbuf_buffers(
+    size: int, obs_dims: Sequence[int], act_dim: int, seed: int | None = None
+) -> list[Any]:
+    """The swap: per-agent adapter objects over one marlbuf store, same methods."""
+    return make_buffers(
+        len(obs_dims),
+        size,
+        obs_shape_n=[(d,) for d in obs_dims],
+        act_shape_n=[(act_dim,)] * len(obs_dims),
+        dtype=np.float32,
+        sampler=Uniform(replace=False),
+        seed=seed,
+    )
+
+
+def mlp(in_dim: int, out_dim: int, hidden: int = 64) -> nn.Sequential:
+    """Two hidden ReLU layers of ``hidden`` units."""
+    return nn.Sequential(
+        nn.Linear(in_dim, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, out_dim),
+    )
+
+
+class AgentTrainer:
+    """One agent's actor, centralized critic, their target copies and optimizers."""
+
+    def __init__(self, index: int, obs_dims: Sequence[int], act_dim: int, lr: float) -> None:
+        self.index = index
+        self.actor = mlp(obs_dims[index], act_dim)
+        self.critic = mlp(sum(obs_dims) + act_dim * len(obs_dims), 1)
+        self.target_actor = copy.deepcopy(self.actor)
+        self.target_critic = copy.deepcopy(self.critic)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr)
+
+    def soft_update(self, tau: float) -> None:
+        """``target <- (1 - tau) * target + tau * online`` for actor and critic."""
+        with torch.no_grad():
+            for net, target in ((self.actor, self.target_actor), (self.critic, self.target_critic)):
+                for p, tp in zip(net.parameters(), target.parameters()):
+                    tp.mul_(1 - tau).add_(p, alpha=tau)
+
+
+class PerAgentMADDPG:
+    """The training loop: action selection, env step, per-agent ``add``, periodic updates.
+
+    Parameters
+    ----------
+    env : marlbuf.envs.MPEEnv
+        Continuous-action environment (observations and actions as per-agent sequences).
+    buffers : list
+        One buffer per agent with ``add``, ``make_index``, ``sample_index`` and ``len``
+        (:func:`own_buffers` or :func:`marlbuf_buffers`).
+    batch_size : int
+    update_every : int
+        Environment steps between update rounds (100, as the original trainer).
+    warmup : int, optional
+        Stored steps before the first update (default ``batch_size``).
+    lr, gamma, tau, noise : float
+        Adam learning rate, discount, target smoothing, exploration noise (Gaussian std).
+    seed : int
+        Seeds the global NumPy and torch generators, as these codebases do.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        buffers: list[Any],
+        batch_size: int = 1024,
+        update_every: int = 100,
+        warmup: int | None = None,
+        lr: float = 0.01,
+        gamma: float = 0.95,
+        tau: float = 0.01,
+        noise: float = 0.1,
+        seed: int = 0,
+    ) -> None:
+        np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
+        torch.manual_seed(seed)
+        self.env = env
+        self.buffers = buffers
+        self.n = env.n_agents
+        self.act_dim = env.action_dims[0]
+        self.trainers = [AgentTrainer(i, env.obs_dims, self.act_dim, lr) for i in range(self.n)]
+        self.batch_size = batch_size
+        self.update_every = update_every
+        self.warmup = batch_size if warmup is None else warmup
+        self.gamma, self.tau, self.noise = gamma, tau, noise
+        self.obs: list[np.ndarray] = env.reset()
+        self.steps = 0
+        self.updates = 0
+        self.episode_returns: list[float] = []
+
+    # ----------------------------------------------------------------------------- acting
+    def select_actions(self, obs: list[np.ndarray]) -> list[np.ndarray]:
+        """Each actor on its own observation, plus Gaussian noise, clipped to [0, 1]."""
+        actions = []
+        with torch.no_grad():
+            for trainer, o in zip(self.trainers, obs):
+                logits = trainer.actor(torch.tensor(o).unsqueeze(0))
+                a = torch.sigmoid(logits)[0].numpy()
+                a = a + np.random.normal(0.0, self.noise, self.act_dim)  # noqa: NPY002
+                actions.append(np.clip(a, 0.0, 1.0).astype(np.float32))
+        return actions
+
+    def store(
+        self,
+        obs: Sequence[Any],
+        actions: Sequence[Any],
+        rewards: Sequence[Any],
+        next_obs: Sequence[Any],
+        dones: Sequence[Any],
+    ) -> None:
+        """The write path: every agent adds its own transition to its own buffer."""
+        for i, buf in enumerate(self.buffers):
+            buf.add(obs[i], actions[i], rewards[i], next_obs[i], dones[i])
+
+    def env_step(self) -> None:
+        """One environment step, stored; resets at the end of an episode."""
+        actions = self.select_actions(self.obs)
+        next_obs, rewards, dones, info = self.env.step(actions)
+        self.store(self.obs, actions, rewards, next_obs, dones)
+        self.obs = next_obs
+        if info["episode_over"]:
+            self.episode_returns.append(float(info["episode_return"].sum()))
+            self.obs = self.env.reset()
+        self.steps += 1
+
+    def run_steps(self, n_steps: int) -> None:
+        """``n_steps`` environment steps with an update round every ``update_every`` steps."""
+        for _ in range(n_steps):
+            self.env_step()
+            if self.steps % self.update_every == 0 and len(self.buffers[0]) >= self.warmup:
+                self.update_round()
+
+    # ----------------------------------------------------------------------------- learning
+    def sample(self, i: int) -> tuple[list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]:
+        """Trainer ``i``'s sampling call: its own indices, every agent's buffer read at them.
+
+        Returns ``(obs_n, act_n, next_obs_n, rew, done)``: lists of per-agent tensors, then
+        agent ``i``'s reward and done.
+        """
+        idx = self.buffers[i].make_index(self.batch_size)
+        obs_n, act_n, next_obs_n = [], [], []
+        for buf in self.buffers:
+            obs, act, _, next_obs, _ = buf.sample_index(idx)
+            obs_n.append(torch.tensor(obs, dtype=torch.float32))
+            act_n.append(torch.tensor(act, dtype=torch.float32))
+            next_obs_n.append(torch.tensor(next_obs, dtype=torch.float32))
+        _, _, rew, _, done = self.buffers[i].sample_index(idx)
+        rew_t = torch.tensor(rew, dtype=torch.float32)
+        done_t = torch.tensor(done, dtype=torch.float32)
+        return obs_n, act_n, next_obs_n, rew_t, done_t
+
+    def update_agent(
+        self, i: int, sample: tuple[list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]
+    ) -> None:
+        """Critic, actor and target update of trainer ``i`` from its sample."""
+        obs_n, act_n, next_obs_n, rew, done = sample
+        me = self.trainers[i]
+        with torch.no_grad():
+            next_act_n = [
+                torch.sigmoid(t.target_actor(o)) for t, o in zip(self.trainers, next_obs_n)
+            ]
+            target_q = me.target_critic(torch.cat(next_obs_n + next_act_n, dim=1)).squeeze(1)
+            target = rew + self.gamma * (1.0 - done) * target_q
+        q = me.critic(torch.cat(obs_n + act_n, dim=1)).squeeze(1)
+        critic_loss = torch.mean((q - target) ** 2)
+        me.critic_opt.zero_grad()
+        critic_loss.backward()
+        nn.utils.clip_grad_norm_(me.critic.parameters(), 0.5)
+        me.critic_opt.step()
+
+        logits = me.actor(obs_n[i])
+        act_in = list(act_n)
+        act_in[i] = torch.sigmoid(logits)
+        actor_loss = -me.critic(torch.cat(obs_n + act_in, dim=1)).mean()
+        actor_loss = actor_loss + 1e-3 * torch.mean(logits**2)
+        me.actor_opt.zero_grad()
+        actor_loss.backward()
+        nn.utils.clip_grad_norm_(me.actor.parameters(), 0.5)
+        me.actor_opt.step()
+        me.soft_update(self.tau)
+
+    def update_round(self) -> None:
+        """Every trainer samples and updates once."""
+        for i in range(self.n):
+            self.update_agent(i, self.sample(i))
+        self.updates += 1
+
+    def parameters(self) -> list[Tensor]:
+        """Every network parameter (online and target), in a fixed order."""
+        nets = []
+        for t in self.trainers:
+            nets += [t.actor, t.critic, t.target_actor, t.target_critic]
+        return [p.detach() for net in nets for p in net.parameters()]
+
+
+__all__ = [
+    "AgentReplayBuffer",
+    "AgentTrainer",
+    "PerAgentMADDPG",
+    "marlbuf_buffers",
+    "mlp",
+    "own_buffers",
+]

@@ -1,0 +1,154 @@
+"""The drop-in consumers: swapping marlbuf in leaves learning unchanged; the suite runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("mpe2")
+
+import torch
+
+from marlbuf.bench import cli, common, dropin
+from marlbuf.bench.consumers import joint, per_agent
+from marlbuf.envs import make
+
+N_AGENTS = 3
+CAPACITY = 400
+SETTINGS = {"batch_size": 32, "update_every": 10, "warmup": 40, "seed": 3}
+STEPS = 120  # 9 update rounds, 4 finished episodes
+
+
+def _env():
+    return make("cooperative_navigation", N_AGENTS, seed=5)
+
+
+def _consumer_indices_per_agent(buffers):
+    """marlbuf's per-agent adapters drawing the consumer's own indices (global np.random)."""
+    for buf in buffers:
+        buf.make_index = lambda b, buf=buf: np.random.choice(len(buf), b, replace=False)  # noqa: NPY002
+    return buffers
+
+
+class _ConsumerIndicesJoint(joint.MarlbufJointBuffer):
+    """marlbuf's joint buffer gathering the consumer's own indices."""
+
+    def draw(self, n):
+        idx = np.random.choice(np.arange(len(self)), size=n, replace=False)  # noqa: NPY002
+        return self.buffer.gather(idx)
+
+
+def _assert_same_run(a, b):
+    assert a.updates == b.updates == 9
+    assert a.episode_returns == b.episode_returns and len(a.episode_returns) == 4
+    pa, pb = a.parameters(), b.parameters()
+    assert len(pa) == len(pb)
+    for x, y in zip(pa, pb):
+        assert torch.equal(x, y)  # bit-identical
+
+
+def test_per_agent_consumer_learns_the_same_with_marlbuf():
+    env = _env()
+    own = per_agent.PerAgentMADDPG(
+        env, per_agent.own_buffers(CAPACITY, env.obs_dims, 5), **SETTINGS
+    )
+    own.run_steps(STEPS)
+    env = _env()
+    swapped = per_agent.marlbuf_buffers(CAPACITY, env.obs_dims, 5)
+    ours = per_agent.PerAgentMADDPG(env, _consumer_indices_per_agent(swapped), **SETTINGS)
+    ours.run_steps(STEPS)
+    _assert_same_run(own, ours)
+    # the swap stored exactly what the consumer's buffers hold
+    idx = np.arange(STEPS)
+    for mine, theirs in zip(ours.buffers, own.buffers):
+        for x, y in zip(mine.sample_index(idx), theirs.sample_index(idx)):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize(("batch_layout", "norm_rews"), [("per_agent", True), ("rows", False)])
+def test_joint_consumer_learns_the_same_with_marlbuf(batch_layout, norm_rews):
+    env = _env()
+    own_buf = joint.JointReplayBuffer(CAPACITY, env.obs_dims, env.action_dims)
+    own = joint.JointMADDPG(env, own_buf, norm_rews=norm_rews, **SETTINGS)
+    own.run_steps(STEPS)
+    env = _env()
+    swapped = _ConsumerIndicesJoint(CAPACITY, env.obs_dims, env.action_dims, batch_layout)
+    ours = joint.JointMADDPG(env, swapped, norm_rews=norm_rews, **SETTINGS)
+    ours.run_steps(STEPS)
+    _assert_same_run(own, ours)
+
+
+def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
+    tiny = {"agents": (2,), "capacity": 300, "batch_size": 32, "repeats": 1}
+    tiny.update(write_agents=(2,), write_steps=10, write_repeats=1)
+    monkeypatch.setattr(dropin, "QUICK", tiny)
+    payload = dropin.run(quick=True)
+    rows = payload["rows"]
+    assert [(r["consumer"], r["case"]) for r in rows] == [
+        ("per_agent", "own"),
+        ("per_agent", "marlbuf"),
+        ("joint", "own"),
+        ("joint", "marlbuf"),
+        ("joint", "marlbuf_rows"),
+    ]
+    for row in rows:
+        assert row["agents"] == 2 and row["capacity"] == 300
+        for metric in ("write_us", "sample_ms", "update_ms", "per100_s"):
+            assert row[metric] > 0
+        assert {"ratio_write", "ratio_sample", "ratio_update", "ratio_per100"} <= set(row)
+    assert [r["case"] for r in payload["write_rows"]] == ["numpy_rows", "marlbuf_add"]
+    assert payload["write_rows"][0]["ratio_vs_numpy_rows"] == 1.0
+    assert set(payload["summary"]) == {
+        "per_agent/marlbuf/N=2",
+        "joint/marlbuf/N=2",
+        "joint/marlbuf_rows/N=2",
+        "write_add_vs_numpy_rows/N=2",
+    }
+    assert set(payload["summary"]["joint/marlbuf/N=2"]) == set(dropin.METRICS)
+    path = common.write_result("dropin", payload, quick=True, out_dir=tmp_path)
+    assert path.name == "dropin-quick.json"
+    record = json.loads(path.read_text())
+    assert record["suite"] == "dropin" and record["config"]["batch_size"] == 32
+    assert "dropin" in cli.SUITES
+    report = cli.write_report(tmp_path, quick=True).read_text()
+    assert "## dropin" in report and "marlbuf_rows" in report and "numpy_rows" in report
+
+
+def test_docs_joint_buffer_snippet_matches_the_consumer_buffer():
+    """docs/migrating.md's joint ReplayBuffer returns what the consumer's own buffer returns."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    snippet = next(b for b in blocks if "class ReplayBuffer" in b)
+    namespace: dict = {}
+    exec(compile(snippet, "docs/migrating.md", "exec"), namespace)
+    obs_dims, act_dims, steps = [6, 4, 5], [2, 3, 2], 50
+    docs_buf = namespace["ReplayBuffer"](100, obs_dims, act_dims)
+    own = joint.JointReplayBuffer(100, obs_dims, act_dims)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        step = (
+            [rng.random(d, np.float32) for d in obs_dims],
+            [rng.random(d, np.float32) for d in act_dims],
+            list(rng.standard_normal(3)),
+            [rng.random(d, np.float32) for d in obs_dims],
+            [False, True, False],
+        )
+        docs_buf.push(*step)
+        own.push(*step)
+    assert len(docs_buf) == len(own) == steps
+    np.random.seed(7)  # noqa: NPY002
+    idx = np.random.choice(np.arange(steps), size=16, replace=False)  # noqa: NPY002
+    docs_buf.buffer.sample = lambda b: docs_buf.buffer.gather(idx)  # the consumer's indices
+    np.random.seed(7)  # noqa: NPY002
+    expected = own.sample(16)
+    got = docs_buf.sample(16)
+    for field_got, field_expected in zip(got, expected):
+        for x, y in zip(field_got, field_expected, strict=True):
+            assert x.is_contiguous() and x.dtype == torch.float32
+            assert torch.equal(x, y)
