@@ -69,6 +69,9 @@ FULL: dict[str, Any] = {
         "reuse_from": "rewards.json",
         # how many of the reused runs are trained again to check they are reproduced
         "repeat_check": 1,
+        # retrain every reused uniform run too: a baseline trained where the new runs are
+        # (floating-point results differ between CPUs), used for a second set of verdicts
+        "repeat_uniform": True,
     },
 }
 #: ``marlbuf bench --quick``: CN-3 only, tiny buffer, one seed of 60 episodes at batch 64.
@@ -87,6 +90,7 @@ QUICK: dict[str, Any] = {
         "settings": rewards.QUICK["settings"],
         "reuse_from": None,
         "repeat_check": 0,
+        "repeat_uniform": False,
     },
 }
 
@@ -200,7 +204,10 @@ def train_rewards(
     candidates = sorted(
         (s for s in specs if rewards.spec_key(s) in reused), key=lambda s: s["sampler"] == "uniform"
     )
-    checks = [{**s, "repeat_of": cfg["reuse_from"]} for s in candidates[: cfg["repeat_check"]]]
+    chosen = candidates[: cfg["repeat_check"]]
+    if cfg.get("repeat_uniform"):
+        chosen += [s for s in candidates if s["sampler"] == "uniform" and s not in chosen]
+    checks = [{**s, "repeat_of": cfg["reuse_from"]} for s in chosen]
     in_cache = rewards.load_cache(cache)
     todo = checks + specs  # checks first: a mismatch is known before the long part
     from_cache = sum(rewards.spec_key(s) in in_cache for s in todo)
@@ -229,6 +236,13 @@ def train_rewards(
             }
         )
     table, summary = rewards.summarize(rows)
+    # the same verdicts against the retrained uniform runs (every seed retrained), if any
+    retrained = [r for r in check_rows if r["sampler"] == "uniform"]
+    alt_table: list[dict[str, Any]] = []
+    if retrained and {(r["env"], r["seed"]) for r in retrained} == {
+        (r["env"], r["seed"]) for r in rows if r["sampler"] == "uniform"
+    }:
+        alt_table, _ = rewards.summarize(retrained + [r for r in rows if r["sampler"] != "uniform"])
     trained_here = [
         r for r in rows_all if rewards.spec_key(r["spec"]) not in reused
     ]  # includes the checks and runs read back from this suite's own cache
@@ -237,6 +251,7 @@ def train_rewards(
         "table": table,
         "summary": summary,
         "repeat_checks": repeat_checks,
+        "table_vs_retrained_uniform": alt_table,
         "provenance": {
             "runs": len(rows),
             "reused_from_result_file": len(reused),
@@ -256,9 +271,13 @@ def frontier(
     run_lengths: Sequence[int],
     timing_rows: Sequence[dict[str, Any]],
     table: Sequence[dict[str, Any]],
+    alt_table: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """One row per run length: time ratios per timing workload and the return difference,
-    per-seed differences, t and verdict per environment; ``qualifies`` = loses on none."""
+    per-seed differences, t and verdict per environment; ``qualifies`` = loses on none.
+
+    ``alt_table`` (the same summary against another uniform baseline) adds
+    ``*_alt_<env>`` columns and ``qualifies_alt``."""
     times = {(r["workload"], r["case"]): r for r in timing_rows}
     workloads = list(dict.fromkeys(r["workload"] for r in timing_rows))
     by_env = {(t["env"], t["sampler"]): t for t in table}
@@ -289,6 +308,19 @@ def frontier(
         row["reward_envs"] = len(verdicts)
         row["loses"] = any(v == rewards.LOSES for v in verdicts)
         row["qualifies"] = bool(verdicts) and len(verdicts) == len(envs) and not row["loses"]
+        alt = {(t["env"], t["sampler"]): t for t in alt_table}
+        alt_verdicts = []
+        for env in envs:
+            entry = alt.get((env, name))
+            if entry is not None and "verdict" in entry:
+                row[f"diff_pct_alt_{env}"] = entry["diff_vs_uniform_pct"]
+                row[f"t_alt_{env}"] = entry["welch_t"]
+                row[f"verdict_alt_{env}"] = entry["verdict"]
+                alt_verdicts.append(entry["verdict"])
+        if alt_verdicts:
+            row["qualifies_alt"] = len(alt_verdicts) == len(envs) and rewards.LOSES not in (
+                alt_verdicts
+            )
         out.append(row)
     return out
 
@@ -319,7 +351,14 @@ def _fmt_pct(value: float | None) -> str:
 
 def frontier_markdown(rows: Sequence[dict[str, Any]], workloads: Sequence[str]) -> str:
     """The frontier as a markdown table (time ratio median [min]; return diff, t, verdict)."""
-    envs = sorted({k[len("verdict_") :] for r in rows for k in r if k.startswith("verdict_")})
+    envs = sorted(
+        {
+            k[len("verdict_") :]
+            for r in rows
+            for k in r
+            if k.startswith("verdict_") and not k.startswith("verdict_alt_")
+        }
+    )
     display = []
     for r in rows:
         d: dict[str, Any] = {"run length": r["run_length"]}
@@ -333,6 +372,12 @@ def frontier_markdown(rows: Sequence[dict[str, Any]], workloads: Sequence[str]) 
                     f"t {r[f't_{env}']:+.1f}: {r[f'verdict_{env}']}"
                 )
         d["qualifies"] = "yes" if r["qualifies"] else "no"
+        if "qualifies_alt" in r:
+            d["vs retrained uniform"] = ", ".join(
+                f"{env} {r[f'diff_pct_alt_{env}']:+.1f}% (t {r[f't_alt_{env}']:+.1f})"
+                for env in envs
+                if f"verdict_alt_{env}" in r
+            ) + (": qualifies" if r["qualifies_alt"] else ": loses")
         display.append(d)
     columns = list(dict.fromkeys(k for d in display for k in d))
     return markdown_table(display, columns)
@@ -373,8 +418,17 @@ def run(
         )
         walls["timing"] = time.perf_counter() - start
     workloads = list(dict.fromkeys(r["workload"] for r in timing_rows))
-    front = frontier(run_lengths, timing_rows, reward_part["table"])
+    alt_table = reward_part.get("table_vs_retrained_uniform") or []
+    front = frontier(run_lengths, timing_rows, reward_part["table"], alt_table)
     rec = recommend(front)
+    if alt_table:
+        alt_rows = [{**r, "qualifies": r.get("qualifies_alt", False)} for r in front]
+        alt_rows = [{**r, "loses": not r["qualifies"]} for r in alt_rows]
+        rec["vs_retrained_uniform"] = {
+            k: v
+            for k, v in recommend(alt_rows).items()
+            if k in ("qualifying", "recommended_run_length", "default_run_length")
+        }
     baseline = {
         t["env"]: {
             "final_mean": t["final_mean"],
@@ -399,6 +453,7 @@ def run(
         "reward_rows": reward_part["rows"],
         "reward_table": reward_part["table"],
         "reward_repeat_checks": reward_part["repeat_checks"],
+        "reward_table_vs_retrained_uniform": alt_table,
         "summary": {
             **{k: rec[k] for k in ("recommended_run_length", "default_run_length", "qualifying")},
             "losing": rec["losing"],
@@ -412,6 +467,7 @@ def run(
                 for r in front
             },
             "repeat_checks_identical": [c["identical_curve"] for c in reward_part["repeat_checks"]],
+            "vs_retrained_uniform": rec.get("vs_retrained_uniform"),
         },
         "markdown": frontier_markdown(front, workloads) + "\n\n" + timing_md,
         "config": {

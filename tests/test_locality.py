@@ -80,6 +80,15 @@ def test_reuses_identical_runs_and_checks_one(payload, tmp_path):
     assert part["provenance"]["trained_by_this_suite"] == 1  # only the repeat check
     (check,) = part["repeat_checks"]
     assert check["sampler"] == "neighbor_4" and check["identical_curve"]
+    assert part["table_vs_retrained_uniform"] == []
+    # retrain the uniform baseline too: a second set of verdicts against it
+    part = locality.train_rewards(
+        {**cfg, "repeat_uniform": True}, (4,), tmp_path, workers=1, progress=False
+    )
+    assert [c["sampler"] for c in part["repeat_checks"]] == ["neighbor_4", "uniform"]
+    assert all(c["identical_curve"] for c in part["repeat_checks"])
+    alt = {t["sampler"]: t for t in part["table_vs_retrained_uniform"]}
+    assert alt["neighbor_4"]["final_mean"] == part["table"][1]["final_mean"]
 
 
 def test_recommend_rule():
