@@ -34,11 +34,13 @@ SUITES: dict[str, str] = {
     "peers": "marlbuf.bench.peers",
     "rewards": "marlbuf.bench.rewards",
     "dropin": "marlbuf.bench.dropin",
+    "locality": "marlbuf.bench.locality",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
-#: (about 30 minutes on 2 cores); name it to run it (``marlbuf bench rewards``)
-LONG_SUITES = ("rewards",)
+#: (about 30 minutes on 2 cores), the locality sweep 30 more (reusing the reward study's runs
+#: where identical); name them to run them (``marlbuf bench rewards locality``)
+LONG_SUITES = ("rewards", "locality")
 
 
 def _load(name: str) -> Any:
