@@ -639,6 +639,4 @@ def _check_header(state: Mapping[str, Any]) -> None:
         )
 
 
-
-
 __all__ = ["MultiAgentReplayBuffer", "make_rng"]

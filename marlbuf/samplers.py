@@ -200,6 +200,8 @@ class Neighbor(Sampler):
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
         n_refs = batch_size // self.run_length
+        if size == 0 or batch_size > size:
+            raise _not_enough_data(batch_size, size, batch_size, "distinct slots")
         full = size == self.capacity
         n_starts = size if full else size - self.run_length + 1  # valid reference slots
         if n_starts < n_refs:

@@ -350,8 +350,12 @@ class RowCodec:
 
 
 def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
-    """The common leading length ``T`` of ``extend``'s arguments (checked consistent)."""
-    steps: int | None = None
+    """The common leading length ``T`` of ``extend``'s arguments (checked consistent).
+
+    When the lengths disagree, the most common length is taken as the intended one and the
+    error names the first item that differs from it.
+    """
+    lengths: list[tuple[str, str, int]] = []
     for f in FIELDS:
         for s, item in zip(codec._by_field[f], codec._agent_items(f, fields[f])):
             shape = item.shape if type(item) is np.ndarray else np.shape(item)
@@ -361,13 +365,17 @@ def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
                     f"extend needs a leading time axis: {f}[{s.agent!r}] must have shape "
                     f"{('T', *s.shape)}; got {tuple(shape)}. Use add() for one timestep"
                 )
-            if steps is None:
-                steps = int(shape[0])
-            elif shape[0] != steps:
-                raise ValueError(
-                    "every extend argument needs the same number of timesteps; "
-                    f"{f}[{s.agent!r}] has {shape[0]}, expected {steps}"
-                )
+            lengths.append((f, s.agent, int(shape[0])))
+    counts: dict[int, int] = {}
+    for _, _, t in lengths:
+        counts[t] = counts.get(t, 0) + 1
+    steps = max(counts, key=lambda t: counts[t])
+    for f, agent, t in lengths:
+        if t != steps:
+            raise ValueError(
+                "every extend argument needs the same number of timesteps; "
+                f"{f}[{agent!r}] has {t}, the others {steps}"
+            )
     if not steps:
         raise ValueError("extend needs at least one timestep; got T=0")
     return steps

@@ -131,8 +131,13 @@ def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
 
         def must_sample(self, batch_size: int) -> bool:
             """Whether ``sample(batch_size)`` must succeed (else it must raise ValueError)."""
-            if batch_size < 1 or batch_size > self.size:
-                return False  # a batch larger than the stored data is always rejected
+            if batch_size < 1 or self.size == 0:
+                return False
+            if batch_size > self.size and sampler_kind not in (
+                "prioritized",
+                "prioritized_neighbor",
+            ):
+                return False  # Uniform and Neighbor refuse a batch larger than the stored data
             if sampler_kind == "neighbor":
                 if batch_size % self.run_length:
                     return False
