@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -10,11 +11,16 @@ import numpy as np
 
 from marlbuf import _config, persistence
 from marlbuf.batch import Batch
+from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
 from marlbuf.staging import RowCodec, steps_of
-from marlbuf.storage import Storage, make_storage
-from marlbuf.writer import RingWriter
+from marlbuf.storage import Storage, available_memory_bytes, make_storage
+from marlbuf.writer import NextObsLinks, RingWriter
+
+#: how next observations are stored: once (from the successor's obs, a side table where they
+#: differ) or as a field of every row
+NEXT_OBS_MODES = ("once", "stored")
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -46,6 +52,13 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
+    next_obs : {"once", "stored"}, default "once"
+        ``"once"``: observations are stored once; a transition's ``next_obs`` is read from the
+        ``obs`` of the next step of the same stream, and where they differ (termination,
+        truncation, reset, the newest step) from a side table, detected by comparing values at
+        write time (no episode flags needed; exact in every case, see
+        :class:`marlbuf.writer.NextObsLinks`). About half the memory for MPE-style rows; batches
+        are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row.
     batch_layout : {"rows", "per_agent"}, default "rows"
         How gathered batches are laid out. ``"rows"`` (interleaved layout): every per-agent
         array is a strided view into the gathered rows (row stride = the joint row), and
@@ -82,8 +95,11 @@ class MultiAgentReplayBuffer:
         n_trainers: int | None = None,
         parallel_gather: bool = False,
         batch_layout: str = "rows",
+        next_obs: str = "once",
     ) -> None:
         self.specs = normalize_specs(specs)
+        if next_obs not in NEXT_OBS_MODES:
+            raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
         capacity = _check_capacity(capacity)
         if sampler is None:
             sampler = Uniform()
@@ -104,6 +120,23 @@ class MultiAgentReplayBuffer:
             )
         self.capacity = capacity
         self.n_trainers = int(n_trainers)
+        if layout not in ("interleaved", "agent_major"):
+            raise ValueError(
+                f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
+            )
+        _check_memory(
+            estimate(
+                self.specs,
+                capacity,
+                layout,
+                next_obs,
+                prioritized=sampler.weighted,
+                n_trainers=self.n_trainers,
+            ),
+            self.specs,
+            layout,
+            next_obs,
+        )
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
@@ -111,8 +144,12 @@ class MultiAgentReplayBuffer:
         # while the next is gathered)
         pool_blocks = 2 * self.n_trainers + 2
         self._codec = RowCodec(self.specs)  # validation + staging of add/extend
+        self.next_obs = next_obs
+        self.links = (
+            NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
+        )
         self.storage: Storage = make_storage(
-            layout, self.specs, self.capacity, pool_blocks, self._codec, batch_layout
+            layout, self.specs, self.capacity, pool_blocks, self._codec, batch_layout, self.links
         )
         self.storage.parallel_gather = bool(parallel_gather)
         self.rng = make_rng(seed)
@@ -183,6 +220,7 @@ class MultiAgentReplayBuffer:
         reward: Any,
         next_obs: Any,
         done: Any,
+        stream: Any = 0,
     ) -> None:
         """Store one timestep of every agent.
 
@@ -193,13 +231,18 @@ class MultiAgentReplayBuffer:
         stored dtypes with NumPy's ``same_kind`` rule (float64 and ints into float32 storage);
         a finite value beyond the stored dtype's range, NaN or inf is rejected. Nothing is
         written unless every value is valid.
+
+        ``stream`` names the environment copy the step comes from when several write into one
+        buffer step by step (with observations stored once, a step's ``next_obs`` is matched
+        with the next step *of the same stream*); ``add_envs`` numbers streams by environment.
         """
         fields = (obs, action, reward, next_obs, done)
+        stream = _check_stream(stream)
         with self.writer.write_lock:
             rows = self._codec.stage_fast(fields, None)
             if rows is None:
                 rows, _ = self._codec.stage(dict(zip(FIELDS, fields)), None)
-            self._commit(rows, 1)
+            self._commit(rows, 1, stream)
 
     def extend(
         self,
@@ -208,14 +251,16 @@ class MultiAgentReplayBuffer:
         reward: Any,
         next_obs: Any,
         done: Any,
+        stream: Any = 0,
     ) -> None:
         """Store ``T`` timesteps at once: like :meth:`add`, each item with a leading time axis
         (``obs[agent]`` of shape ``(T, *obs_shape)``, ``reward[agent]`` of shape ``(T,)``).
 
-        With ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by
-        one. Nothing is written unless every value is valid.
+        The T steps are consecutive steps of one ``stream`` (see :meth:`add`). With
+        ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by one.
+        Nothing is written unless every value is valid.
         """
-        self._extend((obs, action, reward, next_obs, done))
+        self._extend((obs, action, reward, next_obs, done), _check_stream(stream))
 
     def add_envs(
         self,
@@ -224,31 +269,49 @@ class MultiAgentReplayBuffer:
         reward: Any,
         next_obs: Any,
         done: Any,
+        first_stream: Any = 0,
     ) -> None:
         """Store one step of ``K`` vectorized environments in one call.
 
         Like :meth:`add` with a leading environment axis on every item (``obs[agent]`` of shape
         ``(K, *obs_shape)``, ``reward[agent]`` of shape ``(K,)``); the K transitions are stored in
-        environment order, as ``extend`` would store them. Nothing is written unless every value
-        is valid.
+        environment order. Environment ``k`` is stream ``first_stream + k``: its next step's
+        ``obs`` is matched with this step's ``next_obs`` (observations stored once). Nothing is
+        written unless every value is valid.
         """
-        self._extend((obs, action, reward, next_obs, done))
+        self._extend((obs, action, reward, next_obs, done), None, _check_stream(first_stream))
 
-    def _extend(self, fields: tuple[Any, ...]) -> None:
+    def _extend(self, fields: tuple[Any, ...], stream: int | None, first_stream: int = 0) -> None:
         named = dict(zip(FIELDS, fields))
         steps = steps_of(self._codec, named)
         with self.writer.write_lock:
             rows = self._codec.stage_fast(fields, steps)
             if rows is None:
                 rows, _ = self._codec.stage(named, steps)
-            self._commit(rows, steps)
+            streams: int | np.ndarray = (
+                stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
+            )
+            self._commit(rows, steps, streams)
 
-    def _commit(self, rows: np.ndarray, steps: int) -> None:
+    def _commit(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
         """Write validated staging rows; the only place storage and metadata change."""
         writer = self.writer
         with writer.lock:
             skip, slots = writer.plan(steps)
-            self.storage.write(slots, rows[skip:] if skip else rows, None)
+            kept = rows[skip:] if skip else rows
+            if skip and not isinstance(streams, int):
+                streams = streams[skip:]  # those environments' steps are overwritten at once
+            if self.links is not None:
+                generations = writer.total_writes + skip + np.arange(slots.shape[0])
+                self.links.commit(
+                    slots,
+                    kept.view(np.uint8),
+                    streams,
+                    generations,
+                    self._codec.next_obs_start,
+                    writer.write_generation,
+                )
+            self.storage.write(slots, kept, None)
             writer.advance(slots, steps, skip)
             self.sampler.on_write(slots)
 
@@ -517,6 +580,7 @@ class MultiAgentReplayBuffer:
             "specs": {a: s.to_dict() for a, s in self.specs.items()},
             "capacity": self.capacity,
             "layout": self.layout,
+            "next_obs": self.next_obs,
             "n_trainers": self.n_trainers,
             "sampler": {
                 "type": type(self.sampler).__name__,
@@ -526,10 +590,18 @@ class MultiAgentReplayBuffer:
             **self.writer.state_dict(copy=copy),
             "rng": self.rng.bit_generator.state,
             "storage": {k: part(v) for k, v in self.storage.arrays().items()},
+            "links": {} if self.links is None else self.links.state_dict(copy=copy),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output into this buffer (same specs, capacity, layout)."""
+        """Restore :meth:`state_dict` output into this buffer (same specs, capacity, layout).
+
+        Every part is checked before anything changes: a rejected state leaves the buffer as
+        it was.
+        """
+        self._load_state(state, adopt=False)
+
+    def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
         _check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         mismatch = [
@@ -538,6 +610,7 @@ class MultiAgentReplayBuffer:
                 ("specs", self.specs, specs),
                 ("capacity", self.capacity, state["capacity"]),
                 ("layout", self.layout, state["layout"]),
+                ("next_obs", self.next_obs, state.get("next_obs", "stored")),
                 ("n_trainers", self.n_trainers, state["n_trainers"]),
             )
             if mine != theirs
@@ -562,13 +635,32 @@ class MultiAgentReplayBuffer:
                     f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
                     f"expected {(size, *dst.shape[1:])} {dst.dtype}"
                 )
-        for key, dst in arrays.items():
-            dst[:size] = state["storage"][key]
-        self.writer.load_state_dict(state)
-        if self._handed is not None:
-            self._handed[:] = -1
-        self.rng.bit_generator.state = state["rng"]
-        self.sampler.load_state_dict(state["sampler"]["state"])
+        # validate every part on scratch copies first: a rejected state changes nothing
+        self.writer.check_state(state)
+        if self.links is not None:
+            self.links.check_state(state["links"])
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = state["rng"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"state_dict has an unusable rng state: {exc}") from exc
+        sampler_before = self.sampler.state_dict()
+        self.sampler.load_state_dict(state["sampler"]["state"])  # raises before it changes
+        with self.writer.lock:
+            try:
+                for key, dst in arrays.items():
+                    src = state["storage"][key]
+                    if not np.shares_memory(dst, src):  # load() streams straight into dst
+                        dst[:size] = src
+            except BaseException:
+                self.sampler.load_state_dict(sampler_before)
+                raise
+            self.writer.load_state_dict(state)
+            if self.links is not None:
+                self.links.load_state_dict(state["links"], adopt=adopt)
+            if self._handed is not None:
+                self._handed[:] = -1
+            self.rng.bit_generator.state = state["rng"]
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
@@ -598,6 +690,7 @@ class MultiAgentReplayBuffer:
                 {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()},
                 capacity=int(header["capacity"]),
                 layout=header["layout"],
+                next_obs=header.get("next_obs", "stored"),
                 sampler=Sampler.from_config(sampler["type"], sampler["config"]),
                 n_trainers=int(header["n_trainers"]),
             )
@@ -606,8 +699,42 @@ class MultiAgentReplayBuffer:
 
         state = persistence.read_state(path, build)
         buf = built[0]
-        buf.load_state_dict(state)  # the storage arrays are already in place: no copy
+        buf._load_state(state, adopt=True)  # storage already in place; fresh arrays adopted
         return buf
+
+
+def _check_memory(
+    needed: MemoryEstimate, specs: Mapping[str, AgentSpec], layout: str, next_obs: str
+) -> None:
+    """Refuse (``MemoryError``, naming the lean options that would fit) or warn before
+    allocating a buffer that will not fit in the memory the OS reports available."""
+    available = available_memory_bytes()
+    if available is None:
+        return
+    gib = 1024**3
+    if needed.total_bytes > available:
+        options = []
+        if next_obs != "once":
+            lean = estimate(specs, needed.capacity, layout, "once")
+            options.append(f"next_obs='once' needs {lean.total_bytes / gib:.2f} GiB")
+        hint = ("; " + ", ".join(options)) if options else ""
+        raise MemoryError(
+            f"this buffer needs {needed} but only {available / gib:.2f} GiB is available"
+            f"{hint}; reduce capacity (or the number of agents / observation size)"
+        )
+    if needed.total_bytes > _config.MEMORY_WARN_FRACTION * available:
+        warnings.warn(
+            f"this buffer needs {needed} of the {available / gib:.2f} GiB available; the "
+            "machine may start swapping",
+            ResourceWarning,
+            stacklevel=3,
+        )
+
+
+def _check_stream(stream: Any) -> int:
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
+        raise TypeError(f"stream must be a non-negative int; got stream={stream!r}")
+    return int(stream)
 
 
 def _check_capacity(capacity: Any) -> int:

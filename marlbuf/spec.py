@@ -229,15 +229,24 @@ class FieldSlot:
     dtype: np.dtype
 
 
+#: The ``next_obs`` section of a row starts on a multiple of this many bytes (the largest
+#: itemsize), so that it has exactly the internal layout of the ``obs`` section (which starts at
+#: byte 0): a slot's next observation can then be copied from its successor's ``obs`` section
+#: as one span (observations stored once).
+SECTION_ALIGN = 8
+
+
 def interleaved_row_layout(
-    specs: Mapping[str, AgentSpec], row_align: int
+    specs: Mapping[str, AgentSpec], row_align: int, fields: Sequence[str] = FIELDS
 ) -> tuple[list[FieldSlot], int]:
     """Byte offsets of every (field, agent) inside one interleaved row.
 
     The row is **field-major**: every agent's ``obs``, then every agent's ``action``, then
     rewards, next observations and dones. So the centralized critic's input (all observations,
     then all actions) is one contiguous slice of a gathered row when the dtypes agree. Each
-    field starts at a multiple of its itemsize; the row is padded to ``row_align`` bytes.
+    field starts at a multiple of its itemsize, the ``next_obs`` section at a multiple of
+    :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a subsequence
+    of :data:`FIELDS`) lays out a row without some fields (the lean row without ``next_obs``).
 
     Returns
     -------
@@ -248,7 +257,9 @@ def interleaved_row_layout(
     """
     slots: list[FieldSlot] = []
     offset = 0
-    for field_name in FIELDS:
+    for field_name in fields:
+        if field_name == "next_obs":
+            offset = -(-offset // SECTION_ALIGN) * SECTION_ALIGN
         for agent, spec in specs.items():
             dt = spec.dtype(field_name)
             shape = spec.shape(field_name)

@@ -35,6 +35,35 @@ class RowCodec:
         self.agents = list(self.specs)
         self.slots, self.row_bytes = interleaved_row_layout(self.specs, _config.ROW_ALIGN_BYTES)
         self.row_words = self.row_bytes // 8
+        # observations stored once: the obs section is [0, obs_bytes); the next_obs section
+        # [next_obs_start, next_obs_start + obs_bytes) has the same internal layout. The lean
+        # row keeps obs, action, reward at the same offsets and lays out done after them.
+        obs_slots = [s for s in self.slots if s.field == "obs"]
+        nobs_slots = [s for s in self.slots if s.field == "next_obs"]
+        self.next_obs_start = nobs_slots[0].offset
+        self.obs_bytes = obs_slots[-1].offset + obs_slots[-1].nbytes
+        assert all(
+            n.offset - self.next_obs_start == o.offset for o, n in zip(obs_slots, nobs_slots)
+        )
+        lean_fields = tuple(f for f in FIELDS if f != "next_obs")
+        self.lean_slots, self.lean_row_bytes = interleaved_row_layout(
+            self.specs, _config.ROW_ALIGN_BYTES, lean_fields
+        )
+        reward_slots = [s for s in self.slots if s.field == "reward"]
+        #: obs, action and reward: the same bytes [0, head_bytes) in both formats
+        self.head_bytes = reward_slots[-1].offset + reward_slots[-1].nbytes
+        done_dense = [s for s in self.slots if s.field == "done"]
+        done_lean = [s for s in self.lean_slots if s.field == "done"]
+        #: (lean offset, dense offset, bytes) of the done section, which moves between formats
+        self.done_span = (
+            done_lean[0].offset,
+            done_dense[0].offset,
+            done_dense[-1].offset + done_dense[-1].nbytes - done_dense[0].offset,
+        )
+        assert all(
+            dl.offset - done_lean[0].offset == dd.offset - done_dense[0].offset
+            for dl, dd in zip(done_lean, done_dense)
+        )
         self._by_field: dict[str, list[FieldSlot]] = {f: [] for f in FIELDS}
         for s in self.slots:
             self._by_field[s.field].append(s)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -22,9 +21,19 @@ from typing import Any
 import numpy as np
 
 from marlbuf import _config
-from marlbuf._kernels import gather_rows, gather_rows_parallel, gather_segments, scatter_rows
+from marlbuf._kernels import (
+    gather_next_field,
+    gather_once,
+    gather_rows,
+    gather_rows_parallel,
+    gather_segments,
+    gather_segments_once,
+    scatter_lean,
+    scatter_rows,
+)
 from marlbuf.spec import FIELDS, AgentSpec
 from marlbuf.staging import RowCodec, RowViews
+from marlbuf.writer import NextObsLinks
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int) -> np.ndarray:
@@ -122,26 +131,6 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def check_fits_in_memory(nbytes: int, what: str) -> None:
-    """Refuse (``MemoryError``) or warn before allocating ``nbytes`` that will not fit."""
-    available = available_memory_bytes()
-    if available is None:
-        return
-    gib = 1024**3
-    if nbytes > available:
-        raise MemoryError(
-            f"{what} needs {nbytes / gib:.2f} GiB but only {available / gib:.2f} GiB is "
-            "available; reduce capacity (or the number of agents / observation size)"
-        )
-    if nbytes > _config.MEMORY_WARN_FRACTION * available:
-        warnings.warn(
-            f"{what} needs {nbytes / gib:.2f} GiB of the {available / gib:.2f} GiB available; "
-            "the machine may start swapping",
-            ResourceWarning,
-            stacklevel=4,
-        )
-
-
 def _ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
     """Split consecutive ring slots into ``(dst_start, dst_stop, src_start)`` slices (at most 2)."""
     first, count = int(slots[0]), int(slots.shape[0])
@@ -178,8 +167,11 @@ class Storage(ABC):
         pool_blocks: int = 8,
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
+        links: NextObsLinks | None = None,
     ) -> None:
         self.specs = dict(specs)
+        #: observations stored once when set (see :class:`marlbuf.writer.NextObsLinks`)
+        self.links = links
         self.capacity = int(capacity)
         self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
         self.parallel_gather = False  # opt-in: threads for large gathers (see _gather_kernel)
@@ -293,15 +285,11 @@ class AgentMajorStorage(Storage):
         pool_blocks: int = 8,
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
+        links: NextObsLinks | None = None,
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout)
+        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links)
         self.batch_layout = "per_agent"  # the only way this layout gathers
-        total = sum(
-            capacity * math.prod(spec.shape(f)) * spec.dtype(f).itemsize
-            for spec in self.specs.values()
-            for f in FIELDS
-        )
-        check_fits_in_memory(total, f"agent_major storage for capacity={capacity}")
+        self.fields = tuple(f for f in FIELDS if not (links is not None and f == "next_obs"))
         self._data: dict[str, dict[str, np.ndarray]] = {
             f: {
                 agent: aligned_empty(
@@ -309,22 +297,37 @@ class AgentMajorStorage(Storage):
                 )
                 for agent, spec in self.specs.items()
             }
-            for f in FIELDS
+            for f in self.fields
         }
         # (field, agent, 2-D source view) for the gather loop, built once
         self._flat = [
-            (f, a, arr.reshape(capacity, -1)) for f in FIELDS for a, arr in self._data[f].items()
+            (f, a, arr.reshape(capacity, -1))
+            for f in self.fields
+            for a, arr in self._data[f].items()
         ]
+        # observations stored once: each agent's next_obs comes from its obs array (successor)
+        # or its part of the side table, copied in the widest word that divides both
+        self._next: list[tuple[str, np.dtype, int]] = []
+        if links is not None:
+            nobs = {fs.agent: fs for fs in self.codec.slots if fs.field == "next_obs"}
+            for agent in self.specs:
+                fs = nobs[agent]
+                relative = fs.offset - self.codec.next_obs_start
+                unit = 8
+                while fs.nbytes % unit or relative % unit:
+                    unit //= 2
+                self._next.append((agent, np.dtype(f"u{unit}"), relative // unit))
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for per_agent in self._data.values() for a in per_agent.values())
+        data = sum(a.nbytes for per_agent in self._data.values() for a in per_agent.values())
+        return data + (self.links.nbytes if self.links is not None else 0)
 
     def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews | None) -> None:
         if views is None:
             views = self.codec.views(rows)
         ranges = _ring_ranges(slots)
-        for f in FIELDS:
+        for f in self.fields:
             for agent, dst in self._data[f].items():
                 src = views[f][agent]
                 for lo, hi, s0 in ranges:
@@ -339,13 +342,30 @@ class AgentMajorStorage(Storage):
         for field_name, agent, src in self._flat:
             dst = out[field_name][agent]
             self._gather_kernel(dst.nbytes)(src, indices, dst.reshape(n, -1))
+        links = self.links
+        if links is not None:
+            for agent, word, side_offset in self._next:
+                dst = out["next_obs"][agent]
+                gather_next_field(
+                    self._data["obs"][agent].reshape(self.capacity, -1).view(word),
+                    links.side.view(word),
+                    indices,
+                    links.next_slot,
+                    links.side_row,
+                    side_offset,
+                    dst.reshape(n, -1).view(word),
+                )
         return out, block
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {f"{f}/{a}": arr for f in FIELDS for a, arr in self._data[f].items()}
+        return {f"{f}/{a}": arr for f in self.fields for a, arr in self._data[f].items()}
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
-        view = self._data[field_name][agent][:count]
+        if field_name not in self._data:  # next_obs stored once: assembled by a gather
+            fields, _ = self.gather(np.arange(count, dtype=np.int64))
+            view = fields[field_name][agent]
+        else:
+            view = self._data[field_name][agent][:count]
         view.flags.writeable = False
         return view
 
@@ -367,21 +387,40 @@ class InterleavedStorage(Storage):
         pool_blocks: int = 8,
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
+        links: NextObsLinks | None = None,
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout)
-        self.row_bytes = self.codec.row_bytes
+        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links)
+        self.row_bytes = self.codec.row_bytes  # a gathered (dense) row
         self.row_words = self.codec.row_words
-        check_fits_in_memory(
-            capacity * self.row_bytes, f"interleaved storage for capacity={capacity}"
-        )
+        # a stored row: dense, or lean (no next_obs) when observations are stored once
+        self.table_row_bytes = self.row_bytes if links is None else self.codec.lean_row_bytes
         self.table = aligned_empty(
-            (capacity, self.row_words), np.dtype(np.uint64), _config.ARRAY_ALIGN_BYTES
+            (capacity, self.table_row_bytes // 8), np.dtype(np.uint64), _config.ARRAY_ALIGN_BYTES
         )
+        codec = self.codec
+        done_lean, done_dense, done_bytes = codec.done_span
+        self._lean_args = (codec.head_bytes, done_lean, done_dense, done_bytes)
         # per_agent gathers: byte offset and length of every (field, agent) inside a row, in
         # the carving's order (FIELDS x agents, the same order as the codec's slots)
-        slots = {(fs.field, fs.agent): fs for fs in self.codec.slots}
-        order = [slots[(f, a)] for f in FIELDS for a in self.specs]
-        self._seg_src = np.array([fs.offset for fs in order], dtype=np.int64)
+        dense = {(fs.field, fs.agent): fs for fs in self.codec.slots}
+        lean = {(fs.field, fs.agent): fs for fs in self.codec.lean_slots}
+        keys = [(f, a) for f in FIELDS for a in self.specs]
+        nobs_start = self.codec.next_obs_start
+        # lean rows: a next_obs segment reads the successor's obs section (offset relative to
+        # the section), every other segment its own lean row
+        self._seg_next = np.array(
+            [int(links is not None and f == "next_obs") for f, _ in keys], dtype=np.int64
+        )
+        self._seg_src = np.array(
+            [
+                dense[k].offset
+                if links is None
+                else (dense[k].offset - nobs_start if k[0] == "next_obs" else lean[k].offset)
+                for k in keys
+            ],
+            dtype=np.int64,
+        )
+        order = [dense[k] for k in keys]
         self._seg_len = np.array([fs.nbytes for fs in order], dtype=np.int64)
         self._seg_dst: dict[int, np.ndarray] = {}
         self._seg_unit: tuple[np.dtype, np.ndarray, np.ndarray] = (
@@ -392,18 +431,35 @@ class InterleavedStorage(Storage):
 
     @property
     def nbytes(self) -> int:
-        return int(self.table.nbytes)
+        return int(self.table.nbytes) + (self.links.nbytes if self.links is not None else 0)
 
     def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews | None) -> None:
-        scatter_rows(self.table, slots, rows)
+        if self.links is None:
+            scatter_rows(self.table, slots, rows)
+        else:
+            scatter_lean(self.table.view(np.uint8), slots, rows.view(np.uint8), *self._lean_args)
 
     def gather(
         self, indices: np.ndarray, out_block: np.ndarray | None = None
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
         n = indices.shape[0]
         block = self._new_block(n) if out_block is None else out_block
+        links = self.links
         if self.batch_layout == "rows":
-            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            if links is None:
+                self._gather_kernel(block.nbytes)(self.table, indices, block)
+            else:
+                gather_once(
+                    self.table.view(np.uint8),
+                    links.side,
+                    indices,
+                    links.next_slot,
+                    links.side_row,
+                    *self._lean_args,
+                    self.codec.next_obs_start,
+                    self.codec.obs_bytes,
+                    block.view(np.uint8),
+                )
             return self.codec.views(block), block
         if n not in self._seg_dst:
             layout, _ = self._carving(n)
@@ -411,21 +467,46 @@ class InterleavedStorage(Storage):
             # copy in the widest word that divides every offset and length (4 bytes for
             # float32 fields): byte loops over short segments do not vectorize
             unit = 8
-            while any(int(x) % unit for x in (*self._seg_src, *self._seg_len, *dst)):
+            side_width = self.links.side.shape[1] if self.links is not None else 0
+            while any(int(x) % unit for x in (*self._seg_src, *self._seg_len, *dst, side_width)):
                 unit //= 2
             self._seg_dst = {n: dst // unit}
             self._seg_unit = (np.dtype(f"u{unit}"), self._seg_src // unit, self._seg_len // unit)
         word, seg_src, seg_len = self._seg_unit
-        gather_segments(
-            self.table.view(word), indices, seg_src, self._seg_dst[n], seg_len, block.view(word)
-        )
+        if links is None:
+            gather_segments(
+                self.table.view(word), indices, seg_src, self._seg_dst[n], seg_len, block.view(word)
+            )
+        else:
+            gather_segments_once(
+                self.table.view(word),
+                links.side.view(word),
+                indices,
+                links.next_slot,
+                links.side_row,
+                seg_src,
+                self._seg_dst[n],
+                seg_len,
+                self._seg_next,
+                block.view(word),
+            )
         return self._carve(block, n), block
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"table": self.table}
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
-        view = self.codec.views(self.table[:count])[field_name][agent]
+        if self.links is None:
+            view = self.codec.views(self.table[:count])[field_name][agent]
+        elif field_name == "next_obs":  # stored once: assembled by a gather
+            fields, _ = self.gather(np.arange(count, dtype=np.int64))
+            view = fields[field_name][agent]
+        else:
+            fs = next(x for x in self.codec.lean_slots if (x.field, x.agent) == (field_name, agent))
+            raw = self.table[:count].view(np.uint8)
+            view = (
+                raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype).reshape(count, *fs.shape)
+            )
         view.flags.writeable = False
         return view
 
@@ -443,8 +524,9 @@ def make_storage(
     pool_blocks: int = 8,
     codec: RowCodec | None = None,
     batch_layout: str = "rows",
+    links: NextObsLinks | None = None,
 ) -> Storage:
     """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
-    return LAYOUTS[layout](specs, capacity, pool_blocks, codec, batch_layout)
+    return LAYOUTS[layout](specs, capacity, pool_blocks, codec, batch_layout, links)

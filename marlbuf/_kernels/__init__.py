@@ -5,6 +5,12 @@ inputs: the public Python method that calls it validates shapes, dtypes and rang
 Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
+from marlbuf._kernels.once import (
+    gather_next_field,
+    gather_once,
+    gather_segments_once,
+    scatter_lean,
+)
 from marlbuf._kernels.rows import (
     first_nonfinite,
     gather_rows,
@@ -28,13 +34,17 @@ __all__ = [
     "fill_new_slots",
     "find_prefix",
     "first_nonfinite",
+    "gather_next_field",
+    "gather_once",
     "gather_rows",
     "gather_rows_parallel",
     "gather_segments",
+    "gather_segments_once",
     "locality_sample",
     "neighbor_indices",
     "per_sample",
     "rebuild",
+    "scatter_lean",
     "scatter_rows",
     "set_leaves",
 ]

@@ -1,0 +1,193 @@
+"""Kernels of the observations-stored-once format.
+
+A lean row holds a transition without its ``next_obs``. A slot's next observation is the
+``obs`` section of its *successor* slot (``next_slot[slot] >= 0``) or, where they differ
+(episode end, reset, the newest transition of a stream), a row of the *side table*
+(``side[side_row[slot]]``), which holds the next_obs section bytes. See
+:mod:`marlbuf.writer` for how the links are kept exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def scatter_lean(
+    table: np.ndarray,
+    slots: np.ndarray,
+    rows: np.ndarray,
+    head_bytes: int,
+    done_lean: int,
+    done_dense: int,
+    done_bytes: int,
+) -> None:
+    """Store staged dense rows as lean rows (the writer's commit).
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, lean_row_bytes), uint8
+        Lean storage; rows at ``slots`` are overwritten.
+    slots : ndarray, shape (n,), int64
+        Ring slots in ``[0, capacity)``.
+    rows : ndarray, shape (n, dense_row_bytes), uint8
+        Staged dense rows.
+    head_bytes : int
+        obs, action and reward: bytes ``[0, head_bytes)`` of both formats.
+    done_lean, done_dense, done_bytes : int
+        Offset of the done section in a lean and in a dense row, and its length.
+    """
+    width = table.shape[1]
+    for i in range(slots.shape[0]):
+        dst = table[slots[i]]
+        src = rows[i]
+        for b in range(head_bytes):
+            dst[b] = src[b]
+        for b in range(head_bytes, done_lean):  # padding stays zero, as in staged rows
+            dst[b] = 0
+        for b in range(done_bytes):
+            dst[done_lean + b] = src[done_dense + b]
+        for b in range(done_lean + done_bytes, width):
+            dst[b] = 0
+
+
+@njit(cache=True, nogil=True)
+def gather_once(
+    table: np.ndarray,
+    side: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    head_bytes: int,
+    done_lean: int,
+    done_dense: int,
+    done_bytes: int,
+    next_obs_start: int,
+    obs_bytes: int,
+    out: np.ndarray,
+) -> None:
+    """Gather lean rows into dense rows, each ``next_obs`` from the successor or the side table.
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, lean_row_bytes), uint8
+    side : ndarray, shape (side_rows, side_row_bytes), uint8
+        Side table; a row holds a next_obs section (``obs_bytes`` used).
+    indices : ndarray, shape (batch,), int64
+        Filled slots (checked by the caller).
+    next_slot, side_row : ndarray, shape (capacity,), int64
+        Per slot: the successor slot whose obs is this slot's next_obs, else -1 and the side
+        table row that holds it.
+    head_bytes, done_lean, done_dense, done_bytes : int
+        As in :func:`scatter_lean`.
+    next_obs_start, obs_bytes : int
+        Where the next_obs section starts in a dense row, and its length (= the obs section's).
+    out : ndarray, shape (batch, dense_row_bytes), uint8
+        Destination dense rows; padding bytes are left unspecified.
+    """
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        src = table[slot]
+        dst = out[i]
+        for b in range(head_bytes):
+            dst[b] = src[b]
+        for b in range(done_bytes):
+            dst[done_dense + b] = src[done_lean + b]
+        successor = next_slot[slot]
+        if successor >= 0:
+            nxt = table[successor]  # the next step's obs section is this step's next_obs
+        else:
+            nxt = side[side_row[slot]]
+        for b in range(obs_bytes):
+            dst[next_obs_start + b] = nxt[b]
+
+
+@njit(cache=True, nogil=True)
+def gather_next_field(
+    field: np.ndarray,
+    side: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    side_offset: int,
+    out: np.ndarray,
+) -> None:
+    """One agent's next_obs for the ``agent_major`` layout: ``field[next_slot[slot]]`` or the
+    agent's part of the side row.
+
+    Parameters
+    ----------
+    field : ndarray, shape (capacity, width), words
+        The agent's obs array viewed as words of a size that divides ``width`` bytes and
+        ``side_offset`` bytes.
+    side : ndarray, shape (side_rows, side_width), same word dtype
+        Side table (next_obs sections).
+    indices, next_slot, side_row : ndarray, int64
+        As in :func:`gather_once`.
+    side_offset : int
+        The agent's offset inside a next_obs section, in words.
+    out : ndarray, shape (batch, width), same word dtype
+    """
+    width = field.shape[1]
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        successor = next_slot[slot]
+        dst = out[i]
+        if successor >= 0:
+            src = field[successor]
+            for w in range(width):
+                dst[w] = src[w]
+        else:
+            row = side[side_row[slot]]
+            for w in range(width):
+                dst[w] = row[side_offset + w]
+
+
+@njit(cache=True, nogil=True)
+def gather_segments_once(
+    table: np.ndarray,
+    side: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    seg_src: np.ndarray,
+    seg_dst: np.ndarray,
+    seg_len: np.ndarray,
+    seg_next: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """:func:`marlbuf._kernels.rows.gather_segments` for lean rows (``batch_layout="per_agent"``).
+
+    Segments with ``seg_next[s] == 1`` are next_obs segments: their source is the successor's
+    row (or the side row) at ``seg_src[s]``, an offset inside the obs section.
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, lean_row_words), words
+    side : ndarray, shape (side_rows, side_row_words), same word dtype
+    indices, next_slot, side_row : ndarray, int64
+        As in :func:`gather_once`.
+    seg_src, seg_dst, seg_len, seg_next : ndarray, shape (n_segments,), int64
+        Source offset in a lean row (or in the obs section), destination offset in ``out``,
+        words per row, and whether the segment is a next_obs segment.
+    out : ndarray, shape (n_words,), same word dtype
+    """
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        row = table[slot]
+        successor = next_slot[slot]
+        if successor >= 0:
+            nxt = table[successor]
+        else:
+            nxt = side[side_row[slot]]
+        for s in range(seg_src.shape[0]):
+            length = seg_len[s]
+            src0 = seg_src[s]
+            dst0 = seg_dst[s] + i * length
+            if seg_next[s]:
+                for w in range(length):
+                    out[dst0 + w] = nxt[src0 + w]
+            else:
+                for w in range(length):
+                    out[dst0 + w] = row[src0 + w]

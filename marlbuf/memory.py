@@ -1,0 +1,123 @@
+"""Know the cost before allocating: bytes per transition and total size of a buffer.
+
+>>> from marlbuf import AgentSpec
+>>> from marlbuf.memory import estimate
+>>> specs = {f"agent_{i}": AgentSpec(obs_shape=(144,), action_shape=(5,)) for i in range(24)}
+>>> dense = estimate(specs, 1_000_000, next_obs="stored")
+>>> lean = estimate(specs, 1_000_000)
+>>> round(dense.table_row_bytes / 1024, 1), round(lean.table_row_bytes / 1024, 1)
+(27.7, 14.2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from marlbuf import _config
+from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout
+
+#: episode length assumed by :func:`estimate` for the side table of observations stored once
+#: (MPE's ``max_cycles``); every episode end keeps one next observation in the side table
+DEFAULT_EPISODE_LENGTH = 25
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a buffer needs, by part.
+
+    Attributes
+    ----------
+    capacity : int
+    table_row_bytes : int
+        Stored bytes per transition in the storage arrays (padded row or per-agent arrays).
+    side_table_bytes : int
+        Expected bytes of the next-observation side table (observations stored once): one row
+        per episode end still stored plus one per stream; 0 with ``next_obs="stored"``.
+    metadata_bytes : int
+        Per-slot bookkeeping: write generations, next-observation links, priority trees and
+        the per-trainer hand-out generations of prioritized samplers.
+    """
+
+    capacity: int
+    table_row_bytes: int
+    side_table_bytes: int
+    metadata_bytes: int
+
+    @property
+    def storage_bytes(self) -> int:
+        """The storage arrays (allocated up front)."""
+        return self.capacity * self.table_row_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.storage_bytes + self.side_table_bytes + self.metadata_bytes
+
+    @property
+    def bytes_per_transition(self) -> float:
+        return self.total_bytes / self.capacity
+
+    def __str__(self) -> str:
+        return (
+            f"{self.total_bytes / GIB:.2f} GiB ({self.bytes_per_transition:,.0f} bytes per "
+            f"transition: {self.table_row_bytes:,} stored, "
+            f"{(self.side_table_bytes + self.metadata_bytes) / self.capacity:,.0f} side table "
+            "and metadata)"
+        )
+
+
+def estimate(
+    specs: Mapping[str, AgentSpec],
+    capacity: int,
+    layout: str = "interleaved",
+    next_obs: str = "once",
+    prioritized: bool = False,
+    n_trainers: int | None = None,
+    episode_length: int = DEFAULT_EPISODE_LENGTH,
+    n_streams: int = 1,
+) -> MemoryEstimate:
+    """What a :class:`~marlbuf.MultiAgentReplayBuffer` with these options will hold.
+
+    Parameters
+    ----------
+    specs, capacity, layout, next_obs
+        As for the buffer.
+    prioritized : bool
+        Whether the sampler keeps priority trees (``Prioritized``/``PrioritizedNeighbor``).
+    n_trainers : int, optional
+        Defaults to the number of agents.
+    episode_length : int
+        Steps per episode, for the expected side-table size of observations stored once (its
+        worst case, no two consecutive observations equal, is one row per slot).
+    n_streams : int
+        Environment copies writing into the buffer.
+    """
+    n_trainers = len(specs) if n_trainers is None else int(n_trainers)
+    once = next_obs == "once"
+    fields = tuple(f for f in FIELDS if not (once and f == "next_obs"))
+    if layout == "interleaved":
+        _, row_bytes = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES, fields)
+    else:
+        row_bytes = sum(
+            math.prod(spec.shape(f)) * spec.dtype(f).itemsize
+            for spec in specs.values()
+            for f in fields
+        )
+    side = 0
+    metadata = capacity * 8  # write generation
+    if once:
+        slots, _ = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES)
+        obs = [s for s in slots if s.field == "obs"]
+        side_row = -(-(obs[-1].offset + obs[-1].nbytes) // 8) * 8
+        side = side_row * (min(capacity, -(-capacity // max(1, episode_length))) + n_streams)
+        metadata += capacity * 16  # successor slot and side row per slot
+    if prioritized:
+        leaves = 1 << max(0, (capacity - 1).bit_length())
+        metadata += n_trainers * (2 * 2 * leaves * 8 + capacity * 8)  # sum + max trees, hand-out
+    return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
+
+
+__all__ = ["DEFAULT_EPISODE_LENGTH", "MemoryEstimate", "estimate"]
