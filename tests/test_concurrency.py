@@ -21,7 +21,7 @@ from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform
 
 CAPACITY = 64
 BATCH = 32
-SECONDS = 1.2  # per configuration
+SECONDS = 1.0  # per configuration
 SPECS = {
     "p": AgentSpec(obs_shape=(6,), action_shape=(2,)),
     "q": AgentSpec(obs_shape=(3,), action_shape=(4,), obs_dtype=np.float64),

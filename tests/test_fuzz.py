@@ -101,7 +101,7 @@ def rand_sampler(capacity):
         lambda: Uniform(), lambda: Uniform(replace=False),
         lambda: Neighbor(int(rng.integers(1, 5))), lambda: Neighbor(1 << 20),
         lambda: Neighbor(capacity + int(rng.integers(1, 4))),
-        lambda: Prioritized(), lambda: PrioritizedNeighbor(),
+        lambda: Prioritized(), lambda: Prioritized(priority="given"), lambda: PrioritizedNeighbor(),
         lambda: PrioritizedNeighbor(run_lengths=(1, 2, 64)),
         lambda: "uniform", lambda: None,
     ])()
@@ -253,7 +253,9 @@ while ops < max_ops and time.monotonic() - start < budget:
         elif op in (2, 3):
             size = rand_batch_size(buf)
             trainer = rand_trainer(buf)
-            out = pick([None, None, "batch", 7] + [b for b in batches if b is not None])
+            out = pick([None, None] + [b for b in batches if b is not None])
+            if rng.random() < 0.03:
+                out = pick(["batch", 7, [out]])  # not a Batch at all
             log(ops, "sample", repr(size), repr(trainer), type(out).__name__,
                 None if not isinstance(out, Batch) else len(out), buf)
             forget(out)  # its memory now belongs to the new batch
@@ -341,9 +343,9 @@ def describe(proc: subprocess.CompletedProcess) -> str:
     )
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fuzz_public_api_never_crashes(seed):
-    proc = run_code(FUZZ, str(seed), "2.5", "3000")
+    proc = run_code(FUZZ, str(seed), "2.0", "4000")  # at most 2 s of operations
     assert proc.returncode == 0, describe(proc)
     assert "operations" in proc.stdout
 
