@@ -314,3 +314,29 @@ def test_float64_storage_accepts_values_beyond_float32(layout):
     step["obs"]["w2"] = np.full((2, 2), 1e39)
     buf.add(**step)
     np.testing.assert_array_equal(buf.gather([5]).obs["w2"][0], np.full((2, 2), 1e39))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bad", ["other sampler", "NaN priority", "short write_generation"])
+def test_rejected_load_state_dict_changes_nothing(layout, bad):
+    """A state that does not fit is refused before anything is written: a half-loaded buffer
+    (new data and size, old priority trees) would sample slots it does not hold."""
+    buf = filled_buffer(layout, FILLS["wrapped"])
+    source = MultiAgentReplayBuffer(SPECS, CAPACITY, layout=layout, seed=1)  # Uniform sampler
+    source.extend(**valid_extend(np.random.default_rng(9), 3))
+    if bad == "other sampler":
+        state = source.state_dict()  # the Uniform sampler's state has no priority trees
+    else:
+        other = filled_buffer(layout, 3)
+        state = other.state_dict()
+        if bad == "NaN priority":
+            state["sampler"]["state"]["leaves"][0, 0] = np.nan
+        else:
+            state["write_generation"] = state["write_generation"][:-1]
+    before = snapshot(buf)
+    with pytest.raises((ValueError, TypeError)):
+        buf.load_state_dict(state)
+    changed = changes(before, buf)
+    assert not changed, f"a rejected load_state_dict changed {changed}"
+    for _ in range(20):
+        assert buf.sample(4).indices.max() < len(buf)
