@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
+import shutil
 import signal
 import sys
 import time
@@ -32,30 +34,79 @@ from marlbuf.algos.config import (
     SAMPLERS,
     TrainConfig,
 )
+from marlbuf.cli import ArgumentParser, error
 
-#: Episodes of the default run: about 2-3 minutes on one core (see
-#: docs/training.md for what the reward curve should look like).
+PROG = "marlbuf train"
+
+#: Episodes of the default run: about 4 minutes on one core (see docs/training.md for what the
+#: reward curve should look like).
 DEFAULT_EPISODES = 6000
 
+#: Flags that set :class:`TrainConfig` fields: flag name (argparse dest) -> the fields it sets.
+CONFIG_FLAGS: dict[str, tuple[str, ...]] = {
+    "algo": ("algo",),
+    "env": ("env",),
+    "agents": ("n_agents",),
+    "prey": ("n_prey",),
+    "env_impl": ("env_impl",),
+    "layout": ("layout",),
+    "sampler": ("sampler",),
+    "run_length": ("run_length",),
+    "alpha": ("alpha",),
+    "beta": ("beta",),
+    "beta_final": ("beta_final",),
+    "beta_anneal_rounds": ("beta_anneal_rounds",),
+    "seed": ("seed",),
+    "threads": ("threads",),
+    "device": ("device",),
+    "batch_size": ("batch_size",),
+    "buffer_size": ("buffer_size",),
+    "warmup": ("warmup_steps",),
+    "update_every": ("update_every",),
+    "lr": ("lr_actor", "lr_critic"),
+    "formulation": ("formulation",),
+    "target_init": ("target_init",),
+    "shared_index": ("shared_index",),
+    "overlap_gather": ("overlap_gather",),
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="marlbuf train",
-        description="Train MADDPG / MATD3 on MPE (paper defaults; deviations are flags).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--algo", choices=ALGOS, default="maddpg")
-    p.add_argument("--env", choices=ENVS, default="cooperative_navigation")
-    p.add_argument("--agents", type=int, default=3, help="agents (CN) or predators (PP)")
-    p.add_argument("--prey", type=int, default=None, help="PP prey (default max(1, N // 3))")
+#: Flags that may differ from the checkpoint on ``--resume``: they say how long and how this
+#: invocation runs, not what is computed (a resumed run gives the same numbers with any of
+#: them). Every other flag, when given with ``--resume``, must equal the checkpoint's value.
+RESUME_MAY_CHANGE = (
+    "episodes",
+    "checkpoint_every",
+    "threads",
+    "device",
+    "overlap_gather",
+    "no_plot",
+    "no_progress",
+)
+
+#: What a run writes into ``--out``: a folder holding any of these is an existing run.
+RUN_FILES = ("checkpoint", "episodes.csv", "episodes.jsonl", "config.json", "rewards.png")
+
+
+def flag(dest: str) -> str:
+    """The command-line spelling of the option stored under ``dest``."""
+    return "--" + dest.replace("_", "-")
+
+
+def build_parser() -> ArgumentParser:
+    """The ``marlbuf train`` argument parser (``--help`` shows every default)."""
+    p = ArgumentParser(PROG, "Train MADDPG / MATD3 on MPE (paper defaults; deviations are flags).")
+    p.add_argument("--algo", choices=ALGOS, default="maddpg", help="trainer")
+    p.add_argument("--env", choices=ENVS, default="cooperative_navigation", help="MPE task")
+    p.add_argument("--agents", type=int, default=3, help="agents (CN) or predators (PP), 1-48")
+    p.add_argument("--prey", type=int, default=None, help="PP prey (default: max(1, N // 3))")
     p.add_argument(
         "--env-impl",
         choices=ENV_IMPLS,
         default="fast",
         help="fast: vectorized MPE step (bit-identical); mpe2: mpe2's own code",
     )
-    p.add_argument("--layout", choices=LAYOUTS, default="interleaved")
-    p.add_argument("--sampler", choices=SAMPLERS, default="uniform")
+    p.add_argument("--layout", choices=LAYOUTS, default="interleaved", help="buffer layout")
+    p.add_argument("--sampler", choices=SAMPLERS, default="uniform", help="buffer sampler")
     p.add_argument("--run-length", type=int, default=16, help="neighbor: slots per reference")
     p.add_argument("--alpha", type=float, default=0.6, help="prioritized: priority exponent")
     p.add_argument("--beta", type=float, default=0.5, help="prioritized: initial IS exponent")
@@ -64,21 +115,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--beta-anneal-rounds",
         type=int,
         default=None,
-        help="prioritized: update rounds of the beta annealing (default: the whole run; "
-        "with --resume: the checkpoint's)",
+        help="prioritized: update rounds of the beta annealing (default: the whole run)",
     )
-    p.add_argument("--episodes", type=int, default=DEFAULT_EPISODES)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--buffer-size", type=int, default=1_000_000)
     p.add_argument(
-        "--warmup", type=int, default=None, help="transitions before updates (batch * 25)"
+        "--episodes",
+        type=int,
+        default=DEFAULT_EPISODES,
+        help="episodes of the whole run, counting those already in a checkpoint (default: "
+        f"{DEFAULT_EPISODES}; with --resume: the checkpointed run's)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seeds env, sampler, networks, noise")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:k]")
+    p.add_argument("--batch-size", type=int, default=1024, help="rows per trainer per update")
+    p.add_argument("--buffer-size", type=int, default=1_000_000, help="replay capacity")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="transitions stored before updates start (default: batch size * 25)",
     )
     p.add_argument("--update-every", type=int, default=100, help="env steps per update round")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (actor and critic)")
-    p.add_argument("--formulation", choices=FORMULATIONS, default="batched")
+    p.add_argument(
+        "--formulation",
+        choices=FORMULATIONS,
+        default="batched",
+        help="batched: stacked weights; loop: one module per agent (same numbers)",
+    )
     p.add_argument(
         "--target-init",
         choices=("copy", "independent"),
@@ -95,9 +159,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="loop formulation: gather the next trainer's batch in a background thread",
     )
-    p.add_argument("--out", type=Path, default=None, help="output directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run folder (default: runs/<algo>-<env>-<agents>-s<seed>)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=500, help="episodes (0: only at end)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in OUT from its checkpoint, with its configuration; only "
+        + ", ".join(flag(d) for d in RESUME_MAY_CHANGE)
+        + " may differ",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an OUT that already holds a run (its checkpoint and logs are "
+        "deleted)",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip rewards.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -198,6 +279,16 @@ def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     return True
 
 
+def _remove_run(out: Path) -> None:
+    """Delete what an earlier run wrote into ``out`` (the caller checked it may)."""
+    for name in (*RUN_FILES, "checkpoint.tmp", "checkpoint.old"):
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+
 def _truncate_logs(out: Path, episodes: int) -> None:
     """Drop log lines of episodes after the checkpoint (a run killed without saving)."""
     jsonl = out / "episodes.jsonl"
@@ -215,47 +306,112 @@ def _truncate_logs(out: Path, episodes: int) -> None:
                 csv.writer(fh).writerows([rows[0], *body])
 
 
+class UsageError(ValueError):
+    """A user error of ``marlbuf train``: reported as one line, exit status 2."""
+
+
+_UNSET = object()
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The dests of the options that ``argv`` names (whatever their values)."""
+    # argparse fills in a default only where the namespace lacks the attribute, so a namespace
+    # pre-filled with a marker shows which options the command line set
+    dests = vars(parser.parse_args(argv))
+    probe = parser.parse_args(argv, namespace=argparse.Namespace(**dict.fromkeys(dests, _UNSET)))
+    return {k for k, v in vars(probe).items() if v is not _UNSET}
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "unset (default)" if value is None else str(value)
+
+
+def resumed_config(
+    args: argparse.Namespace, given: set[str], checkpoint: Path
+) -> tuple[TrainConfig, int]:
+    """The checkpoint's configuration with the run-control flags of this command applied, and
+    the episodes to run to; :class:`UsageError` for a flag that would change the numbers."""
+    meta_path = checkpoint / "runner.json"
+    if not meta_path.exists():
+        raise UsageError(
+            f"--resume but no checkpoint in {checkpoint} (run without --resume to start)"
+        )
+    try:
+        saved = TrainConfig.from_dict(json.loads(meta_path.read_text())["config"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"cannot read the checkpoint {meta_path}: {exc}") from exc
+    changes: dict[str, Any] = {}
+    for dest in sorted(given & set(CONFIG_FLAGS)):
+        value = getattr(args, dest)
+        for name in CONFIG_FLAGS[dest]:
+            if dest in RESUME_MAY_CHANGE:
+                changes[name] = value
+            elif getattr(saved, name) != value:
+                raise UsageError(
+                    f"{flag(dest)} is {_shown(value)} here but {_shown(getattr(saved, name))} in "
+                    f"the checkpoint {checkpoint}; --resume keeps the run's configuration (only "
+                    f"{', '.join(flag(d) for d in RESUME_MAY_CHANGE)} may change): drop the flag, "
+                    "or start a new run with --overwrite or another --out"
+                )
+    episodes = (
+        args.episodes if "episodes" in given else int(saved.extra.get("episodes", args.episodes))
+    )
+    changes["extra"] = {**saved.extra, "episodes": episodes}
+    return dataclasses.replace(saved, **changes), episodes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``marlbuf train``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     out = args.out or Path("runs") / f"{args.algo}-{args.env}-{args.agents}-s{args.seed}"
     checkpoint = out / "checkpoint"
-    if args.resume and args.beta_anneal_rounds is None and (checkpoint / "runner.json").exists():
-        saved = json.loads((checkpoint / "runner.json").read_text())["config"]
-        args.beta_anneal_rounds = saved.get("beta_anneal_rounds")
     try:
-        config = config_from_args(args)
+        if args.resume and args.overwrite:
+            raise UsageError("--resume and --overwrite exclude each other; choose one")
         if args.episodes < 1:
-            raise ValueError(f"--episodes must be >= 1; got {args.episodes}")
+            raise UsageError(f"--episodes must be >= 1; got {args.episodes}")
         if args.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every must be >= 0; got {args.checkpoint_every}")
-    except (ValueError, TypeError) as exc:
-        print(f"marlbuf train: {exc}", file=sys.stderr)
-        return 2
-    if args.resume and not (checkpoint / "runner.json").exists():
-        print(f"marlbuf train: --resume but no checkpoint in {checkpoint}", file=sys.stderr)
-        return 2
+            raise UsageError(f"--checkpoint-every must be >= 0; got {args.checkpoint_every}")
+        if args.resume:
+            config, episodes = resumed_config(args, given_flags(parser, argv), checkpoint)
+        else:
+            existing = [name for name in RUN_FILES if (out / name).exists()]
+            if existing and not args.overwrite:
+                raise UsageError(
+                    f"{out} already holds a run ({', '.join(existing)}); continue it with "
+                    "--resume, replace it with --overwrite, or choose another --out"
+                )
+            config, episodes = config_from_args(args), args.episodes
+            config.extra["episodes"] = episodes  # what a later --resume runs to by default
+    except (ValueError, TypeError) as exc:  # UsageError and TrainConfig's own checks
+        return error(PROG, str(exc))
     from marlbuf.algos.runner import PhaseTimer, Runner
 
     timer = PhaseTimer()
     try:
         runner = Runner(config, profiler=timer)
     except (ValueError, TypeError) as exc:
-        print(f"marlbuf train: {exc}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
+        return error(PROG, str(exc))
     if args.resume:
-        runner.load_checkpoint(checkpoint)
+        try:
+            runner.load_checkpoint(checkpoint)
+        except (ValueError, OSError) as exc:
+            runner.close()
+            return error(PROG, f"cannot resume from {checkpoint}: {exc}")
         _truncate_logs(out, runner.episodes)
     else:
-        for stale in ("episodes.csv", "episodes.jsonl"):
-            (out / stale).unlink(missing_ok=True)
+        _remove_run(out)
+        out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    remaining = args.episodes - runner.episodes
+    remaining = episodes - runner.episodes
     print(
         f"marlbuf train: {config.algo} on {config.env}, {runner.n_trainers} trainers "
         f"(obs {sorted(set(runner.env.obs_dims))}), {config.layout}/{config.sampler}, "
-        f"{config.formulation}; episodes {runner.episodes}..{args.episodes}; out {out}",
+        f"{config.formulation}; episodes {runner.episodes}..{episodes}; out {out}",
         file=sys.stderr,
     )
     stop = _StopFlag()
@@ -274,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=args.episodes, initial=runner.episodes, unit="ep", file=sys.stderr)
+            bar = tqdm(total=episodes, initial=runner.episodes, unit="ep", file=sys.stderr)
         except ImportError:
             bar = None
 

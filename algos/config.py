@@ -13,7 +13,7 @@ LAYOUTS = ("interleaved", "agent_major")
 FORMULATIONS = ("batched", "loop")
 ENV_IMPLS = ("fast", "mpe2")
 
-#: Agent counts the MPE scenarios are run with here (DESIGN section 7).
+#: Agent (or predator) counts accepted for the MPE scenarios.
 MIN_AGENTS, MAX_AGENTS = 1, 48
 
 

@@ -1,6 +1,6 @@
 """The training loop: environment, buffer and learner wired together, phase by phase.
 
-Every step of the loop sits inside a named phase (DESIGN section 6) so a profiler can attach::
+Every step of the loop sits inside a named phase so a profiler can attach::
 
     action_selection, env_step, buffer_add,
     update_all_trainers ⊃ {sampling, target_q, q_p_loss, priority_update}
@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import persistence
 from marlbuf.algos.config import TrainConfig
 from marlbuf.algos.maddpg import BatchedLearner, Learner, LoopLearner, UpdateStats, make_learner
 from marlbuf.algos.nets import torch
@@ -42,7 +43,7 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 
-#: Phase names, fixed (DESIGN section 6); the profiler and every report use these.
+#: Phase names, fixed; the profiler and every report use these.
 PHASES = (
     "action_selection",
     "env_step",
@@ -458,7 +459,8 @@ class Runner:
             )
         state = torch.load(path / "learner.pt", map_location=self.learner.device, weights_only=True)
         self.learner.load_state_dict(state)
-        self.buffer.load_state_dict(MultiAgentReplayBuffer.load(path / "buffer.npz").state_dict())
+        # straight into this runner's buffer: no second buffer of the checkpoint's size
+        persistence.load_into(self.buffer, path / "buffer.npz")
         self.total_steps = int(meta["total_steps"])
         self.episodes = int(meta["episodes"])
         self.update_rounds = int(meta["update_rounds"])

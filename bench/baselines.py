@@ -1,4 +1,4 @@
-"""The two baselines every buffer gain is quoted against (DESIGN section 9).
+"""The two baselines every buffer gain is quoted against.
 
 * :class:`ListOfTuplesBuffer` — the openai/maddpg buffer the paper measured: a Python list of
   ``(obs, action, reward, next_obs, done)`` tuples per agent, sampled with a per-index Python

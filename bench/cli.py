@@ -11,7 +11,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from marlbuf.bench.common import RESULTS_DIR, markdown_table, result_path, write_result
+from marlbuf.cli import ArgumentParser
 
 #: suite name -> module (each exposes SUITE and run(quick) -> payload)
 SUITES: dict[str, str] = {
@@ -34,11 +34,13 @@ SUITES: dict[str, str] = {
     "peers": "marlbuf.bench.peers",
     "rewards": "marlbuf.bench.rewards",
     "dropin": "marlbuf.bench.dropin",
+    "locality": "marlbuf.bench.locality",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
-#: (about 30 minutes on 2 cores); name it to run it (``marlbuf bench rewards``)
-LONG_SUITES = ("rewards",)
+#: (about 30 minutes on 2 cores), the locality sweep 30 more (reusing the reward study's runs
+#: where identical); name them to run them (``marlbuf bench rewards locality``)
+LONG_SUITES = ("rewards", "locality")
 
 
 def _load(name: str) -> Any:
@@ -78,14 +80,14 @@ def compare(path_a: Path, path_b: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "report":
-        parser = argparse.ArgumentParser(prog="marlbuf bench report")
+        parser = ArgumentParser("marlbuf bench report", "Rebuild REPORT.md and the figures.")
         parser.add_argument("--quick", action="store_true", help="the quick results")
         parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
         ns = parser.parse_args(args_list[1:])
         print(f"report: {write_report(ns.out, ns.quick)}")
         return 0
     if args_list and args_list[0] == "compare":
-        parser = argparse.ArgumentParser(prog="marlbuf bench compare")
+        parser = ArgumentParser("marlbuf bench compare", "Ratio table between two runs.")
         parser.add_argument("a", type=Path, help="baseline result JSON")
         parser.add_argument("b", type=Path, help="new result JSON")
         ns = parser.parse_args(args_list[1:])
@@ -95,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         print(compare(ns.a, ns.b))
         return 0
 
-    parser = argparse.ArgumentParser(
-        prog="marlbuf bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = ArgumentParser("marlbuf bench", __doc__)
+    parser.add_argument(
+        "suites",
+        nargs="*",
+        help=f"suites to run (default: all but {list(LONG_SUITES)}; with --quick: all): "
+        f"{list(SUITES)}",
     )
-    parser.add_argument("suites", nargs="*", help=f"suites to run (default: all): {list(SUITES)}")
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes, not hours)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
     parser.add_argument("--list", action="store_true", help="list suites and exit")

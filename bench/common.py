@@ -5,7 +5,7 @@ Every suite module in ``bench/`` exposes ``SUITE`` (its name) and
 list of flat dicts, one per measured case) and ``"summary"`` (headline numbers). The CLI adds
 machine info and writes ``bench/results/<suite>[-quick].json``.
 
-Method (DESIGN section 9): all cases of one comparison are timed in the same process, repeats
+Method: all cases of one comparison are timed in the same process, repeats
 interleaved (case A, B, C, A, B, C, ...) so that machine noise hits every case alike; JIT
 warm-up runs before timing; we report the median and min/max and ratios to a baseline measured
 in the same run.
@@ -30,8 +30,8 @@ def quiet_threads() -> dict[str, str]:
     """Settings that keep idle thread pools from busy-waiting on small machines.
 
     On a 2-core machine an idle OpenMP/TBB pool spinning after a parallel region slows every
-    following call by 10-25 ms (see shared/reference/profiling_notes.md), so benchmarks run
-    torch with one thread and OpenMP with a passive wait policy. Returns what was set.
+    following call by 10-25 ms, so benchmarks run torch with one thread and OpenMP with a
+    passive wait policy. Returns what was set.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     settings = {"OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"]}

@@ -202,6 +202,13 @@ def plot_rewards(record: dict[str, Any], out: Path) -> Path:
     return plot(record, out)
 
 
+def plot_locality(record: dict[str, Any], out: Path) -> Path:
+    """Run-length frontier: time ratio vs return difference (see locality.plot)."""
+    from marlbuf.bench.locality import plot
+
+    return plot(record, out)
+
+
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "sampling": plot_sampling,
     "layout": plot_layout,
@@ -209,6 +216,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "update": plot_update,
     "end_to_end": plot_end_to_end,
     "rewards": plot_rewards,
+    "locality": plot_locality,
 }
 
 

@@ -47,6 +47,11 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     "prioritized": {"sampler": "prioritized"},
     "prioritized_neighbor": {"sampler": "prioritized_neighbor"},
 }
+#: Labels ``neighbor_<n>`` for any other run length n are accepted too (see
+#: :func:`sampler_overrides`); the locality suite sweeps them.
+NEIGHBOR_PREFIX = "neighbor_"
+#: The verdict that counts as a loss of reward (see :func:`_verdict`).
+LOSES = "loses reward"
 #: Environments: label -> TrainConfig overrides.
 ENVS: dict[str, dict[str, Any]] = {
     "CN-3": {"env": "cooperative_navigation", "n_agents": 3},
@@ -93,14 +98,28 @@ WORKERS = 2
 FINAL_FRACTION = 0.2
 
 
+def sampler_overrides(sampler: str) -> dict[str, Any]:
+    """TrainConfig overrides of a sampler label: one of :data:`SAMPLERS`, or ``neighbor_<n>``
+    (the neighbor sampler with run length n, a positive int)."""
+    if sampler in SAMPLERS:
+        return dict(SAMPLERS[sampler])
+    if sampler.startswith(NEIGHBOR_PREFIX):
+        digits = sampler[len(NEIGHBOR_PREFIX) :]
+        if digits.isdigit() and int(digits) > 0 and str(int(digits)) == digits:
+            return {"sampler": "neighbor", "run_length": int(digits)}
+    raise ValueError(
+        f"sampler must be one of {list(SAMPLERS)} or neighbor_<n> with a positive int n; "
+        f"got sampler={sampler!r}"
+    )
+
+
 def run_spec(
     env: str, sampler: str, seed: int, episodes: int, block: int, settings: dict[str, Any]
 ) -> dict[str, Any]:
     """The JSON-safe description of one training run (also its cache key)."""
     if env not in ENVS:
         raise ValueError(f"env must be one of {list(ENVS)}; got env={env!r}")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {list(SAMPLERS)}; got sampler={sampler!r}")
+    sampler_overrides(sampler)  # validates the label
     return {
         "env": env,
         "sampler": sampler,
@@ -124,7 +143,7 @@ def train_one(spec: dict[str, Any]) -> dict[str, Any]:
     rounds = max(1, episodes * 25 // settings.get("update_every", 100))
     config = TrainConfig(
         **ENVS[spec["env"]],
-        **SAMPLERS[spec["sampler"]],
+        **sampler_overrides(spec["sampler"]),
         **settings,
         seed=spec["seed"],
         # every transition of the run fits: the same as the paper's 1e6 buffer here
@@ -167,18 +186,20 @@ def _blocks(values: np.ndarray, block: int) -> list[float]:
     return [float(values[i : i + block].mean()) for i in range(0, len(values), block)]
 
 
-def _load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
+def load_cache(path: Path | None) -> dict[str, dict[str, Any]]:
+    """Finished runs of a JSON-lines cache file, by :func:`spec_key` (empty if no file)."""
     if path is None or not path.is_file():
         return {}
     rows = {}
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            rows[_key(row["spec"])] = row
+            rows[spec_key(row["spec"])] = row
     return rows
 
 
-def _key(spec: dict[str, Any]) -> str:
+def spec_key(spec: dict[str, Any]) -> str:
+    """A run's cache key: its spec as canonical JSON (identical spec = identical run)."""
     return json.dumps(spec, sort_keys=True)
 
 
@@ -187,17 +208,22 @@ def train_all(
     workers: int = WORKERS,
     progress: bool = True,
     cache: Path | None = None,
+    reuse: Iterable[dict[str, Any]] = (),
+    desc: str = "rewards",
 ) -> list[dict[str, Any]]:
     """Train every spec (``workers`` processes; ``1`` trains in this process), reusing and
-    appending to the JSON-lines ``cache`` if given. Rows come back in the order of ``specs``."""
+    appending to the JSON-lines ``cache`` if given. ``reuse``: finished rows from elsewhere
+    (e.g. an earlier result file's ``rows``), used where their ``spec`` is identical. Rows come
+    back in the order of ``specs``."""
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int; got workers={workers!r}")
-    done = _load_cache(cache)
-    todo = [s for s in specs if _key(s) not in done]
-    bar = _progress(len(specs), len(specs) - len(todo), progress)
+    done = {spec_key(row["spec"]): row for row in reuse if "spec" in row}
+    done.update(load_cache(cache))
+    todo = [s for s in specs if spec_key(s) not in done]
+    bar = _progress(len(specs), len(specs) - len(todo), progress, desc)
 
     def finish(row: dict[str, Any]) -> None:
-        done[_key(row["spec"])] = row
+        done[spec_key(row["spec"])] = row
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             with cache.open("a") as fh:
@@ -222,17 +248,17 @@ def train_all(
                 finish(future.result())
     if bar is not None:
         bar.close()
-    return [done[_key(s)] for s in specs]
+    return [done[spec_key(s)] for s in specs]
 
 
-def _progress(total: int, initial: int, enabled: bool) -> Any:
+def _progress(total: int, initial: int, enabled: bool, desc: str = "rewards") -> Any:
     if not enabled:
         return None
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm comes with the [algos] extra
         return None
-    return tqdm(total=total, initial=initial, desc="rewards", unit="run")
+    return tqdm(total=total, initial=initial, desc=desc, unit="run")
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -307,7 +333,7 @@ def _verdict(entry: dict[str, Any], base_finals: np.ndarray) -> str:
     t = entry.get("welch_t", 0.0)
     if entry["final_mean"] < base_finals.min():
         if paired and all(d < 0 for d in paired) and t <= -CLEAR_T:
-            return "loses reward"
+            return LOSES
         return "slightly below uniform's seed range, not a clear loss"
     if entry["final_mean"] > base_finals.max():
         if paired and all(d > 0 for d in paired) and t >= CLEAR_T:
@@ -345,7 +371,7 @@ def run(
         if supplement
         else []
     )
-    cached = sum(_key(s) in _load_cache(cache) for s in specs + extra_specs)
+    cached = sum(spec_key(s) in load_cache(cache) for s in specs + extra_specs)
     start = time.perf_counter()
     all_rows = train_all(specs + extra_specs, workers=workers, progress=progress, cache=cache)
     wall = time.perf_counter() - start

@@ -37,7 +37,10 @@ FILL_CHUNK = 5_000
 
 #: marlbuf cases: name -> (layout, sampler factory, variant). Variants: "" (defaults: serial
 #: kernels, pooled batch memory), "out" (``out=`` reuse of the previous round's batches),
-#: "parallel" (the opt-in threaded gather, ``parallel_gather=True``).
+#: "parallel" (the opt-in threaded gather, ``parallel_gather=True``), "stream" (the round as
+#: ``iter_trainers``, each batch dropped before the next is drawn, as a MADDPG learner consumes
+#: it), "per_agent" (``batch_layout="per_agent"``: contiguous per-agent arrays from the same
+#: gather), "nolock" (the buffer's lock replaced by a no-op: the cost of thread safety).
 MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str]] = {
     "agent_major+uniform": ("agent_major", Uniform, ""),
     "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), ""),
@@ -47,6 +50,9 @@ MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str]] = {
     "interleaved+uniform+out": ("interleaved", Uniform, "out"),
     "interleaved+uniform+parallel": ("interleaved", Uniform, "parallel"),
     "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel"),
+    "interleaved+uniform+stream": ("interleaved", Uniform, "stream"),
+    "interleaved+uniform+per_agent": ("interleaved", Uniform, "per_agent"),
+    "interleaved+uniform+nolock": ("interleaved", Uniform, "nolock"),
 }
 
 QUICK: dict[str, Any] = {
@@ -67,6 +73,28 @@ def _share_storage(
     sampler.bind(buf.capacity, buf.n_trainers)
     other.rng = np.random.default_rng(seed)
     return other
+
+
+class _NoLock:
+    """A lock that does nothing (measures what the buffer's real lock costs)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _variant(buf: MultiAgentReplayBuffer, variant: str) -> MultiAgentReplayBuffer:
+    """Give a shared-storage handle its own storage view (per_agent) or writer (nolock)."""
+    if variant == "per_agent":
+        buf.storage = copy.copy(buf.storage)
+        buf.storage.batch_layout = "per_agent"
+        buf.storage._carvings = {}
+    if variant == "nolock":
+        buf.writer = copy.copy(buf.writer)
+        buf.writer.lock = _NoLock()  # type: ignore[assignment]
+    return buf
 
 
 def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
@@ -91,8 +119,8 @@ def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
             for t in range(steps):  # one small array per field per step, as a real loop makes
                 lst.add(obs[t].copy(), act[t].copy(), float(rew[t]), nxt[t].copy(), bool(done[t]))
     bufs = {
-        name: _share_storage(by_layout[layout], make_sampler(), seed)
-        for name, (layout, make_sampler, _) in MARLBUF_CASES.items()
+        name: _variant(_share_storage(by_layout[layout], make_sampler(), seed), variant)
+        for name, (layout, make_sampler, variant) in MARLBUF_CASES.items()
     }
     floor_bytes = useful_bytes_per_round(workload)
     return {"marlbuf": bufs, "numpy": numpy_buf, "lists": lists, "floor_bytes": floor_bytes}
@@ -147,6 +175,10 @@ def _marlbuf_round(buf: MultiAgentReplayBuffer, variant: str) -> Callable[[], An
         out = previous[0] if (reuse and previous) else None
         # the handles of one layout share their storage: set the kernel choice per round
         buf.storage.parallel_gather = variant == "parallel"
+        if variant == "stream":
+            for batch in buf.iter_trainers(BATCH):
+                del batch  # consumed: its block is free for the next trainer
+            return
         batches = buf.sample_for_trainers(BATCH, out=out)
         if reuse:
             previous[:] = [batches]
@@ -245,6 +277,14 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "interleaved_neighbor64_time_vs_uniform": by_case["interleaved+neighbor64"][
                 "time_vs_interleaved_uniform"
             ],
+            "interleaved_stream_time_vs_uniform": by_case["interleaved+uniform+stream"][
+                "time_vs_interleaved_uniform"
+            ],
+            "interleaved_per_agent_time_vs_uniform": by_case["interleaved+uniform+per_agent"][
+                "time_vs_interleaved_uniform"
+            ],
+            "lock_cost_uniform_vs_nolock": by_case["interleaved+uniform"]["ms_median"]
+            / by_case["interleaved+uniform+nolock"]["ms_median"],
             "agent_major_neighbor64_time_vs_uniform": by_case["agent_major+neighbor64"]["ms_median"]
             / by_case["agent_major+uniform"]["ms_median"],
             "best_marlbuf_case": min(

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from marlbuf import _config
+from marlbuf import _config, persistence
 from marlbuf.batch import Batch
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
@@ -505,7 +501,16 @@ class MultiAgentReplayBuffer:
 
         Arrays are copies of the filled part of the storage; other values are JSON-safe.
         """
+        return self._state(copy=True)
+
+    def _state(self, copy: bool) -> dict[str, Any]:
+        """:meth:`state_dict`; with ``copy=False`` the buffer's own arrays are views of the live
+        memory (what :meth:`save` writes from, so that saving copies nothing)."""
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
+
+        def part(array: np.ndarray) -> np.ndarray:
+            return array[:filled].copy() if copy else array[:filled]
+
         return {
             "format": _config.SAVE_FORMAT,
             "version": _config.SAVE_VERSION,
@@ -518,9 +523,9 @@ class MultiAgentReplayBuffer:
                 "config": self.sampler.config(),
                 "state": self.sampler.state_dict(),
             },
-            **self.writer.state_dict(),
+            **self.writer.state_dict(copy=copy),
             "rng": self.rng.bit_generator.state,
-            "storage": {k: v[:filled].copy() for k, v in self.storage.arrays().items()},
+            "storage": {k: part(v) for k, v in self.storage.arrays().items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -566,54 +571,42 @@ class MultiAgentReplayBuffer:
         self.sampler.load_state_dict(state["sampler"]["state"])
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` (an ``.npz`` archive; no pickled code) atomically: the
-        file is written next to the target and renamed over it only when complete."""
-        path = Path(path)
-        arrays: dict[str, np.ndarray] = {}
-        meta = _split_arrays(self.state_dict(), "", arrays)
-        arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)  # type: ignore[arg-type]
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
+
+        The write is atomic: the file is written next to the target, flushed to disk and
+        renamed over it only when complete, so ``path`` holds the old or the new file even if
+        the process is killed. The storage is written straight from the buffer's memory (no
+        copy), and the file gets the mode ``0o666 & ~umask``. The folder must exist. See
+        :mod:`marlbuf.persistence` for the format.
+        """
+        persistence.write_state(self._state(copy=False), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MultiAgentReplayBuffer:
-        """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state)."""
-        path = Path(path)
-        try:
-            # open the file ourselves: np.load leaks its handle when the archive is corrupt
-            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as archive:
-                files = {k: archive[k] for k in archive.files}
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
-            raise ValueError(
-                f"{path} is not a readable marlbuf buffer file (corrupt or not an .npz): {exc}"
-            ) from exc
-        if "__meta__" not in files:
-            raise ValueError(f"{path} is not a marlbuf buffer file (no __meta__ entry)")
-        try:
-            meta = json.loads(files.pop("__meta__").tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path} has a corrupt header: {exc}") from exc
-        state = _join_arrays(meta, files)
-        _check_header(state)
-        sampler_state = state["sampler"]
-        buf = cls(
-            {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()},
-            capacity=int(state["capacity"]),
-            layout=state["layout"],
-            sampler=Sampler.from_config(sampler_state["type"], sampler_state["config"]),
-            n_trainers=int(state["n_trainers"]),
-        )
-        buf.load_state_dict(state)
+        """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state).
+
+        The storage is read straight into the new buffer's preallocated arrays. Raises
+        ``FileNotFoundError`` for a missing file and ``ValueError`` for a corrupt or foreign one.
+        """
+        built: list[MultiAgentReplayBuffer] = []
+
+        def build(header: dict[str, Any]) -> dict[str, np.ndarray]:
+            # called with the file's JSON part, before any array is read
+            _check_header(header)
+            sampler = header["sampler"]
+            buf = cls(
+                {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()},
+                capacity=int(header["capacity"]),
+                layout=header["layout"],
+                sampler=Sampler.from_config(sampler["type"], sampler["config"]),
+                n_trainers=int(header["n_trainers"]),
+            )
+            built.append(buf)
+            return persistence.storage_destinations(buf, header)
+
+        state = persistence.read_state(path, build)
+        buf = built[0]
+        buf.load_state_dict(state)  # the storage arrays are already in place: no copy
         return buf
 
 
@@ -644,34 +637,6 @@ def _check_header(state: Mapping[str, Any]) -> None:
             f"buffer state has format version {state.get('version')!r}; this marlbuf reads "
             f"version {_config.SAVE_VERSION}. Load it with the marlbuf version that wrote it."
         )
-
-
-def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
-    """Replace every ndarray in a nested dict by a reference, collecting arrays by path."""
-    if isinstance(obj, np.ndarray):
-        arrays[prefix] = obj
-        return {"__array__": prefix}
-    if isinstance(obj, dict):
-        return {k: _split_arrays(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_split_arrays(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
-def _join_arrays(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-    """Inverse of :func:`_split_arrays`."""
-    if isinstance(obj, dict):
-        if set(obj) == {"__array__"}:
-            key = obj["__array__"]
-            if key not in arrays:
-                raise ValueError(f"buffer file is missing array {key!r} (truncated or corrupt)")
-            return arrays[key]
-        return {k: _join_arrays(v, arrays) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_join_arrays(v, arrays) for v in obj]
-    return obj
 
 
 __all__ = ["MultiAgentReplayBuffer", "make_rng"]

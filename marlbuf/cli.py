@@ -7,8 +7,10 @@ imports matplotlib.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # name -> (module holding ``main(argv)``, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,6 +22,42 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "profile": ("marlbuf.profiling.cli", "time and cache counters per training phase"),
 }
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` lists every option's default: appended as ``(default: X)`` unless the help
+    text already states it (defaults computed from other options, such as ``--warmup``'s)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action) or text
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose errors are one line, ``PROG: error: MESSAGE``, exit 2.
+
+    The same shape as :func:`error`, so that every user error of every subcommand looks alike
+    (argparse's own prints the usage first).
+    """
+
+    def __init__(self, prog: str, description: str | None = None) -> None:
+        super().__init__(prog=prog, description=description, formatter_class=HelpFormatter)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+def one_line(message: str) -> str:
+    """``message`` with line breaks and repeated blanks folded into single spaces."""
+    return " ".join(message.split())
+
+
+def error(prog: str, message: str) -> int:
+    """Print a user error as one line ``PROG: error: MESSAGE`` to stderr; return exit status 2."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    return 2
 
 
 def _usage() -> str:
@@ -37,10 +75,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"marlbuf: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+        return error(
+            "marlbuf", f"unknown command {name!r}; choose from {', '.join(COMMANDS)} (see --help)"
+        )
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as exc:
+        # an optional dependency (torch, mpe2, matplotlib, ...) that is not installed: a setup
+        # problem to name in one line, not a bug to show a traceback for
+        if not exc.name or exc.name.partition(".")[0] == "marlbuf":
+            raise
+        return error(
+            f"marlbuf {name}",
+            f"needs {exc.name!r}, which is not installed; pip install 'marlbuf[all]'",
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

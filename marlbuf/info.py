@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 from pathlib import Path
 from typing import Any
+
+from marlbuf.cli import ArgumentParser
 
 
 def _cpu_caches() -> list[dict[str, Any]]:
@@ -79,7 +80,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="marlbuf info", description=__doc__)
+    parser = ArgumentParser("marlbuf info", __doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     info = machine_info()

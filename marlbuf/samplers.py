@@ -2,7 +2,7 @@
 
 A sampler returns indices (and, for prioritized samplers, importance weights) for one trainer;
 the buffer gathers the rows. Samplers with per-trainer state (priority trees) allocate it in
-:meth:`Sampler.bind`. See DESIGN section 4 for the semantics.
+:meth:`Sampler.bind`. Each sampler's docstring states its semantics.
 """
 
 from __future__ import annotations
@@ -200,6 +200,8 @@ class Neighbor(Sampler):
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
         n_refs = batch_size // self.run_length
+        if size == 0 or batch_size > size:
+            raise _not_enough_data(batch_size, size, batch_size, "distinct slots")
         full = size == self.capacity
         n_starts = size if full else size - self.run_length + 1  # valid reference slots
         if n_starts < n_refs:

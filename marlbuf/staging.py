@@ -46,6 +46,8 @@ class RowCodec:
             adjacent = all(a.offset + a.nbytes == b.offset for a, b in pairwise(slots))
             end = slots[-1].offset + slots[-1].nbytes
             self._packed[f] = (slots[0].offset, end, slots[0].dtype) if same and adjacent else None
+        self._min_discrete = 0
+        self._eye: np.ndarray | None = None
         # float segments, per float dtype, for the NaN/inf scan: (starts, counts, slot per seg)
         self._segments: list[tuple[np.dtype, np.ndarray, np.ndarray, list[FieldSlot]]] = []
         for dt in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -59,6 +61,12 @@ class RowCodec:
         # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
         self._fast = self._fast_plan()
+        single_raw = self._single.view(np.uint8)
+        self._single_regions = (
+            None
+            if self._fast is None
+            else [single_raw[:, lo:hi].view(dt) for _, lo, hi, dt, _, _ in self._fast]
+        )
 
     # ------------------------------------------------------------------ fast path
     def _fast_plan(self) -> list[tuple[str, int, int, np.dtype, list[tuple[int, ...]], Any]] | None:
@@ -79,6 +87,9 @@ class RowCodec:
             onehot = None
             if f == "action" and all(sp.n_discrete_actions for sp in self.specs.values()):
                 ns = np.array([sp.n_discrete_actions for sp in self.specs.values()], np.int64)
+                self._min_discrete = int(ns.min())  # one bound for the single-step check
+                if (ns == ns[0]).all():
+                    self._eye = np.eye(int(ns[0]), dtype=dt)
                 positions = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
                 onehot = (positions, ns)
             plan.append((f, lo, hi, dt, shapes, onehot))
@@ -125,7 +136,8 @@ class RowCodec:
         ``_NotCommonCase`` (or NumPy's own errors) for anything outside the common case."""
         agents = self.agents
         n_agents = len(agents)
-        for (_, lo, hi, dt, shapes, onehot), value in zip(plan, fields):
+        regions = self._single_regions if steps is None else None
+        for k, ((_, lo, hi, dt, shapes, onehot), value) in enumerate(zip(plan, fields)):
             if type(value) is dict:
                 if len(value) != n_agents:
                     raise _NotCommonCase
@@ -136,24 +148,29 @@ class RowCodec:
                 items = value
             else:
                 raise _NotCommonCase
-            region = raw[:, lo:hi].view(dt)
+            region = regions[k] if regions is not None else raw[:, lo:hi].view(dt)
             first = items[0]
             index_like = not isinstance(first, (np.ndarray, list)) or (
                 isinstance(first, np.ndarray) and first.dtype.kind in "iu"
             )
             if onehot is not None and index_like:
                 # discrete actions given as indices: one-hot them in one vectorized step
-                acts = np.array(items)
                 positions, ns = onehot
-                if acts.dtype.kind not in "iu":
-                    raise _NotCommonCase
                 if steps is None:
-                    if acts.shape != (n_agents,) or (acts < 0).any() or (acts >= ns).any():
+                    # bounds by Python's min/max: far cheaper than ufuncs on a handful of ints
+                    if min(items) < 0 or max(items) >= self._min_discrete:
                         raise _NotCommonCase
-                    region[0] = 0
-                    region[0, positions + acts] = 1
+                    acts = np.array(items)
+                    if acts.dtype.kind not in "iu" or acts.shape != (n_agents,):
+                        raise _NotCommonCase
+                    if self._eye is not None:  # every agent has n actions: rows of eye(n)
+                        np.take(self._eye, acts, axis=0, out=region[0].reshape(n_agents, -1))
+                    else:
+                        region[0] = 0
+                        region[0, positions + acts] = 1
                 else:
-                    if acts.shape != (n_agents, steps):
+                    acts = np.array(items)
+                    if acts.dtype.kind not in "iu" or acts.shape != (n_agents, steps):
                         raise _NotCommonCase
                     if (acts < 0).any() or (acts >= ns[:, None]).any():
                         raise _NotCommonCase
@@ -333,8 +350,12 @@ class RowCodec:
 
 
 def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
-    """The common leading length ``T`` of ``extend``'s arguments (checked consistent)."""
-    steps: int | None = None
+    """The common leading length ``T`` of ``extend``'s arguments (checked consistent).
+
+    When the lengths disagree, the most common length is taken as the intended one and the
+    error names the first item that differs from it.
+    """
+    lengths: list[tuple[str, str, int]] = []
     for f in FIELDS:
         for s, item in zip(codec._by_field[f], codec._agent_items(f, fields[f])):
             shape = item.shape if type(item) is np.ndarray else np.shape(item)
@@ -344,13 +365,17 @@ def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
                     f"extend needs a leading time axis: {f}[{s.agent!r}] must have shape "
                     f"{('T', *s.shape)}; got {tuple(shape)}. Use add() for one timestep"
                 )
-            if steps is None:
-                steps = int(shape[0])
-            elif shape[0] != steps:
-                raise ValueError(
-                    "every extend argument needs the same number of timesteps; "
-                    f"{f}[{s.agent!r}] has {shape[0]}, expected {steps}"
-                )
+            lengths.append((f, s.agent, int(shape[0])))
+    counts: dict[int, int] = {}
+    for _, _, t in lengths:
+        counts[t] = counts.get(t, 0) + 1
+    steps = max(counts, key=lambda t: counts[t])
+    for f, agent, t in lengths:
+        if t != steps:
+            raise ValueError(
+                "every extend argument needs the same number of timesteps; "
+                f"{f}[{agent!r}] has {t}, the others {steps}"
+            )
     if not steps:
         raise ValueError("extend needs at least one timestep; got T=0")
     return steps

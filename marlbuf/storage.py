@@ -384,6 +384,11 @@ class InterleavedStorage(Storage):
         self._seg_src = np.array([fs.offset for fs in order], dtype=np.int64)
         self._seg_len = np.array([fs.nbytes for fs in order], dtype=np.int64)
         self._seg_dst: dict[int, np.ndarray] = {}
+        self._seg_unit: tuple[np.dtype, np.ndarray, np.ndarray] = (
+            np.dtype(np.uint8),
+            self._seg_src,
+            self._seg_len,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -402,14 +407,17 @@ class InterleavedStorage(Storage):
             return self.codec.views(block), block
         if n not in self._seg_dst:
             layout, _ = self._carving(n)
-            self._seg_dst = {n: np.array([entry[2] for entry in layout], dtype=np.int64)}
+            dst = np.array([entry[2] for entry in layout], dtype=np.int64)
+            # copy in the widest word that divides every offset and length (4 bytes for
+            # float32 fields): byte loops over short segments do not vectorize
+            unit = 8
+            while any(int(x) % unit for x in (*self._seg_src, *self._seg_len, *dst)):
+                unit //= 2
+            self._seg_dst = {n: dst // unit}
+            self._seg_unit = (np.dtype(f"u{unit}"), self._seg_src // unit, self._seg_len // unit)
+        word, seg_src, seg_len = self._seg_unit
         gather_segments(
-            self.table.view(np.uint8),
-            indices,
-            self._seg_src,
-            self._seg_dst[n],
-            self._seg_len,
-            block,
+            self.table.view(word), indices, seg_src, self._seg_dst[n], seg_len, block.view(word)
         )
         return self._carve(block, n), block
 

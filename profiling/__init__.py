@@ -1,5 +1,5 @@
 """Per-phase profiling of a MARL training loop: time, software and hardware counters, or
-callgrind's cache simulation where the machine has no PMU (DESIGN section 8).
+callgrind's cache simulation where the machine has no PMU.
 
 >>> from marlbuf.profiling import Profiler
 >>> prof = Profiler(backend="time", null_repeats=10)

@@ -9,17 +9,22 @@ result natively.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from marlbuf.cli import ArgumentParser, error
 from marlbuf.profiling import callgrind
+from marlbuf.profiling.perf_events import CounterGroup, PerfEventError
 from marlbuf.profiling.plots import HEADLINE_METRICS
 from marlbuf.profiling.profiler import BACKENDS, NullProfiler, Profiler, format_table, write_json
 from marlbuf.profiling.workloads import (
@@ -37,25 +42,29 @@ RESULT_NAME = "profile.json"
 CALLGRIND_COLLECT_STEPS = 5
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="marlbuf profile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+PROG = "marlbuf profile"
+
+
+def build_parser() -> ArgumentParser:
+    """The ``marlbuf profile`` argument parser (``--help`` shows every default)."""
+    parser = ArgumentParser(PROG, __doc__)
+    parser.add_argument(
+        "--algo", default="maddpg", choices=["maddpg", "matd3"], help="trainer (train workload)"
     )
-    parser.add_argument("--algo", default="maddpg", choices=["maddpg", "matd3"])
     parser.add_argument(
         "--env",
         default="cooperative_navigation",
         help="cooperative_navigation (cn) or predator_prey (pp)",
     )
     parser.add_argument("--agents", type=int, nargs="+", default=[3], help="agent counts to sweep")
-    parser.add_argument("--layout", nargs="+", default=["interleaved"], help="storage layouts")
     parser.add_argument(
-        "--sampler", nargs="+", default=["uniform"], help="samplers (uniform, neighbor, ...)"
+        "--layout", nargs="+", default=["interleaved"], help=f"storage layouts: {sorted(LAYOUTS)}"
+    )
+    parser.add_argument(
+        "--sampler", nargs="+", default=["uniform"], help=f"samplers: {list(SAMPLER_NAMES)}"
     )
     parser.add_argument("--run-length", type=int, default=16, help="neighbor sampler run length")
-    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=1024, help="rows per trainer")
     parser.add_argument("--updates", type=int, default=5, help="profiled update rounds per case")
     parser.add_argument(
         "--warmup-updates", type=int, default=1, help="rounds run before the profiler starts"
@@ -64,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fill",
         type=int,
         default=None,
-        help="transitions in the (full) buffer; default min(1e6, 256 MiB worth)",
+        help="transitions in the (full) buffer (default: min(1e6, 256 MiB worth))",
     )
     parser.add_argument(
         "--workload",
@@ -76,46 +85,83 @@ def build_parser() -> argparse.ArgumentParser:
         "--collect-steps",
         type=int,
         default=None,
-        help="train workload: env steps per profiled round (default: the trainer's update_every, "
-        "100; with --backend callgrind: 5, since every step costs 6 callgrind dumps)",
+        help="train workload: env steps per profiled round (default: the trainer's "
+        "update_every, 100; with --backend callgrind: 5, since every step costs 6 callgrind "
+        "dumps)",
     )
     parser.add_argument(
         "--model",
         action="store_true",
         help="add modelled LL-cache and dTLB misses of the sampling phase's address stream",
     )
-    parser.add_argument("--backend", default="auto", choices=BACKENDS)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=BACKENDS,
+        help="hardware: PMU counters (refused where there is none); callgrind: simulated "
+        "caches under valgrind; time: wall time and software events; auto: hardware where "
+        "available, else time",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds buffers and samplers")
     parser.add_argument("--out", type=Path, default=Path("runs/profile"), help="output folder")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--keep-dumps",
         action="store_true",
-        help="keep callgrind's per-phase dump files (in OUT/callgrind)",
+        help="keep callgrind's per-phase dump files (in OUT/callgrind; otherwise they go to a "
+        "temporary folder that is removed, also on Ctrl-C or SIGTERM)",
     )
     return parser
 
 
-def _check(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace) -> str | None:
+    """Normalise ``args`` in place; the first user error as one sentence, or ``None``."""
     args.env = ENV_ALIASES.get(args.env, args.env)
     if args.env not in ("cooperative_navigation", "predator_prey"):
-        raise SystemExit(f"--env must be cooperative_navigation or predator_prey; got {args.env!r}")
+        return (
+            f"--env must be cooperative_navigation or predator_prey (or cn, pp); got {args.env!r}"
+        )
     for n in args.agents:
         if n < 1:
-            raise SystemExit(f"--agents must be positive; got {n}")
+            return f"--agents must be positive; got {n}"
     for layout in args.layout:
         if layout not in LAYOUTS:
-            raise SystemExit(f"--layout must be among {sorted(LAYOUTS)}; got {layout!r}")
+            return f"--layout must be among {sorted(LAYOUTS)}; got {layout!r}"
     for sampler in args.sampler:
         if sampler not in SAMPLER_NAMES:
-            raise SystemExit(f"--sampler must be among {list(SAMPLER_NAMES)}; got {sampler!r}")
-    for name, value in (("--updates", args.updates), ("--batch-size", args.batch_size)):
+            return f"--sampler must be among {list(SAMPLER_NAMES)}; got {sampler!r}"
+    for name, value in (
+        ("--updates", args.updates),
+        ("--batch-size", args.batch_size),
+        ("--run-length", args.run_length),
+    ):
         if value < 1:
-            raise SystemExit(f"{name} must be >= 1; got {value}")
+            return f"{name} must be >= 1; got {value}"
+    if args.warmup_updates < 0:
+        return f"--warmup-updates must be >= 0; got {args.warmup_updates}"
+    for name, value in (("--fill", args.fill), ("--collect-steps", args.collect_steps)):
+        if value is not None and value < 1:
+            return f"{name} must be >= 1; got {value}"
     if args.batch_size % args.run_length and "neighbor" in args.sampler:
-        raise SystemExit(
-            f"--run-length ({args.run_length}) must divide --batch-size ({args.batch_size})"
-        )
+        return f"--run-length ({args.run_length}) must divide --batch-size ({args.batch_size})"
+    if args.backend == "hardware":
+        reason = hardware_unavailable()
+        if reason is not None:
+            return (
+                f"--backend hardware: the hardware counters do not open here ({reason}); "
+                "use --backend callgrind (simulated caches) or --backend time"
+            )
+    return None
+
+
+def hardware_unavailable() -> str | None:
+    """Why the hardware backend's counter group does not open here, or ``None`` if it does."""
+    try:
+        group = CounterGroup(list(Profiler.hardware_events))
+    except PerfEventError as exc:
+        return str(exc.strerror or exc)
+    group.close()
+    return None
 
 
 def _cases(args: argparse.Namespace) -> list[Case]:
@@ -303,40 +349,35 @@ def _warm_numba_cache(args: argparse.Namespace) -> None:
 def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
-        print(
-            "marlbuf profile: --backend callgrind needs valgrind (e.g. 'apt install valgrind')",
-            file=sys.stderr,
-        )
-        return 2
+        return error(PROG, "--backend callgrind needs valgrind (e.g. 'apt install valgrind')")
     if not callgrind.supported():
-        print(
-            "marlbuf profile: the callgrind backend is implemented for x86-64 only", file=sys.stderr
-        )
-        return 2
+        return error(PROG, "the callgrind backend is implemented for x86-64 only")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     print("warming Numba's cache natively ...", file=sys.stderr)
     _warm_numba_cache(args)
-    # dumps are many and large (one per phase boundary): a temporary folder unless kept
-    if args.keep_dumps:
-        dumps = out / "callgrind"
-        if dumps.exists():
-            shutil.rmtree(dumps)
-        dumps.mkdir()
-    else:
-        dumps = Path(tempfile.mkdtemp(prefix="marlbuf-callgrind-"))
-    cmd = callgrind.valgrind_command(
-        [sys.executable, "-m", "marlbuf", "profile", *argv, "--no-plots"],
-        dumps / "callgrind.out.%p",
-        valgrind,
-    )
-    env = dict(os.environ, **{_CHILD_ENV: "1"})
-    print("running under callgrind:", " ".join(cmd), file=sys.stderr)
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if args.keep_dumps:
+            dumps = out / "callgrind"
+            if dumps.exists():
+                shutil.rmtree(dumps)
+            dumps.mkdir()
+        else:
+            # dumps are many and large (one per phase boundary): a temporary folder, removed
+            # however this process ends short of SIGKILL (main turns SIGTERM into an exception;
+            # on an exception subprocess.run kills valgrind before the folder goes)
+            temp = tempfile.TemporaryDirectory(
+                prefix="marlbuf-callgrind-", ignore_cleanup_errors=True
+            )
+            dumps = Path(cleanup.enter_context(temp))
+        cmd = callgrind.valgrind_command(
+            [sys.executable, "-m", "marlbuf", "profile", *argv, "--no-plots"],
+            dumps / "callgrind.out.%p",
+            valgrind,
+        )
+        env = dict(os.environ, **{_CHILD_ENV: "1"})
+        print("running under callgrind:", " ".join(cmd), file=sys.stderr)
         proc = subprocess.run(cmd, env=env)
-    finally:
-        if not args.keep_dumps:
-            shutil.rmtree(dumps, ignore_errors=True)
     if proc.returncode != 0:
         print(
             f"marlbuf profile: the callgrind run failed (exit {proc.returncode})", file=sys.stderr
@@ -359,17 +400,43 @@ def _finish_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"results in {out}/", file=sys.stderr)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised as an exception so that ``finally`` blocks and ``with`` exits run (the
+    default action ends the process at once and would leave temporary files behind)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``marlbuf profile``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of ``marlbuf profile``; returns the exit status."""
+    handle_sigterm = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if handle_sigterm else None
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print(f"{PROG}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if handle_sigterm:
+            # None: the previous handler was not set from Python; the default is what it was
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
-    _check(args)
+    message = check_args(args)
+    if message is not None:
+        return error(PROG, message)
     under_valgrind = os.environ.get(_CHILD_ENV) == "1"
     if args.backend == "callgrind" and not callgrind.under_callgrind():
         if under_valgrind:
-            print("marlbuf profile: expected to run under callgrind", file=sys.stderr)
-            return 2
+            return error(PROG, "expected to run under callgrind")
         return _relaunch_under_callgrind(args, argv)
     result = run_cases(args)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ EVENTS: dict[str, tuple[int, int, str]] = {
     "page-faults": (PERF_TYPE_SOFTWARE, 2, "software"),
 }
 
-#: The hardware group DESIGN section 8 reads at every phase boundary.
+#: The hardware events the profiler reads as one group at every phase boundary.
 HARDWARE_EVENTS = ("instructions", "cycles", "cache-misses", "LLC-read-misses", "dTLB-read-misses")
 #: Kernel software events: they open in VMs without a PMU.
 SOFTWARE_EVENTS = ("task-clock", "page-faults")

@@ -322,3 +322,22 @@ class NaiveLRUCache:
                     line.pop(0)  # evict the least recently used
             line.append(block)
         return misses
+
+
+# ------------------------------------------------------------------ per-agent batches (issue 11)
+
+
+def gather_segments(
+    table: np.ndarray,
+    indices: np.ndarray,
+    seg_src: np.ndarray,
+    seg_dst: np.ndarray,
+    seg_len: np.ndarray,
+    out_size: int,
+) -> np.ndarray:
+    """Each segment of each gathered row copied to its own contiguous output range."""
+    out = np.zeros(out_size, dtype=table.dtype)
+    for i, slot in enumerate(indices):
+        for src, dst, length in zip(seg_src, seg_dst, seg_len):
+            out[dst + i * length : dst + (i + 1) * length] = table[slot, src : src + length]
+    return out

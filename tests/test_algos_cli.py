@@ -129,3 +129,88 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
     meta = json.loads((out / "checkpoint" / "runner.json").read_text())
     rows = read_rows(out / "episodes.csv")
     assert meta["episodes"] == len(rows) > 2
+
+
+def test_resume_takes_the_configuration_from_the_checkpoint(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    first = ["--episodes", "3", *SMALL, "--out", str(out), "--no-plot", "--seed", "4"]
+    assert main([*first, "--sampler", "neighbor", "--run-length", "8"]) == 0
+    # no configuration flags: batch size, sampler, seed ... come from the checkpoint
+    assert main(["--resume", "--out", str(out), "--episodes", "5", "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["batch_size"], config["sampler"], config["seed"]) == (32, "neighbor", 4)
+    assert [int(r["episode"]) for r in read_rows(out / "episodes.csv")] == list(range(5))
+    # the episode target is part of the run: resuming without --episodes runs to it (5)
+    assert main(["--resume", "--out", str(out), "--no-progress", "--no-plot"]) == 0
+    assert len(read_rows(out / "episodes.csv")) == 5
+    # the same values as the checkpoint's, and run-control flags, are accepted
+    again = ["--resume", "--out", str(out), "--batch-size", "32", "--sampler", "neighbor"]
+    assert main([*again, "--threads", "1", "--checkpoint-every", "2", "--no-progress"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "shown"),
+    [
+        ("--batch-size", "64", "--batch-size is 64 here but 32 in the checkpoint"),
+        ("--sampler", "prioritized", "--sampler is prioritized here but uniform"),
+        ("--shared-index", None, "--shared-index is on here but off"),
+        ("--warmup", "200", "--warmup is 200 here but 100"),
+        ("--lr", "0.02", "--lr is 0.02 here but 0.01"),
+    ],
+)
+def test_resume_refuses_a_changed_configuration_flag(
+    tmp_path: Path, capsys, flag: str, value: str | None, shown: str
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    assert main(["--episodes", "2", *SMALL, "--out", str(out), "--no-plot"]) == 0
+    before = (out / "episodes.csv").read_text()
+    capsys.readouterr()
+    changed = [flag] if value is None else [flag, value]
+    assert main(["--resume", "--out", str(out), "--episodes", "4", *changed]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("marlbuf train: error: ")
+    assert shown in err
+    assert (out / "episodes.csv").read_text() == before  # nothing ran
+
+
+def test_an_existing_run_needs_resume_or_overwrite(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    args = [*SMALL, "--out", str(out), "--no-plot"]
+    assert main(["--episodes", "3", *args]) == 0
+    capsys.readouterr()
+    assert main(["--episodes", "2", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "already holds a run" in err
+    assert len(read_rows(out / "episodes.csv")) == 3  # untouched
+    assert main(["--episodes", "2", "--resume", "--overwrite", *args]) == 2
+    (out / "notes.txt").write_text("mine")
+    assert main(["--episodes", "2", "--overwrite", *args]) == 0
+    assert [int(r["episode"]) for r in read_rows(out / "episodes.csv")] == [0, 1]
+    assert json.loads((out / "checkpoint" / "runner.json").read_text())["episodes"] == 2
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own files are replaced
+    # a folder without a run in it is fine
+    other = tmp_path / "other"
+    other.mkdir()
+    assert main(["--episodes", "1", *SMALL, "--out", str(other), "--no-plot"]) == 0
+
+
+def test_a_mismatched_resume_is_one_line_without_traceback(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    out = tmp_path / "run"
+    assert main(["--episodes", "2", *SMALL, "--out", str(out), "--no-plot"]) == 0
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "marlbuf", "train", "--out", str(out), "--resume"]
+    proc = subprocess.run(
+        [*cmd, "--agents", "6"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("marlbuf train: error: --agents is 6 here but 3 in the checkpoint")

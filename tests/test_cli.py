@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from marlbuf import cli, info
 
@@ -24,3 +31,78 @@ def test_info_json(capsys):
 def test_info_table(capsys):
     assert info.main([]) == 0
     assert "numba" in capsys.readouterr().out
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "marlbuf", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _no_pmu() -> bool:
+    from marlbuf.profiling.cli import hardware_unavailable
+
+    return hardware_unavailable() is not None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        ["info", "--bogus"],
+        ["bench", "no_such_suite"],
+        ["train", "--sampler", "lifo"],
+        ["train", "--agents", "many"],
+        ["train", "--agents", "0"],
+        ["train", "--episodes", "0"],
+        ["profile", "--sampler", "lifo"],
+        ["profile", "--updates", "0"],
+        pytest.param(
+            ["profile", "--backend", "hardware", "--workload", "sampling"],
+            marks=pytest.mark.skipif(not _no_pmu(), reason="hardware counters open here"),
+        ),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(tmp_path, argv):
+    if argv[0] in ("train", "profile"):
+        argv = [*argv, "--out", str(tmp_path / "never")]
+    proc = _run(*argv)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    prefix = "marlbuf: error: " if argv[0] == "frobnicate" else f"marlbuf {argv[0]}: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("module", ["marlbuf.algos.cli", "marlbuf.profiling.cli"])
+def test_help_shows_every_default(module):
+    import importlib
+
+    if module == "marlbuf.algos.cli":
+        pytest.importorskip("torch")
+    parser = importlib.import_module(module).build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.default is argparse.SUPPRESS:  # --help
+            continue
+        shown = formatter._get_help_string(action)
+        assert action.help and "default" in shown, action.option_strings
+    assert "(default: 1024)" in parser.format_help()
+
+
+def test_bench_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "(default: all but" in text and "result folder (default:" in text

@@ -75,3 +75,19 @@ def test_gather_rows_parallel_matches_naive(capacity, width, batch):
     out = np.empty((batch, width), np.uint64)
     gather_rows_parallel(table, idx, out)
     np.testing.assert_array_equal(out, naive.gather_rows(table, idx))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.uint64])
+def test_gather_segments_matches_naive(dtype):
+    from marlbuf._kernels import gather_segments
+
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 200, size=(20, 12)).astype(dtype)
+    seg_src = np.array([0, 3, 7], dtype=np.int64)
+    seg_len = np.array([3, 4, 5], dtype=np.int64)
+    idx = rng.integers(0, 20, size=9).astype(np.int64)
+    seg_dst = np.array([0, 3 * 9, 7 * 9], dtype=np.int64)
+    out = np.full(12 * 9, 255, dtype=dtype)
+    gather_segments(table, idx, seg_src, seg_dst, seg_len, out)
+    expected = naive.gather_segments(table, idx, seg_src, seg_dst, seg_len, 12 * 9)
+    np.testing.assert_array_equal(out, expected)

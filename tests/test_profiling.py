@@ -5,7 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import mmap
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -331,19 +336,102 @@ def test_profile_cli_sampling_sweep(tmp_path, capsys: pytest.CaptureFixture[str]
     assert "sampling" in capsys.readouterr().out
 
 
-def test_profile_cli_rejects_bad_arguments(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (["--env", "chess"], "--env"),
+        (["--sampler", "neighbor", "--batch-size", "100", "--run-length", "16"], "--run-length"),
+        (["--layout", "columnar"], "--layout"),
+        (["--sampler", "lifo"], "--sampler"),
+        (["--updates", "0"], "--updates"),
+        (["--agents", "x"], "--agents"),
+        (["--backend", "perf"], "--backend"),
+    ],
+)
+def test_profile_cli_rejects_bad_arguments_in_one_line(
+    tmp_path, capsys: pytest.CaptureFixture[str], bad: list[str], named: str
+) -> None:
     from marlbuf.profiling.cli import main
 
-    with pytest.raises(SystemExit, match="--env"):
-        main(["--env", "chess", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="--run-length"):
-        main(["--sampler", "neighbor", "--batch-size", "100", "--run-length", "16"])
-    with pytest.raises(SystemExit, match="--layout"):
-        main(["--layout", "columnar"])
-    with pytest.raises(SystemExit, match="--sampler"):
-        main(["--sampler", "lifo"])
-    with pytest.raises(SystemExit, match="--updates"):
-        main(["--updates", "0"])
+    out = tmp_path / "never"
+    try:
+        status = main([*bad, "--out", str(out)])
+    except SystemExit as exc:  # argparse's own errors (bad int, unknown choice)
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("marlbuf profile: error: ")
+    assert named in err
+    assert not out.exists()
+
+
+def test_profile_cli_refuses_the_hardware_backend_without_a_pmu(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from marlbuf.profiling.cli import hardware_unavailable, main
+
+    if hardware_unavailable() is None:
+        pytest.skip("this machine's hardware counters open")
+    out = tmp_path / "never"
+    assert main(["--backend", "hardware", "--workload", "sampling", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith("marlbuf profile: error: --backend hardware: ")
+    assert "--backend callgrind" in err
+    assert not out.exists()
+
+
+# Runs ``marlbuf profile --backend callgrind`` with valgrind replaced by a process that writes
+# a dump into the dump folder and then waits to be interrupted.
+_CALLGRIND_STAND_IN = """
+import shutil, sys
+from marlbuf.profiling import callgrind, cli
+
+def stand_in(python_argv, out_prefix, valgrind="valgrind"):
+    code = (
+        "import pathlib, sys, time; "
+        "pathlib.Path(sys.argv[1].replace('%p', '1')).write_text('dump'); time.sleep(120)"
+    )
+    return [sys.executable, "-c", code, str(out_prefix)]
+
+callgrind.valgrind_command = stand_in
+callgrind.supported = lambda: True
+cli._warm_numba_cache = lambda args: None
+shutil.which = lambda name: "/bin/true"
+sys.exit(cli.main(["--backend", "callgrind", "--workload", "sampling", "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_callgrind_dumps_are_removed_on_interrupt(tmp_path, signum: int) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "TMPDIR": str(temp),  # where tempfile puts the dump folder
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CALLGRIND_STAND_IN, str(tmp_path / "out")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(temp.glob("marlbuf-callgrind-*/callgrind.out.1")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no dump appeared"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (130 if signum == signal.SIGINT else 128 + signal.SIGTERM), err
+    assert "Traceback" not in err
+    assert list(temp.iterdir()) == []  # the dump folder went with its dumps
 
 
 def test_counters_suite_quick_shape(monkeypatch: pytest.MonkeyPatch) -> None:

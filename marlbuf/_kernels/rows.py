@@ -52,14 +52,15 @@ def gather_segments(
 
     Parameters
     ----------
-    table : ndarray, shape (capacity, row_bytes), uint8, C-contiguous
-        The interleaved table viewed as bytes.
+    table : ndarray, shape (capacity, row_words), unsigned int words, C-contiguous
+        The interleaved table viewed as words of a size that divides every offset and length
+        (offsets and lengths below are in those words).
     indices : ndarray, shape (batch,), int64
         Row numbers in ``[0, capacity)`` (checked by the caller).
     seg_src, seg_dst, seg_len : ndarray, shape (n_segments,), int64
-        Byte offset inside a row, byte offset of the segment's output array inside ``out``, and
-        bytes per row. Output arrays must not overlap (checked by the caller).
-    out : ndarray, shape (nbytes,), uint8
+        Offset inside a row, offset of the segment's output array inside ``out``, and words
+        per row. Output arrays must not overlap (checked by the caller).
+    out : ndarray, shape (n_words,), same dtype as ``table``
         Destination block; overwritten.
     """
     for i in range(indices.shape[0]):

@@ -1,4 +1,4 @@
-"""Drop-in adapters: swap marlbuf into MARL code you already run (DESIGN section 5).
+"""Drop-in adapters: swap marlbuf into MARL code you already run (see ``docs/migrating.md``).
 
 * :mod:`marlbuf.compat.maddpg` — openai/maddpg's per-agent ``ReplayBuffer`` API
   (``make_index`` / ``sample_index`` on every agent's buffer), backed by one shared interleaved
