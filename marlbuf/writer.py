@@ -105,13 +105,11 @@ class RingWriter:
                 f"state has size={size}, cursor={cursor}; a buffer of capacity {self.capacity} "
                 f"needs 0 <= size <= {self.capacity} and 0 <= cursor < {self.capacity}"
             )
-        if gens.shape != (size,):
-            raise ValueError(f"state's write_generation has shape {gens.shape}; expected ({size},)")
-        self.write_generation[:] = -1
-        self.write_generation[:size] = gens
-        self.cursor = cursor
-        self.size = size
-        self.total_writes = int(state["total_writes"])
+        if gens.shape != (size,) or gens.dtype.kind not in "iu":
+            raise ValueError(
+                f"state's write_generation has shape {gens.shape}, dtype {gens.dtype}; "
+                f"expected ({size},) integers"
+            )
 
 
 class NextObsLinks:
