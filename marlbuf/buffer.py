@@ -301,7 +301,16 @@ class MultiAgentReplayBuffer:
             kept = rows[skip:] if skip else rows
             if skip and not isinstance(streams, int):
                 streams = streams[skip:]  # those environments' steps are overwritten at once
-            if self.links is not None:
+            if self.links is not None and steps == 1 and isinstance(streams, int):
+                self.links.commit_one(
+                    writer.cursor,
+                    kept.view(np.uint8)[0],
+                    streams,
+                    writer.total_writes,
+                    self._codec.next_obs_start,
+                    writer.write_generation,
+                )
+            elif self.links is not None:
                 generations = writer.total_writes + skip + np.arange(slots.shape[0])
                 self.links.commit(
                     slots,

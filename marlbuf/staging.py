@@ -175,6 +175,8 @@ class RowCodec:
                 if len(value) != n_agents:
                     raise _NotCommonCase
                 items = value
+            elif type(value) is np.ndarray and value.ndim and value.shape[0] == n_agents:
+                items = value  # stacked (n_agents, ...): rows are the agents' items
             else:
                 raise _NotCommonCase
             region = regions[k] if regions is not None else raw[:, lo:hi].view(dt)
@@ -219,6 +221,11 @@ class RowCodec:
                         raise _NotCommonCase
                     np.copyto(region, arr.T, casting="same_kind")
             elif steps is None:
+                if type(items) is np.ndarray:
+                    if items.shape[1:] != shapes[0] or any(sh != shapes[0] for sh in shapes):
+                        raise _NotCommonCase
+                    np.copyto(region[0], items.reshape(-1), casting="same_kind")
+                    continue
                 if [x.shape for x in items] != shapes:
                     raise _NotCommonCase
                 np.concatenate(items, out=region[0], casting="same_kind")

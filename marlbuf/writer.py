@@ -183,6 +183,40 @@ class NextObsLinks:
         del self.free[len(self.free) - count :]
         return np.array(taken[::-1], dtype=np.int64)
 
+    def commit_one(
+        self,
+        slot: int,
+        row: np.ndarray,
+        stream: int,
+        generation: int,
+        next_obs_start: int,
+        write_generation: np.ndarray,
+    ) -> None:
+        """:meth:`commit` for one transition (``add``), in the fewest operations.
+
+        ``row`` is the staged dense row (uint8, shape (row_bytes,)).
+        """
+        if not self.free:
+            self._reserve(1)  # before anything changes (MemoryError leaves the links intact)
+        obs_bytes = self.obs_bytes
+        prev = self.pending.pop(stream, None)
+        if prev is not None:
+            prev_slot, gen = prev
+            if prev_slot != slot and write_generation[prev_slot] == gen:
+                held = int(self.side_row[prev_slot])
+                if self.side[held, :obs_bytes].tobytes() == row[:obs_bytes].tobytes():
+                    self.next_slot[prev_slot] = slot
+                    self.side_row[prev_slot] = -1
+                    self.free.append(held)
+        old = int(self.side_row[slot])
+        if old >= 0:
+            self.free.append(old)
+        self.next_slot[slot] = -1
+        new = self.free.pop()
+        self.side[new, :obs_bytes] = row[next_obs_start : next_obs_start + obs_bytes]
+        self.side_row[slot] = new
+        self.pending[stream] = (slot, generation)
+
     def commit(
         self,
         slots: np.ndarray,

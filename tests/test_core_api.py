@@ -252,3 +252,28 @@ def test_iter_trainers_matches_sample_for_trainers(mixed_specs):
     for t, batch in enumerate(b.iter_trainers(8)):
         np.testing.assert_array_equal(batch.indices, round_[t].indices)
         np.testing.assert_array_equal(batch.concat("obs"), round_[t].concat("obs"))
+
+
+def test_stacked_arrays_take_the_fast_path_and_store_the_same():
+    specs = {f"a{i}": AgentSpec((4,), (3,), n_discrete_actions=3) for i in range(3)}
+    rng = np.random.default_rng(14)
+    obs = rng.standard_normal((3, 4)).astype(np.float32)
+    nxt = rng.standard_normal((3, 4))
+    acts = np.array([0, 2, 1])
+    rew = np.array([0.5, -1.0, 2.0])
+    done = np.array([False, True, False])
+    stacked = MultiAgentReplayBuffer(specs, 4)
+    codec = stacked._codec
+    assert codec.stage_fast((obs, acts, rew, nxt, done), None) is not None
+    stacked.add(obs, acts, rew, nxt, done)
+    as_dicts = MultiAgentReplayBuffer(specs, 4)
+    names = list(specs)
+    as_dicts.add(
+        {a: obs[i] for i, a in enumerate(names)},
+        {a: int(acts[i]) for i, a in enumerate(names)},
+        {a: float(rew[i]) for i, a in enumerate(names)},
+        {a: nxt[i] for i, a in enumerate(names)},
+        {a: bool(done[i]) for i, a in enumerate(names)},
+    )
+    assert stacked.storage.table[:1].tobytes() == as_dicts.storage.table[:1].tobytes()
+    assert stacked.links.side.tobytes() == as_dicts.links.side.tobytes()
