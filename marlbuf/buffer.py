@@ -13,7 +13,7 @@ from marlbuf import _config, persistence
 from marlbuf.batch import Batch
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
-from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout, normalize_specs
 from marlbuf.staging import RowCodec, steps_of
 from marlbuf.storage import Storage, available_memory_bytes, make_storage
 from marlbuf.writer import NextObsLinks, RingWriter
@@ -59,6 +59,11 @@ class MultiAgentReplayBuffer:
         write time (no episode flags needed; exact in every case, see
         :class:`marlbuf.writer.NextObsLinks`). About half the memory for MPE-style rows; batches
         are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row.
+    batch_dtype : {"float32", "storage"}, default "float32"
+        Half-precision storage (``AgentSpec(obs_dtype=np.float16)``, per agent and field)
+        halves the bytes stored and read; by default the gather kernel converts such fields to
+        float32 in the same pass, so trainers see float32 batches. ``"storage"`` delivers them
+        in storage precision (convert on the device).
     batch_layout : {"rows", "per_agent"}, default "rows"
         How gathered batches are laid out. ``"rows"`` (interleaved layout): every per-agent
         array is a strided view into the gathered rows (row stride = the joint row), and
@@ -96,6 +101,7 @@ class MultiAgentReplayBuffer:
         parallel_gather: bool = False,
         batch_layout: str = "rows",
         next_obs: str = "once",
+        batch_dtype: str = "float32",
     ) -> None:
         self.specs = normalize_specs(specs)
         if next_obs not in NEXT_OBS_MODES:
@@ -149,7 +155,14 @@ class MultiAgentReplayBuffer:
             NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
         )
         self.storage: Storage = make_storage(
-            layout, self.specs, self.capacity, pool_blocks, self._codec, batch_layout, self.links
+            layout,
+            self.specs,
+            self.capacity,
+            pool_blocks,
+            self._codec,
+            batch_layout,
+            self.links,
+            batch_dtype,
         )
         self.storage.parallel_gather = bool(parallel_gather)
         self.rng = make_rng(seed)
@@ -768,11 +781,24 @@ def _check_header(state: Mapping[str, Any]) -> None:
             f"not a marlbuf buffer state (format={state.get('format')!r}, "
             f"expected {_config.SAVE_FORMAT!r})"
         )
-    if state.get("version") != _config.SAVE_VERSION:
+    version = state.get("version")
+    if version not in _config.READABLE_SAVE_VERSIONS:
         raise ValueError(
-            f"buffer state has format version {state.get('version')!r}; this marlbuf reads "
-            f"version {_config.SAVE_VERSION}. Load it with the marlbuf version that wrote it."
+            f"buffer state has format version {version!r}; this marlbuf reads versions "
+            f"{list(_config.READABLE_SAVE_VERSIONS)}. Load it with the marlbuf version that "
+            "wrote it."
         )
+    if version == 1 and state.get("layout") == "interleaved":
+        # version 1 rows had no word-aligned next_obs/done sections; same bytes only when the
+        # sections happen to start on words
+        specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
+        old = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES, section_align=1)
+        if old != interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES):
+            raise ValueError(
+                "this buffer file (format version 1) uses a row layout this marlbuf no longer "
+                "has for these specs; load it with marlbuf 0.1, copy its transitions out with "
+                "gather(), and add them to a new buffer"
+            )
 
 
 __all__ = ["MultiAgentReplayBuffer", "make_rng"]

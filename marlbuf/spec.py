@@ -229,24 +229,29 @@ class FieldSlot:
     dtype: np.dtype
 
 
-#: The ``next_obs`` section of a row starts on a multiple of this many bytes (the largest
-#: itemsize), so that it has exactly the internal layout of the ``obs`` section (which starts at
-#: byte 0): a slot's next observation can then be copied from its successor's ``obs`` section
-#: as one span (observations stored once).
+#: The ``next_obs`` and ``done`` sections of a row start on a multiple of this many bytes (the
+#: largest itemsize). So the next_obs section has exactly the internal layout of the ``obs``
+#: section (which starts at byte 0): a slot's next observation is copied from its successor's
+#: ``obs`` section as one span of words (observations stored once), and the sections that move
+#: between the dense and the lean row are whole words.
 SECTION_ALIGN = 8
 
 
 def interleaved_row_layout(
-    specs: Mapping[str, AgentSpec], row_align: int, fields: Sequence[str] = FIELDS
+    specs: Mapping[str, AgentSpec],
+    row_align: int,
+    fields: Sequence[str] = FIELDS,
+    section_align: int = SECTION_ALIGN,
 ) -> tuple[list[FieldSlot], int]:
     """Byte offsets of every (field, agent) inside one interleaved row.
 
     The row is **field-major**: every agent's ``obs``, then every agent's ``action``, then
     rewards, next observations and dones. So the centralized critic's input (all observations,
     then all actions) is one contiguous slice of a gathered row when the dtypes agree. Each
-    field starts at a multiple of its itemsize, the ``next_obs`` section at a multiple of
-    :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a subsequence
-    of :data:`FIELDS`) lays out a row without some fields (the lean row without ``next_obs``).
+    field starts at a multiple of its itemsize, the ``next_obs`` and ``done`` sections at a
+    multiple of :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a subsequence
+    of :data:`FIELDS`) lays out a row without some fields (the lean row without ``next_obs``);
+    ``section_align=1`` gives the layout of files written by marlbuf 0.1.
 
     Returns
     -------
@@ -258,8 +263,8 @@ def interleaved_row_layout(
     slots: list[FieldSlot] = []
     offset = 0
     for field_name in fields:
-        if field_name == "next_obs":
-            offset = -(-offset // SECTION_ALIGN) * SECTION_ALIGN
+        if field_name in ("next_obs", "done"):
+            offset = -(-offset // section_align) * section_align
         for agent, spec in specs.items():
             dt = spec.dtype(field_name)
             shape = spec.shape(field_name)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf import _config
-from marlbuf._kernels import first_nonfinite
+from marlbuf._kernels import first_nonfinite, first_nonfinite_half
 from marlbuf.spec import FIELDS, AgentSpec, FieldSlot, interleaved_row_layout
 
 RowViews = dict[str, dict[str, np.ndarray]]
@@ -55,7 +55,7 @@ class RowCodec:
         done_dense = [s for s in self.slots if s.field == "done"]
         done_lean = [s for s in self.lean_slots if s.field == "done"]
         #: (lean offset, dense offset, bytes) of the done section, which moves between formats
-        self.done_span = (
+        self.done_span: tuple[int, int, int] = (
             done_lean[0].offset,
             done_dense[0].offset,
             done_dense[-1].offset + done_dense[-1].nbytes - done_dense[0].offset,
@@ -79,7 +79,7 @@ class RowCodec:
         self._eye: np.ndarray | None = None
         # float segments, per float dtype, for the NaN/inf scan: (starts, counts, slot per seg)
         self._segments: list[tuple[np.dtype, np.ndarray, np.ndarray, list[FieldSlot]]] = []
-        for dt in (np.dtype(np.float32), np.dtype(np.float64)):
+        for dt in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
             segs = [s for s in self.slots if s.dtype == dt]
             if segs:
                 starts = np.array([s.offset // dt.itemsize for s in segs], dtype=np.int64)
@@ -150,7 +150,7 @@ class RowCodec:
         except (_NotCommonCase, AttributeError, TypeError, ValueError, KeyError, IndexError):
             return None  # not the common case: the complete path decides and explains
         for dt, starts, counts, _ in self._segments:
-            if first_nonfinite(rows.view(dt), starts, counts) >= 0:
+            if _first_nonfinite(rows, dt, starts, counts) >= 0:
                 return None  # NaN/inf, or a value beyond the stored range: stage() says which
         return rows
 
@@ -375,14 +375,20 @@ class RowCodec:
 
     def _check_finite(self, rows: np.ndarray) -> None:
         for dt, starts, counts, segs in self._segments:
-            values = rows.view(dt)
-            bad = first_nonfinite(values, starts, counts)
+            bad = _first_nonfinite(rows, dt, starts, counts)
             if bad >= 0:
                 s = segs[bad]
                 raise ValueError(
                     f"{s.field}[{s.agent!r}] contains NaN or inf; clean the data before adding "
                     "it (or mask the transition out)"
                 )
+
+
+def _first_nonfinite(rows: np.ndarray, dt: np.dtype, starts: np.ndarray, counts: np.ndarray) -> int:
+    """The first segment of ``rows`` (viewed as ``dt``) holding a NaN or inf, or -1."""
+    if dt.itemsize == 2:  # Numba has no float16 arithmetic: test the bits
+        return int(first_nonfinite_half(rows.view(np.uint16), starts, counts))
+    return int(first_nonfinite(rows.view(dt), starts, counts))
 
 
 def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:

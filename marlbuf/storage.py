@@ -22,16 +22,16 @@ import numpy as np
 
 from marlbuf import _config
 from marlbuf._kernels import (
+    HALF_TO_FLOAT_BITS,
     gather_next_field,
-    gather_once,
+    gather_plan,
     gather_rows,
     gather_rows_parallel,
-    gather_segments,
-    gather_segments_once,
     scatter_lean,
     scatter_rows,
 )
-from marlbuf.spec import FIELDS, AgentSpec
+from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
+from marlbuf.spec import FIELDS, AgentSpec, FieldSlot
 from marlbuf.staging import RowCodec, RowViews
 from marlbuf.writer import NextObsLinks
 
@@ -142,6 +142,94 @@ def _ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 BATCH_LAYOUTS = ("rows", "per_agent")
+#: ``"float32"``: half-precision fields are converted inside the gather; ``"storage"``: batches
+#: keep the stored dtypes (convert on the device)
+BATCH_DTYPES = ("float32", "storage")
+
+
+def _widened(spec: AgentSpec) -> AgentSpec:
+    """``spec`` with every float16 field as float32 (the dtypes of float32 batches)."""
+
+    def wide(dt: np.dtype) -> np.dtype:
+        return np.dtype(np.float32) if dt == np.float16 else dt
+
+    return AgentSpec(
+        obs_shape=spec.obs_shape,
+        action_shape=spec.action_shape,
+        obs_dtype=wide(spec.obs_dtype),
+        action_dtype=wide(spec.action_dtype),
+        n_discrete_actions=spec.n_discrete_actions,
+        reward_dtype=wide(spec.reward_dtype),
+        done_dtype=wide(spec.done_dtype),
+    )
+
+
+def build_plan(
+    stored: list[FieldSlot],
+    obs_slots: dict[str, FieldSlot],
+    targets: list[tuple[str, str, int, int, np.dtype]],
+    once: bool,
+) -> np.ndarray:
+    """The segments of :func:`marlbuf._kernels.gather_plan` for one storage/batch pairing.
+
+    Parameters
+    ----------
+    stored : list of FieldSlot
+        Where every stored (field, agent) sits in a stored row.
+    obs_slots : dict
+        Per agent, its obs slot in a stored row (the source of next_obs when ``once``).
+    targets : list of (field, agent, destination byte offset of row 0, byte step per row, dtype)
+        Where every (field, agent) of the batch goes.
+    once : bool
+        Observations stored once: next_obs segments read the successor's obs section.
+
+    Returns
+    -------
+    ndarray, shape (6, n_segments), int64
+        Rows: kind, src, dst, len, step, from_next (units per kind, see ``gather_plan``).
+    Adjacent segments of the same kind and source are merged (padding gaps of up to 7 bytes
+    that are equal in source and destination are copied along), so a rows batch of a lean
+    table is three or four copies per row.
+    """
+    by_key = {(fs.field, fs.agent): fs for fs in stored}
+    raw = []  # (is_half, from_next, src byte, dst byte, nbytes or elements, step bytes)
+    for field_name, agent, dst, step, dtype in targets:
+        from_next = once and field_name == "next_obs"
+        fs = obs_slots[agent] if from_next else by_key[(field_name, agent)]
+        half = fs.dtype == np.float16 and dtype == np.float32
+        raw.append(
+            [half, from_next, fs.offset, dst, fs.nbytes, step, fs.nbytes // fs.dtype.itemsize]
+        )
+    merged: list[list[Any]] = []
+    for seg in raw:
+        if merged:
+            last = merged[-1]
+            same = last[0] == seg[0] and last[1] == seg[1] and last[5] == seg[5]
+            src_gap = seg[2] - (last[2] + last[4])
+            if last[0]:  # half: contiguous elements only, destination in float32 units
+                dst_gap = seg[3] - (last[3] + 2 * last[4])
+                if same and src_gap == 0 and dst_gap == 0:
+                    last[4] += seg[4]
+                    last[6] += seg[6]
+                    continue
+            else:
+                dst_gap = seg[3] - (last[3] + last[4])
+                if same and src_gap == dst_gap and 0 <= src_gap < 8:
+                    last[4] += src_gap + seg[4]
+                    continue
+        merged.append(list(seg))
+    plan = []
+    for half, from_next, src, dst, nbytes, step, elements in merged:
+        if half:
+            plan.append((HALF_TO_FLOAT, src // 2, dst // 4, elements, step // 4, int(from_next)))
+            continue
+        for kind, unit in ((COPY64, 8), (COPY32, 4), (COPY8, 1)):
+            if not (src % unit or dst % unit or nbytes % unit or step % unit):
+                plan.append(
+                    (kind, src // unit, dst // unit, nbytes // unit, step // unit, int(from_next))
+                )
+                break
+    return np.array(plan, dtype=np.int64).T.copy()
 
 
 class Storage(ABC):
@@ -168,14 +256,32 @@ class Storage(ABC):
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
+        batch_dtype: str = "float32",
     ) -> None:
         self.specs = dict(specs)
         #: observations stored once when set (see :class:`marlbuf.writer.NextObsLinks`)
         self.links = links
+        if batch_dtype not in BATCH_DTYPES:
+            raise ValueError(
+                f"batch_dtype must be one of {BATCH_DTYPES}; got batch_dtype={batch_dtype!r}"
+            )
+        self.batch_dtype = batch_dtype
+        #: the specs of gathered batches: half-precision fields become float32 unless batches
+        #: are delivered in storage precision
+        self.batch_specs = (
+            {a: _widened(spec) for a, spec in self.specs.items()}
+            if batch_dtype == "float32"
+            else dict(self.specs)
+        )
         self.capacity = int(capacity)
         self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
         self.parallel_gather = False  # opt-in: threads for large gathers (see _gather_kernel)
         self.codec = codec if codec is not None else RowCodec(self.specs)
+        #: the row format of gathered batches (``batch_layout="rows"``)
+        self.batch_codec = (
+            self.codec if self.batch_specs == self.specs else RowCodec(self.batch_specs)
+        )
+        self.converts = self.batch_specs != self.specs
         if batch_layout not in BATCH_LAYOUTS:
             raise ValueError(
                 f"batch_layout must be one of {BATCH_LAYOUTS}; got batch_layout={batch_layout!r}"
@@ -196,7 +302,7 @@ class Storage(ABC):
             align = _config.ROW_ALIGN_BYTES
             layout, offset = [], 0
             for field_name in FIELDS:
-                for agent, spec in self.specs.items():
+                for agent, spec in self.batch_specs.items():
                     shape = spec.shape(field_name)
                     dtype = spec.dtype(field_name)
                     nbytes = n * math.prod(shape) * dtype.itemsize
@@ -215,7 +321,7 @@ class Storage(ABC):
     def block_spec(self, n: int) -> tuple[np.dtype, tuple[int, ...]]:
         """dtype and shape of the memory block that holds an ``n``-row batch."""
         if self.layout == "interleaved" and self.batch_layout == "rows":
-            return np.dtype(np.uint64), (n, self.codec.row_words)
+            return np.dtype(np.uint64), (n, self.batch_codec.row_words)
         return np.dtype(np.uint8), (self._carving(n)[1],)
 
     def check_out_block(self, block: Any, n: int) -> np.ndarray:
@@ -286,8 +392,9 @@ class AgentMajorStorage(Storage):
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
+        batch_dtype: str = "float32",
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links)
+        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
         self.batch_layout = "per_agent"  # the only way this layout gathers
         self.fields = tuple(f for f in FIELDS if not (links is not None and f == "next_obs"))
         self._data: dict[str, dict[str, np.ndarray]] = {
@@ -341,20 +448,31 @@ class AgentMajorStorage(Storage):
         out = self._carve(block, n)
         for field_name, agent, src in self._flat:
             dst = out[field_name][agent]
-            self._gather_kernel(dst.nbytes)(src, indices, dst.reshape(n, -1))
+            # Numba has no float16: half-precision arrays are moved as their 2-byte patterns
+            bits = src.view(np.uint16) if src.dtype == np.float16 else src
+            if dst.dtype == src.dtype:
+                self._gather_kernel(dst.nbytes)(bits, indices, dst.reshape(n, -1).view(bits.dtype))
+            else:  # half precision to float32: gathered, then widened (a second pass)
+                narrow = np.empty((n, src.shape[1]), dtype=src.dtype)
+                self._gather_kernel(narrow.nbytes)(bits, indices, narrow.view(np.uint16))
+                np.copyto(dst.reshape(n, -1), narrow)
         links = self.links
         if links is not None:
             for agent, word, side_offset in self._next:
                 dst = out["next_obs"][agent]
+                obs = self._data["obs"][agent].reshape(self.capacity, -1)
+                narrow = dst if dst.dtype == obs.dtype else np.empty((n, obs.shape[1]), obs.dtype)
                 gather_next_field(
-                    self._data["obs"][agent].reshape(self.capacity, -1).view(word),
+                    obs.view(word),
                     links.side.view(word),
                     indices,
                     links.next_slot,
                     links.side_row,
                     side_offset,
-                    dst.reshape(n, -1).view(word),
+                    narrow.reshape(n, -1).view(word),
                 )
+                if narrow is not dst:
+                    np.copyto(dst.reshape(n, -1), narrow)
         return out, block
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -388,8 +506,9 @@ class InterleavedStorage(Storage):
         codec: RowCodec | None = None,
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
+        batch_dtype: str = "float32",
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links)
+        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
         self.row_bytes = self.codec.row_bytes  # a gathered (dense) row
         self.row_words = self.codec.row_words
         # a stored row: dense, or lean (no next_obs) when observations are stored once
@@ -399,35 +518,35 @@ class InterleavedStorage(Storage):
         )
         codec = self.codec
         done_lean, done_dense, done_bytes = codec.done_span
-        self._lean_args = (codec.head_bytes, done_lean, done_dense, done_bytes)
-        # per_agent gathers: byte offset and length of every (field, agent) inside a row, in
-        # the carving's order (FIELDS x agents, the same order as the codec's slots)
-        dense = {(fs.field, fs.agent): fs for fs in self.codec.slots}
-        lean = {(fs.field, fs.agent): fs for fs in self.codec.lean_slots}
-        keys = [(f, a) for f in FIELDS for a in self.specs]
-        nobs_start = self.codec.next_obs_start
-        # lean rows: a next_obs segment reads the successor's obs section (offset relative to
-        # the section), every other segment its own lean row
-        self._seg_next = np.array(
-            [int(links is not None and f == "next_obs") for f, _ in keys], dtype=np.int64
+        words = lambda nbytes: -(-nbytes // 8)  # noqa: E731 - sections start on words
+        self._lean_args = (
+            words(codec.head_bytes),
+            done_lean // 8,
+            done_dense // 8,
+            words(done_bytes),
         )
-        self._seg_src = np.array(
-            [
-                dense[k].offset
-                if links is None
-                else (dense[k].offset - nobs_start if k[0] == "next_obs" else lean[k].offset)
-                for k in keys
-            ],
-            dtype=np.int64,
-        )
-        order = [dense[k] for k in keys]
-        self._seg_len = np.array([fs.nbytes for fs in order], dtype=np.int64)
-        self._seg_dst: dict[int, np.ndarray] = {}
-        self._seg_unit: tuple[np.dtype, np.ndarray, np.ndarray] = (
-            np.dtype(np.uint8),
-            self._seg_src,
-            self._seg_len,
-        )
+        self._plans: dict[int, np.ndarray] = {}
+        self._no_links = np.zeros(0, dtype=np.int64)
+        self._no_side = np.zeros((1, 8), dtype=np.uint8)
+
+    def _plan(self, n: int) -> np.ndarray:
+        """The gather plan for ``n``-row batches (rows batches: the same for every ``n``)."""
+        key = 0 if self.batch_layout == "rows" else n
+        if key not in self._plans:
+            stored = self.codec.slots if self.links is None else self.codec.lean_slots
+            obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
+            if self.batch_layout == "rows":
+                step = self.batch_codec.row_bytes
+                targets = [
+                    (fs.field, fs.agent, fs.offset, step, fs.dtype) for fs in self.batch_codec.slots
+                ]
+            else:
+                layout, _ = self._carving(n)
+                targets = [
+                    (f, a, offset, nbytes // n, dtype) for f, a, offset, nbytes, dtype, _ in layout
+                ]
+            self._plans = {key: build_plan(stored, obs_slots, targets, self.links is not None)}
+        return self._plans[key]
 
     @property
     def nbytes(self) -> int:
@@ -437,59 +556,47 @@ class InterleavedStorage(Storage):
         if self.links is None:
             scatter_rows(self.table, slots, rows)
         else:
-            scatter_lean(self.table.view(np.uint8), slots, rows.view(np.uint8), *self._lean_args)
+            scatter_lean(self.table, slots, rows, *self._lean_args)
 
     def gather(
         self, indices: np.ndarray, out_block: np.ndarray | None = None
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
         n = indices.shape[0]
         block = self._new_block(n) if out_block is None else out_block
+        rows = self.batch_layout == "rows"
+        if rows and self.links is None and not self.converts:
+            # stored rows are batch rows: one straight word copy per row
+            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            return self.batch_codec.views(block), block
         links = self.links
-        if self.batch_layout == "rows":
-            if links is None:
-                self._gather_kernel(block.nbytes)(self.table, indices, block)
-            else:
-                gather_once(
-                    self.table.view(np.uint8),
-                    links.side,
-                    indices,
-                    links.next_slot,
-                    links.side_row,
-                    *self._lean_args,
-                    self.codec.next_obs_start,
-                    self.codec.obs_bytes,
-                    block.view(np.uint8),
-                )
-            return self.codec.views(block), block
-        if n not in self._seg_dst:
-            layout, _ = self._carving(n)
-            dst = np.array([entry[2] for entry in layout], dtype=np.int64)
-            # copy in the widest word that divides every offset and length (4 bytes for
-            # float32 fields): byte loops over short segments do not vectorize
-            unit = 8
-            side_width = self.links.side.shape[1] if self.links is not None else 0
-            while any(int(x) % unit for x in (*self._seg_src, *self._seg_len, *dst, side_width)):
-                unit //= 2
-            self._seg_dst = {n: dst // unit}
-            self._seg_unit = (np.dtype(f"u{unit}"), self._seg_src // unit, self._seg_len // unit)
-        word, seg_src, seg_len = self._seg_unit
-        if links is None:
-            gather_segments(
-                self.table.view(word), indices, seg_src, self._seg_dst[n], seg_len, block.view(word)
-            )
-        else:
-            gather_segments_once(
-                self.table.view(word),
-                links.side.view(word),
-                indices,
-                links.next_slot,
-                links.side_row,
-                seg_src,
-                self._seg_dst[n],
-                seg_len,
-                self._seg_next,
-                block.view(word),
-            )
+        side = links.side if links is not None else self._no_side
+        kind, src, dst, length, step, from_next = self._plan(n)
+        flat = block.reshape(-1)
+        gather_plan(
+            self.table,
+            self.table.view(np.uint32),
+            self.table.view(np.uint16),
+            self.table.view(np.uint8),
+            side.view(np.uint64),
+            side.view(np.uint32),
+            side.view(np.uint16),
+            side,
+            indices,
+            links.next_slot if links is not None else self._no_links,
+            links.side_row if links is not None else self._no_links,
+            kind,
+            src,
+            dst,
+            length,
+            step,
+            from_next,
+            HALF_TO_FLOAT_BITS,
+            flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat[:0].view(np.uint64),
+            flat.view(np.uint32) if flat.nbytes % 4 == 0 else flat[:0].view(np.uint32),
+            flat.view(np.uint8),
+        )
+        if rows:
+            return self.batch_codec.views(block), block
         return self._carve(block, n), block
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -525,8 +632,9 @@ def make_storage(
     codec: RowCodec | None = None,
     batch_layout: str = "rows",
     links: NextObsLinks | None = None,
+    batch_dtype: str = "float32",
 ) -> Storage:
     """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
-    return LAYOUTS[layout](specs, capacity, pool_blocks, codec, batch_layout, links)
+    return LAYOUTS[layout](specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)

@@ -11,6 +11,11 @@ from marlbuf._kernels.once import (
     gather_segments_once,
     scatter_lean,
 )
+from marlbuf._kernels.plan import (
+    HALF_TO_FLOAT_BITS,
+    first_nonfinite_half,
+    gather_plan,
+)
 from marlbuf._kernels.rows import (
     first_nonfinite,
     gather_rows,
@@ -30,12 +35,15 @@ from marlbuf._kernels.sumtree import (
 )
 
 __all__ = [
+    "HALF_TO_FLOAT_BITS",
     "apply_td_errors",
     "fill_new_slots",
     "find_prefix",
     "first_nonfinite",
+    "first_nonfinite_half",
     "gather_next_field",
     "gather_once",
+    "gather_plan",
     "gather_rows",
     "gather_rows_parallel",
     "gather_segments",

@@ -18,38 +18,42 @@ def scatter_lean(
     table: np.ndarray,
     slots: np.ndarray,
     rows: np.ndarray,
-    head_bytes: int,
+    head_words: int,
     done_lean: int,
     done_dense: int,
-    done_bytes: int,
+    done_words: int,
 ) -> None:
     """Store staged dense rows as lean rows (the writer's commit).
 
+    All offsets and lengths are in 8-byte words: the moving sections start on words
+    (:data:`marlbuf.spec.SECTION_ALIGN`), and the bytes a word copy carries past a section's end
+    are row padding.
+
     Parameters
     ----------
-    table : ndarray, shape (capacity, lean_row_bytes), uint8
+    table : ndarray, shape (capacity, lean_row_words), uint64
         Lean storage; rows at ``slots`` are overwritten.
     slots : ndarray, shape (n,), int64
         Ring slots in ``[0, capacity)``.
-    rows : ndarray, shape (n, dense_row_bytes), uint8
-        Staged dense rows.
-    head_bytes : int
-        obs, action and reward: bytes ``[0, head_bytes)`` of both formats.
-    done_lean, done_dense, done_bytes : int
-        Offset of the done section in a lean and in a dense row, and its length.
+    rows : ndarray, shape (n, dense_row_words), uint64
+        Staged dense rows (zero padding).
+    head_words : int
+        obs, action and reward: words ``[0, head_words)`` of both formats.
+    done_lean, done_dense, done_words : int
+        Word offset of the done section in a lean and in a dense row, and its length.
     """
     width = table.shape[1]
     for i in range(slots.shape[0]):
         dst = table[slots[i]]
         src = rows[i]
-        for b in range(head_bytes):
-            dst[b] = src[b]
-        for b in range(head_bytes, done_lean):  # padding stays zero, as in staged rows
-            dst[b] = 0
-        for b in range(done_bytes):
-            dst[done_lean + b] = src[done_dense + b]
-        for b in range(done_lean + done_bytes, width):
-            dst[b] = 0
+        for w in range(head_words):
+            dst[w] = src[w]
+        for w in range(head_words, done_lean):  # padding stays zero, as in staged rows
+            dst[w] = 0
+        for w in range(done_words):
+            dst[done_lean + w] = src[done_dense + w]
+        for w in range(done_lean + done_words, width):
+            dst[w] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -59,48 +63,49 @@ def gather_once(
     indices: np.ndarray,
     next_slot: np.ndarray,
     side_row: np.ndarray,
-    head_bytes: int,
+    head_words: int,
     done_lean: int,
     done_dense: int,
-    done_bytes: int,
+    done_words: int,
     next_obs_start: int,
-    obs_bytes: int,
+    obs_words: int,
     out: np.ndarray,
 ) -> None:
     """Gather lean rows into dense rows, each ``next_obs`` from the successor or the side table.
 
     Parameters
     ----------
-    table : ndarray, shape (capacity, lean_row_bytes), uint8
-    side : ndarray, shape (side_rows, side_row_bytes), uint8
-        Side table; a row holds a next_obs section (``obs_bytes`` used).
+    table : ndarray, shape (capacity, lean_row_words), uint64
+    side : ndarray, shape (side_rows, obs_words), uint64
+        Side table; a row holds a next_obs section.
     indices : ndarray, shape (batch,), int64
         Filled slots (checked by the caller).
     next_slot, side_row : ndarray, shape (capacity,), int64
         Per slot: the successor slot whose obs is this slot's next_obs, else -1 and the side
         table row that holds it.
-    head_bytes, done_lean, done_dense, done_bytes : int
-        As in :func:`scatter_lean`.
-    next_obs_start, obs_bytes : int
-        Where the next_obs section starts in a dense row, and its length (= the obs section's).
-    out : ndarray, shape (batch, dense_row_bytes), uint8
-        Destination dense rows; padding bytes are left unspecified.
+    head_words, done_lean, done_dense, done_words : int
+        As in :func:`scatter_lean` (words).
+    next_obs_start, obs_words : int
+        Where the next_obs section starts in a dense row, and its length (= the obs
+        section's, rounded up to words), in words.
+    out : ndarray, shape (batch, dense_row_words), uint64
+        Destination dense rows; padding words are left unspecified.
     """
     for i in range(indices.shape[0]):
         slot = indices[i]
         src = table[slot]
         dst = out[i]
-        for b in range(head_bytes):
-            dst[b] = src[b]
-        for b in range(done_bytes):
-            dst[done_dense + b] = src[done_lean + b]
+        for w in range(head_words):
+            dst[w] = src[w]
+        for w in range(done_words):
+            dst[done_dense + w] = src[done_lean + w]
         successor = next_slot[slot]
         if successor >= 0:
             nxt = table[successor]  # the next step's obs section is this step's next_obs
         else:
             nxt = side[side_row[slot]]
-        for b in range(obs_bytes):
-            dst[next_obs_start + b] = nxt[b]
+        for w in range(obs_words):
+            dst[next_obs_start + w] = nxt[w]
 
 
 @njit(cache=True, nogil=True)

@@ -1,0 +1,136 @@
+"""The general gather: stored rows -> batch, by a plan of segments.
+
+One kernel serves every storage/batch combination other than the plain dense row copy
+(:func:`marlbuf._kernels.rows.gather_rows`): lean rows (observations stored once, the next_obs
+read from the successor row or the side table), half-precision fields converted to float32,
+and per-agent contiguous outputs. A *plan* lists segments; for every gathered row each segment
+copies or converts one span.
+
+Segment kinds (units of ``seg_src``, ``seg_dst``, ``seg_len``, ``seg_step``):
+
+* :data:`COPY64` -- copy 8-byte words;
+* :data:`COPY32` -- copy 4-byte words;
+* :data:`COPY8` -- copy bytes;
+* :data:`HALF_TO_FLOAT` -- convert float16 to float32 (source in 2-byte units, destination in
+  4-byte units, length in elements) through a 65,536-entry table built from NumPy's own
+  conversion, so the result equals ``astype(np.float32)`` bit for bit (NaN payloads included).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+COPY64 = 0
+COPY32 = 1
+COPY8 = 2
+HALF_TO_FLOAT = 3
+
+#: float32 bit patterns of every float16 bit pattern
+HALF_TO_FLOAT_BITS = (
+    np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+)
+
+
+@njit(cache=True, nogil=True)
+def gather_plan(
+    table64: np.ndarray,
+    table32: np.ndarray,
+    table16: np.ndarray,
+    table8: np.ndarray,
+    side64: np.ndarray,
+    side32: np.ndarray,
+    side16: np.ndarray,
+    side8: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    seg_kind: np.ndarray,
+    seg_src: np.ndarray,
+    seg_dst: np.ndarray,
+    seg_len: np.ndarray,
+    seg_step: np.ndarray,
+    seg_next: np.ndarray,
+    half_lut: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out8: np.ndarray,
+) -> None:
+    """Gather ``indices`` by the plan into ``out``.
+
+    Parameters
+    ----------
+    table64, table32, table16, table8 : ndarray, shape (capacity, row_units)
+        The storage table viewed as uint64, uint32, uint16 and uint8 rows.
+    side64, side32, side16, side8 : ndarray, shape (side_rows, side_units)
+        The next_obs side table in the same four views (any one-row array without links).
+    indices : ndarray, shape (batch,), int64
+        Filled slots (checked by the caller).
+    next_slot, side_row : ndarray, shape (capacity,), int64
+        Observations stored once: successor slot or -1 and the side row (unused when no
+        segment has ``seg_next``).
+    seg_kind, seg_src, seg_dst, seg_len, seg_step, seg_next : ndarray, shape (n_segments,), int64
+        Per segment: kind, source offset in a stored row (or in the obs section for a next_obs
+        segment), destination offset of row 0 in ``out``, length, destination step per row,
+        and whether the source is the next observation.
+    half_lut : ndarray, shape (65536,), uint32
+        :data:`HALF_TO_FLOAT_BITS`.
+    out64, out32, out8 : ndarray, shape (n_units,)
+        The output block viewed flat as uint64, uint32 and uint8.
+    """
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        successor = next_slot[slot] if next_slot.shape[0] else 0
+        from_side = successor < 0
+        src_slot = slot
+        for s in range(seg_kind.shape[0]):
+            kind = seg_kind[s]
+            length = seg_len[s]
+            src0 = seg_src[s]
+            dst0 = seg_dst[s] + i * seg_step[s]
+            side = False
+            src_slot = slot
+            if seg_next[s]:
+                if from_side:
+                    side = True
+                    src_slot = side_row[slot]
+                else:
+                    src_slot = successor
+            if kind == COPY64:
+                row64 = side64[src_slot] if side else table64[src_slot]
+                for k in range(length):
+                    out64[dst0 + k] = row64[src0 + k]
+            elif kind == COPY32:
+                row32 = side32[src_slot] if side else table32[src_slot]
+                for k in range(length):
+                    out32[dst0 + k] = row32[src0 + k]
+            elif kind == COPY8:
+                row8 = side8[src_slot] if side else table8[src_slot]
+                for k in range(length):
+                    out8[dst0 + k] = row8[src0 + k]
+            else:
+                row16 = side16[src_slot] if side else table16[src_slot]
+                for k in range(length):
+                    out32[dst0 + k] = half_lut[row16[src0 + k]]
+
+
+@njit(cache=True, nogil=True)
+def first_nonfinite_half(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> int:
+    """:func:`marlbuf._kernels.rows.first_nonfinite` for float16 segments, on their bits.
+
+    Parameters
+    ----------
+    values : ndarray, shape (rows, width), uint16
+        Staged rows viewed as 2-byte units.
+    starts, counts : ndarray, shape (n_segments,), int64
+        Each segment covers ``values[:, starts[s] : starts[s] + counts[s]]``.
+    """
+    for s in range(starts.shape[0]):
+        lo = starts[s]
+        hi = lo + counts[s]
+        for r in range(values.shape[0]):
+            row = values[r]
+            for w in range(lo, hi):
+                if row[w] & 0x7C00 == 0x7C00:  # all exponent bits set: inf or NaN
+                    return s
+    return -1
