@@ -249,9 +249,9 @@ def interleaved_row_layout(
     rewards, next observations and dones. So the centralized critic's input (all observations,
     then all actions) is one contiguous slice of a gathered row when the dtypes agree. Each
     field starts at a multiple of its itemsize, the ``next_obs`` and ``done`` sections at a
-    multiple of :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a subsequence
-    of :data:`FIELDS`) lays out a row without some fields (the lean row without ``next_obs``);
-    ``section_align=1`` gives the layout of files written by marlbuf 0.1.
+    multiple of :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a
+    subsequence of :data:`FIELDS`) lays out a row without some fields (the lean row without
+    ``next_obs``); ``section_align=1`` gives the layout of files written by marlbuf 0.1.
 
     Returns
     -------

@@ -167,6 +167,7 @@ class RowCodec:
         n_agents = len(agents)
         regions = self._single_regions if steps is None else None
         for k, ((_, lo, hi, dt, shapes, onehot), value) in enumerate(zip(plan, fields)):
+            items: Any
             if type(value) is dict:
                 if len(value) != n_agents:
                     raise _NotCommonCase
