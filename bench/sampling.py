@@ -25,35 +25,66 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf import MultiAgentReplayBuffer
+from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf._kernels import gather_rows
 from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
 from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
+from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, episode_steps
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 
 SUITE = "sampling"
 BATCH = 1024
 FILL_CHUNK = 5_000
 
-#: marlbuf cases: name -> (layout, sampler factory, variant). Variants: "" (defaults: serial
-#: kernels, pooled batch memory), "out" (``out=`` reuse of the previous round's batches),
-#: "parallel" (the opt-in threaded gather, ``parallel_gather=True``), "stream" (the round as
-#: ``iter_trainers``, each batch dropped before the next is drawn, as a MADDPG learner consumes
-#: it), "per_agent" (``batch_layout="per_agent"``: contiguous per-agent arrays from the same
-#: gather), "nolock" (the buffer's lock replaced by a no-op: the cost of thread safety).
-MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str]] = {
-    "agent_major+uniform": ("agent_major", Uniform, ""),
-    "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), ""),
-    "interleaved+uniform": ("interleaved", Uniform, ""),
-    "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), ""),
-    "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), ""),
-    "interleaved+uniform+out": ("interleaved", Uniform, "out"),
-    "interleaved+uniform+parallel": ("interleaved", Uniform, "parallel"),
-    "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel"),
-    "interleaved+uniform+stream": ("interleaved", Uniform, "stream"),
-    "interleaved+uniform+per_agent": ("interleaved", Uniform, "per_agent"),
-    "interleaved+uniform+nolock": ("interleaved", Uniform, "nolock"),
+#: marlbuf cases: name -> (layout, sampler factory, variant, storage). Variants: "" (defaults:
+#: serial kernels, pooled batch memory, the ``sample_for_trainers`` round), "out" (``out=``
+#: reuse of the previous round's batches), "parallel" (the opt-in threaded gather), "stream" (the
+#: round as ``iter_trainers``, each batch dropped before the next is drawn, as a MADDPG learner
+#: consumes it), "per_agent" (``batch_layout="per_agent"``: contiguous per-agent arrays from the
+#: same gather), "nolock" (the buffer's lock replaced by a no-op: the cost of thread safety).
+#: Storage: "dense" (every row holds next_obs, float32: the 0.1 format), "lean" (observations
+#: stored once), "lean16" (stored once, float16 observations, float32 batches converted in the
+#: gather), "lean16s" (the same, batches in storage precision).
+MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str, str]] = {
+    "agent_major+uniform": ("agent_major", Uniform, "", "dense"),
+    "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), "", "dense"),
+    "interleaved+uniform": ("interleaved", Uniform, "", "dense"),
+    "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), "", "dense"),
+    "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), "", "dense"),
+    "interleaved+uniform+out": ("interleaved", Uniform, "out", "dense"),
+    "interleaved+uniform+parallel": ("interleaved", Uniform, "parallel", "dense"),
+    "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel", "dense"),
+    "interleaved+uniform+stream": ("interleaved", Uniform, "stream", "dense"),
+    "interleaved+uniform+per_agent": ("interleaved", Uniform, "per_agent", "dense"),
+    "interleaved+uniform+nolock": ("interleaved", Uniform, "nolock", "dense"),
+    "lean+uniform": ("interleaved", Uniform, "", "lean"),
+    "lean+uniform+stream": ("interleaved", Uniform, "stream", "lean"),
+    "lean16+uniform+stream": ("interleaved", Uniform, "stream", "lean16"),
+    "lean16s+uniform+stream": ("interleaved", Uniform, "stream", "lean16s"),
+    "lean16+neighbor64+stream": ("interleaved", lambda: Neighbor(64), "stream", "lean16"),
+    "lean16s+neighbor64+stream": ("interleaved", lambda: Neighbor(64), "stream", "lean16s"),
 }
+
+#: storage -> (next_obs, half-precision observations, batch_dtype)
+STORAGES: dict[str, tuple[str, bool, str]] = {
+    "dense": ("stored", False, "float32"),
+    "lean": ("once", False, "float32"),
+    "lean16": ("once", True, "float32"),
+    "lean16s": ("once", True, "storage"),
+}
+
+
+def _half(specs: dict[str, AgentSpec]) -> dict[str, AgentSpec]:
+    return {
+        a: AgentSpec(
+            s.obs_shape,
+            s.action_shape,
+            obs_dtype=np.float16,
+            n_discrete_actions=s.n_discrete_actions,
+        )
+        for a, s in specs.items()
+    }
+
 
 QUICK: dict[str, Any] = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("cooperative_navigation", 6)],
@@ -98,18 +129,27 @@ def _variant(buf: MultiAgentReplayBuffer, variant: str) -> MultiAgentReplayBuffe
 
 
 def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
-    """Build every buffer of one workload, filled with the same random transitions."""
+    """Build every buffer of one workload, filled with the same transitions: episode streams
+    of 25 steps (each next_obs is the next obs except at an episode end), values exact in
+    float16."""
     specs = workload.specs()
     rng = np.random.default_rng(seed)
-    by_layout = {
-        layout: MultiAgentReplayBuffer(specs, capacity, layout=layout, seed=seed)
-        for layout in dict.fromkeys(layout for layout, _, _ in MARLBUF_CASES.values())
-    }
+    by_layout = {}
+    for layout, storage in dict.fromkeys((c[0], c[3]) for c in MARLBUF_CASES.values()):
+        next_obs, half, batch_dtype = STORAGES[storage]
+        by_layout[(layout, storage)] = MultiAgentReplayBuffer(
+            _half(specs) if half else specs,
+            capacity,
+            layout=layout,
+            seed=seed,
+            next_obs=next_obs,
+            batch_dtype=batch_dtype,
+        )
     numpy_buf = NumpyPerAgentBuffer(specs, capacity, seed=seed)
     lists = {a: ListOfTuplesBuffer(capacity, seed=seed + i) for i, a in enumerate(specs)}
     for start in range(0, capacity, FILL_CHUNK):
         steps = min(FILL_CHUNK, capacity - start)
-        data = random_steps(specs, steps, rng)
+        data = episode_steps(specs, steps, rng, first=start)
         for buf in by_layout.values():
             buf.extend(**data)
         numpy_buf.extend(**data)
@@ -119,8 +159,8 @@ def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
             for t in range(steps):  # one small array per field per step, as a real loop makes
                 lst.add(obs[t].copy(), act[t].copy(), float(rew[t]), nxt[t].copy(), bool(done[t]))
     bufs = {
-        name: _variant(_share_storage(by_layout[layout], make_sampler(), seed), variant)
-        for name, (layout, make_sampler, variant) in MARLBUF_CASES.items()
+        name: _variant(_share_storage(by_layout[(layout, storage)], make_sampler(), seed), variant)
+        for name, (layout, make_sampler, variant, storage) in MARLBUF_CASES.items()
     }
     floor_bytes = useful_bytes_per_round(workload)
     return {"marlbuf": bufs, "numpy": numpy_buf, "lists": lists, "floor_bytes": floor_bytes}
@@ -146,10 +186,26 @@ def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[
         "list_of_tuples": list_round,
         "numpy_per_agent": numpy_round,
         "copy_floor": _copy_floor(buffers["floor_bytes"], n_trainers),
+        "bare_row_gather": _bare_gather(buffers["marlbuf"]["lean16+uniform+stream"], n_trainers),
     }
     for name, buf in buffers["marlbuf"].items():
         fns[name] = _marlbuf_round(buf, MARLBUF_CASES[name][2])
     return fns
+
+
+def _bare_gather(buf: MultiAgentReplayBuffer, n_trainers: int) -> Callable[[], Any]:
+    """A bare Numba row-gather loop over ``buf``'s stored rows into one reused output array,
+    with uniform indices drawn as the buffer draws them: what moving the stored bytes costs
+    without batches, next-observation links or conversion (the streaming round's yardstick)."""
+    table = buf.storage.table  # private: the yardstick reads the stored rows directly
+    out = np.empty((BATCH, table.shape[1]), dtype=table.dtype)
+    rng = np.random.default_rng(0)
+
+    def round_() -> None:
+        for _ in range(n_trainers):
+            gather_rows(table, rng.integers(0, len(buf), BATCH, dtype=np.int64), out)
+
+    return round_
 
 
 def _copy_floor(nbytes: int, n_trainers: int) -> Callable[[], Any]:
@@ -285,13 +341,24 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             ],
             "lock_cost_uniform_vs_nolock": by_case["interleaved+uniform"]["ms_median"]
             / by_case["interleaved+uniform+nolock"]["ms_median"],
+            "dense_round_vs_lean16_stream": by_case["interleaved+uniform"]["ms_median"]
+            / by_case["lean16+uniform+stream"]["ms_median"],
+            "dense_round_vs_lean16s_stream": by_case["interleaved+uniform"]["ms_median"]
+            / by_case["lean16s+uniform+stream"]["ms_median"],
+            "lean16_stream_vs_bare_row_gather": by_case["lean16+uniform+stream"]["ms_median"]
+            / by_case["bare_row_gather"]["ms_median"],
+            "lean16_neighbor64_time_vs_uniform": by_case["lean16+neighbor64+stream"]["ms_median"]
+            / by_case["lean16+uniform+stream"]["ms_median"],
+            "lean16s_neighbor64_time_vs_uniform": by_case["lean16s+neighbor64+stream"]["ms_median"]
+            / by_case["lean16s+uniform+stream"]["ms_median"],
             "agent_major_neighbor64_time_vs_uniform": by_case["agent_major+neighbor64"]["ms_median"]
             / by_case["agent_major+uniform"]["ms_median"],
             "best_marlbuf_case": min(
                 (
                     r
                     for r in by_case.values()
-                    if r["case"] not in ("list_of_tuples", "numpy_per_agent", "copy_floor")
+                    if r["case"]
+                    not in ("list_of_tuples", "numpy_per_agent", "copy_floor", "bare_row_gather")
                 ),
                 key=lambda r: r["ms_median"],
             )["case"],

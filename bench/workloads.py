@@ -74,6 +74,40 @@ def random_steps(
     }
 
 
+def episode_steps(
+    specs: dict[str, AgentSpec],
+    steps: int,
+    rng: np.random.Generator,
+    episode_length: int = 25,
+    first: int = 0,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Like :func:`random_steps`, but shaped like an environment's stream: every step's
+    ``next_obs`` is the next step's ``obs`` except at the end of each ``episode_length``-step
+    episode (truncation, as MPE), where the next obs is a reset. ``first`` is the global step
+    number of the first step (so consecutive calls continue the episodes). Values are
+    representable in float16, so float32 and float16 storage hold the same data.
+    """
+    chain = {
+        a: rng.random((steps + 1, *s.obs_shape), np.float32).astype(np.float16).astype(np.float32)
+        for a, s in specs.items()
+    }
+    ends = (first + np.arange(steps) + 1) % episode_length == 0
+    next_obs = {a: c[1:].copy() for a, c in chain.items()}
+    for a, nxt in next_obs.items():  # at an episode end the next obs is the terminal one, and
+        nxt[ends] = (
+            rng.random((int(ends.sum()), *specs[a].obs_shape), np.float32)
+            .astype(np.float16)
+            .astype(np.float32)
+        )  # the following step starts from a reset (chain[t + 1])
+    return {
+        "obs": {a: c[:-1] for a, c in chain.items()},
+        "action": {a: rng.random((steps, *s.action_shape), np.float32) for a, s in specs.items()},
+        "reward": {a: rng.random(steps, np.float32) for a in specs},
+        "next_obs": next_obs,
+        "done": {a: ends.astype(np.float32) for a in specs},
+    }
+
+
 PAPER_WORKLOADS = [
     Workload("cooperative_navigation", 3),
     Workload("cooperative_navigation", 6),

@@ -92,3 +92,33 @@ def test_workload_obs_dims_match_the_paper():
     assert Workload("cooperative_navigation", 24).obs_dims() == [144] * 24
     assert Workload("predator_prey", 3).obs_dims() == [16] * 3 + [14]
     assert Workload("predator_prey", 24).obs_dims() == [98] * 24 + [96] * 8
+
+
+def test_memory_suite_estimates_match_measured_buffers(monkeypatch):
+    from marlbuf.bench import memory
+
+    tiny = dict(memory.QUICK, workloads=[Workload("cooperative_navigation", 3)])
+    tiny["measure_capacity"] = 1_000
+    monkeypatch.setattr(memory, "QUICK", tiny)
+    payload = memory.run(quick=True, progress=False)
+    check_schema(payload)
+    by_format = {r["format"]: r for r in payload["rows"]}
+    assert set(by_format) == {"dense", "once", "once+float16"}
+    for row in payload["rows"]:  # the estimate is what a real buffer of 25-step episodes holds
+        assert row["measured_bytes_per_transition"] == pytest.approx(
+            row["bytes_per_transition"], rel=0.05
+        )
+    assert by_format["once+float16"]["vs_dense"] < by_format["once"]["vs_dense"] < 1
+
+
+def test_sampling_has_the_lean_and_streaming_cases(monkeypatch):
+    from marlbuf.bench import sampling
+
+    _tiny(monkeypatch, sampling)
+    monkeypatch.setattr(sampling, "QUICK", dict(TINY, workloads=[TINY["workloads"][0]]))
+    payload = sampling.run(quick=True, progress=False)
+    cases = {r["case"] for r in payload["rows"]}
+    assert {"lean16+uniform+stream", "lean16s+uniform+stream", "bare_row_gather"} <= cases
+    summary = payload["summary"]["CN-3"]
+    assert summary["dense_round_vs_lean16_stream"] > 0
+    assert summary["lock_cost_uniform_vs_nolock"] > 0

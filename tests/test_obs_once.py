@@ -164,3 +164,29 @@ def test_lean_rows_are_half_the_dense_rows_for_mpe():
     lean = MultiAgentReplayBuffer(specs, 10)
     dense = MultiAgentReplayBuffer(specs, 10, next_obs="stored")
     assert lean.storage.table.nbytes / dense.storage.table.nbytes < 0.52
+
+
+def test_version_1_files_load_as_dense_when_the_layout_is_unchanged(tmp_path):
+    """Files of marlbuf 0.1 (format version 1: next_obs in every row) still load."""
+    specs = {f"agent_{i}": AgentSpec(obs_shape=(18,), action_shape=(5,)) for i in range(3)}
+    dense = MultiAgentReplayBuffer(specs, 16, next_obs="stored", seed=0)
+    rng = np.random.default_rng(0)
+    obs = {a: rng.standard_normal(18) for a in specs}
+    for _ in range(20):
+        nxt = {a: rng.standard_normal(18) for a in specs}
+        act = {a: rng.standard_normal(5) for a in specs}
+        dense.add(obs, act, {a: 0.0 for a in specs}, nxt, {a: False for a in specs})
+        obs = nxt
+    state = dense.state_dict()
+    state["version"] = 1
+    del state["next_obs"], state["links"]
+    restored = MultiAgentReplayBuffer(specs, 16, next_obs="stored")
+    restored.load_state_dict(state)
+    assert restored.gather(np.arange(16)).next_obs["agent_1"].tobytes() == (
+        dense.gather(np.arange(16)).next_obs["agent_1"].tobytes()
+    )
+    mixed = dict(SPECS)  # its next_obs section moved to a word boundary in version 2
+    old = MultiAgentReplayBuffer(mixed, 4, next_obs="stored").state_dict()
+    old["version"] = 1
+    with pytest.raises(ValueError, match="row layout this marlbuf no longer has"):
+        MultiAgentReplayBuffer(mixed, 4, next_obs="stored").load_state_dict(old)
