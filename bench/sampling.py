@@ -197,7 +197,7 @@ def _bare_gather(buf: MultiAgentReplayBuffer, n_trainers: int) -> Callable[[], A
     """A bare Numba row-gather loop over ``buf``'s stored rows into one reused output array,
     with uniform indices drawn as the buffer draws them: what moving the stored bytes costs
     without batches, next-observation links or conversion (the streaming round's yardstick)."""
-    table = buf.storage.table  # private: the yardstick reads the stored rows directly
+    table = buf.storage.arrays()["table"]  # the yardstick reads the stored rows directly
     out = np.empty((BATCH, table.shape[1]), dtype=table.dtype)
     rng = np.random.default_rng(0)
 
