@@ -42,7 +42,7 @@ class RoundBlock:
         self.batches: list[Batch] | None = None
         if getattr(storage, "layout", None) != "interleaved":
             return
-        row_words = int(storage.row_words)  # type: ignore[union-attr]
+        row_words = int(storage.batch_codec.row_words)  # type: ignore[union-attr]
         block = aligned_empty(
             (n_trainers, batch_size, row_words), np.dtype(np.uint64), _config.ROW_ALIGN_BYTES
         )

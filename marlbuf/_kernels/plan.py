@@ -78,40 +78,51 @@ def gather_plan(
     out64, out32, out8 : ndarray, shape (n_units,)
         The output block viewed flat as uint64, uint32 and uint8.
     """
+    # rows are indexed two-dimensionally (no row views in the loops: a view per segment costs
+    # reference counting that dominates short segments)
     for i in range(indices.shape[0]):
         slot = indices[i]
         successor = next_slot[slot] if next_slot.shape[0] else 0
-        from_side = successor < 0
-        src_slot = slot
         for s in range(seg_kind.shape[0]):
             kind = seg_kind[s]
             length = seg_len[s]
             src0 = seg_src[s]
             dst0 = seg_dst[s] + i * seg_step[s]
             side = False
-            src_slot = slot
+            row = slot
             if seg_next[s]:
-                if from_side:
+                if successor < 0:
                     side = True
-                    src_slot = side_row[slot]
+                    row = side_row[slot]
                 else:
-                    src_slot = successor
+                    row = successor
             if kind == COPY64:
-                row64 = side64[src_slot] if side else table64[src_slot]
-                for k in range(length):
-                    out64[dst0 + k] = row64[src0 + k]
+                if side:
+                    for k in range(length):
+                        out64[dst0 + k] = side64[row, src0 + k]
+                else:
+                    for k in range(length):
+                        out64[dst0 + k] = table64[row, src0 + k]
             elif kind == COPY32:
-                row32 = side32[src_slot] if side else table32[src_slot]
-                for k in range(length):
-                    out32[dst0 + k] = row32[src0 + k]
+                if side:
+                    for k in range(length):
+                        out32[dst0 + k] = side32[row, src0 + k]
+                else:
+                    for k in range(length):
+                        out32[dst0 + k] = table32[row, src0 + k]
             elif kind == COPY8:
-                row8 = side8[src_slot] if side else table8[src_slot]
+                if side:
+                    for k in range(length):
+                        out8[dst0 + k] = side8[row, src0 + k]
+                else:
+                    for k in range(length):
+                        out8[dst0 + k] = table8[row, src0 + k]
+            elif side:
                 for k in range(length):
-                    out8[dst0 + k] = row8[src0 + k]
+                    out32[dst0 + k] = half_lut[side16[row, src0 + k]]
             else:
-                row16 = side16[src_slot] if side else table16[src_slot]
                 for k in range(length):
-                    out32[dst0 + k] = half_lut[row16[src0 + k]]
+                    out32[dst0 + k] = half_lut[table16[row, src0 + k]]
 
 
 @njit(cache=True, nogil=True)
