@@ -296,10 +296,13 @@ class MultiAgentReplayBuffer:
 
     def _extend(self, fields: tuple[Any, ...], stream: int | None, first_stream: int = 0) -> None:
         named = dict(zip(FIELDS, fields))
-        steps = steps_of(self._codec, named)
+        # the fast path checks every item's shape against the first observation's length, so
+        # the complete length check (a loop over every item) runs only when it declines
+        steps = _leading_length(fields[0])
         with self.writer.write_lock:
-            rows = self._codec.stage_fast(fields, steps)
+            rows = None if steps is None else self._codec.stage_fast(fields, steps)
             if rows is None:
+                steps = steps_of(self._codec, named)
                 rows, _ = self._codec.stage(named, steps)
             streams: int | np.ndarray = (
                 stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
@@ -751,6 +754,16 @@ def _check_memory(
             ResourceWarning,
             stacklevel=3,
         )
+
+
+def _leading_length(obs: Any) -> int | None:
+    """The leading length of the first agent's observations, if cheaply known (else None)."""
+    first = next(iter(obs.values()), None) if type(obs) is dict else None
+    if first is None and type(obs) in (list, tuple) and obs:
+        first = obs[0]
+    if type(first) is np.ndarray and first.ndim and first.shape[0] > 0:
+        return int(first.shape[0])
+    return None
 
 
 def _check_stream(stream: Any) -> int:

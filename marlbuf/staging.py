@@ -140,8 +140,8 @@ class RowCodec:
         plan = self._fast
         if plan is None:
             return None
-        if steps is None:
-            rows = self._single
+        if steps is None or steps == 1:
+            rows = self._single  # add(), or extend() of one step: the persistent staging row
         else:
             rows = np.zeros((steps, self.row_words), dtype=np.uint64)
         try:
@@ -165,7 +165,7 @@ class RowCodec:
         ``_NotCommonCase`` (or NumPy's own errors) for anything outside the common case."""
         agents = self.agents
         n_agents = len(agents)
-        regions = self._single_regions if steps is None else None
+        regions = self._single_regions if steps is None or steps == 1 else None
         for k, ((_, lo, hi, dt, shapes, onehot), value) in enumerate(zip(plan, fields)):
             items: Any
             if type(value) is dict:
