@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "train MADDPG / MATD3 on MPE predator-prey / cooperative navigation",
     ),
     "profile": ("marlbuf.profiling.cli", "time and cache counters per training phase"),
+    "memory": ("marlbuf.memory", "bytes per transition and total size of a buffer, by format"),
 }
 
 

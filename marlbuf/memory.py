@@ -120,4 +120,49 @@ def estimate(
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``marlbuf memory``: bytes per transition and total size for an MPE configuration."""
+    from marlbuf.cli import ArgumentParser, error
+
+    parser = ArgumentParser(
+        "marlbuf memory",
+        description="What a buffer will hold, before allocating it: bytes per transition and "
+        "total size of each storage format for the paper's MPE tasks.",
+    )
+    parser.add_argument(
+        "--env",
+        choices=("cooperative_navigation", "predator_prey"),
+        default="cooperative_navigation",
+    )
+    parser.add_argument("--agents", type=int, default=24, help="agents (predators)")
+    parser.add_argument("--capacity", type=float, default=1e6, help="transitions")
+    parser.add_argument("--layout", choices=("interleaved", "agent_major"), default="interleaved")
+    parser.add_argument("--episode-length", type=int, default=DEFAULT_EPISODE_LENGTH)
+    args = parser.parse_args(argv)
+    if args.agents < 1 or args.capacity < 1 or not float(args.capacity).is_integer():
+        return error("marlbuf memory", "--agents and --capacity must be positive integers")
+    from marlbuf.bench.workloads import Workload
+
+    workload = Workload(args.env, args.agents)
+    specs = workload.specs()
+    half = {
+        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16") for a, s in specs.items()
+    }
+    capacity = int(args.capacity)
+    print(f"{workload.label} ({workload.n_trainers} agents), capacity {capacity:,}:")
+    dense = None
+    for name, fmt_specs, next_obs in (
+        ("dense (next_obs stored)", specs, "stored"),
+        ("observations stored once", specs, "once"),
+        ("stored once + float16 obs", half, "once"),
+    ):
+        est = estimate(
+            fmt_specs, capacity, args.layout, next_obs, episode_length=args.episode_length
+        )
+        dense = dense or est
+        ratio = est.bytes_per_transition / dense.bytes_per_transition
+        print(f"  {name:<28} {est}  ({ratio:.2f}x dense)")
+    return 0
+
+
 __all__ = ["DEFAULT_EPISODE_LENGTH", "MemoryEstimate", "estimate"]

@@ -106,3 +106,13 @@ def test_bench_help_shows_defaults(capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert "(default: all but" in text and "result folder (default:" in text
+
+
+def test_memory_command_prints_every_format(capsys):
+    from marlbuf import cli
+
+    assert cli.main(["memory", "--agents", "3", "--capacity", "1e4"]) == 0
+    out = capsys.readouterr().out
+    assert "CN-3" in out and "stored once + float16" in out and "x dense" in out
+    assert cli.main(["memory", "--agents", "0"]) == 2
+    assert "positive integers" in capsys.readouterr().err
