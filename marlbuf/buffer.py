@@ -298,12 +298,14 @@ class MultiAgentReplayBuffer:
         named = dict(zip(FIELDS, fields))
         # the fast path checks every item's shape against the first observation's length, so
         # the complete length check (a loop over every item) runs only when it declines
-        steps = _leading_length(fields[0])
+        guess = _leading_length(fields[0])
         with self.writer.write_lock:
-            rows = None if steps is None else self._codec.stage_fast(fields, steps)
+            rows = None if guess is None else self._codec.stage_fast(fields, guess)
             if rows is None:
                 steps = steps_of(self._codec, named)
                 rows, _ = self._codec.stage(named, steps)
+            else:
+                steps = int(rows.shape[0])  # the guessed length, confirmed by the fast path
             streams: int | np.ndarray = (
                 stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
             )
