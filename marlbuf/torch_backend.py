@@ -1603,8 +1603,9 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         bad = code != _OK
         flat = torch.argmax(bad.view(-1).to(torch.int8))  # first bad entry (0 if none)
         row, position = flat // batch, flat % batch
-        first_code = code.view(-1)[flat]
-        value = td.view(-1)[flat]
+        at = flat.view(1)  # index_select, not x[t]: a 0-d tensor index may read it on the host
+        first_code = code.view(-1).index_select(0, at)[0]
+        value = td.view(-1).index_select(0, at)[0]
         trainer = row + trainers.start
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         if in_range is not None:
