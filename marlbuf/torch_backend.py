@@ -30,7 +30,6 @@ torch is imported by this module only; ``import marlbuf`` does not need it.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -414,7 +413,11 @@ class DeviceBatch:
             for name in FIELDS
         }
         return Batch(
-            **fields,
+            fields["obs"],
+            fields["action"],
+            fields["reward"],
+            fields["next_obs"],
+            fields["done"],
             indices=self.indices.cpu().numpy().copy(),
             generations=self.generations.cpu().numpy().copy(),
             weights=None if self.weights is None else self.weights.cpu().numpy().copy(),
@@ -650,7 +653,6 @@ class _DevicePrioritized(_DeviceSampler):
     def draw(self, trainers: range, batch_size: int, size: int, gen: torch.Generator) -> _Draw:
         self._refresh(trainers)
         self._check_sampleable(batch_size, size, trainers)
-        k = len(trainers)
         rows = slice(trainers.start, trainers.stop)
         uniforms = torch.stack(
             [
@@ -1412,7 +1414,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             return out
 
     # ----------------------------------------------------------------------------- priorities
-    def update_priorities(  # type: ignore[override]
+    def update_priorities(
         self,
         indices: Any,
         td_errors: Any,
@@ -1599,7 +1601,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     ) -> Tensor:
         """``[code, trainer, position, value, min index, max index]`` of the first bad entry
         (code ``_OK`` if none), float64 on the device."""
-        k, batch = code.shape
+        batch = code.shape[1]
         bad = code != _OK
         flat = torch.argmax(bad.view(-1).to(torch.int8))  # first bad entry (0 if none)
         row, position = flat // batch, flat % batch
@@ -1718,6 +1720,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             )
         size = int(state["size"])
         storage = state["storage"]
+        expected: dict[str, tuple[tuple[int, ...], np.dtype]]
         if state["layout"] == "interleaved":
             expected = {"table": ((size, self.row_words), np.dtype(np.uint64))}
         elif state["layout"] == "agent_major":
@@ -1797,9 +1800,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         persistence.write_state(self._state(copy=False), path)
 
     @classmethod
-    def load(  # type: ignore[override]
-        cls, path: str | os.PathLike[str], device: Any = "cpu"
-    ) -> TorchReplayBuffer:
+    def load(cls, path: str | os.PathLike[str], device: Any = "cpu") -> TorchReplayBuffer:
         """Rebuild a buffer written by :meth:`save` of either backend on ``device``."""
         built: list[TorchReplayBuffer] = []
 

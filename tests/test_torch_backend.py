@@ -20,7 +20,7 @@ from datagen import random_step_data, step_slice
 torch = pytest.importorskip("torch")
 
 from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer  # noqa: E402
-from marlbuf.prioritized import LinearBeta, RunLengthPredictor, ThresholdPredictor  # noqa: E402
+from marlbuf.prioritized import LinearBeta, RunLengthPredictor  # noqa: E402
 from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform  # noqa: E402
 from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, stack_span  # noqa: E402
 
@@ -325,8 +325,9 @@ def test_concat_is_a_zero_copy_view(mixed_specs):
     assert b.concat("obs").shape == (4, 16 + 6 + 14)
     with pytest.raises(ValueError, match="at least one field"):
         b.concat()
-    obs_n, act_n, rew_n, next_obs_n, done_n = b.as_lists()
-    assert len(obs_n) == 3 and rew_n[0].shape == (4,) and b.agents == list(mixed_specs)
+    lists = b.as_lists()
+    assert [len(x) for x in lists] == [3] * 5 and lists[2][0].shape == (4,)
+    assert b.agents == list(mixed_specs) and lists[0][1] is b.obs["pred_1"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
