@@ -825,3 +825,112 @@ def test_cuda_round_never_waits_for_the_device(mixed_specs):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     buf.check_priority_errors()
+
+
+# --------------------------------------------------------------------------- trainers
+def _learner_pair(algo, sampler, device="cpu"):
+    from marlbuf.algos import BatchedLearner, TrainConfig
+    from marlbuf.algos.device import DeviceBatchedLearner
+    from marlbuf.bench.workloads import Workload
+
+    workload = Workload("predator_prey", 3)
+    specs = workload.specs()
+    cfg = TrainConfig(algo=algo, batch_size=32, buffer_size=500, warmup_steps=32, device=device)
+    dims = workload.obs_dims()
+    host_learner = BatchedLearner(cfg, dims, 5, seed=3)
+    device_learner = DeviceBatchedLearner(cfg, dims, 5, seed=3)
+    a = MultiAgentReplayBuffer(specs, 300, sampler=sampler(), seed=0)
+    b = MultiAgentReplayBuffer(specs, 300, sampler=sampler(), seed=0, device=device)
+    data = random_step_data(specs, 300, np.random.default_rng(0))
+    a.extend(**data)
+    b.extend(**data)
+    return host_learner, device_learner, a, b
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+@pytest.mark.parametrize("sampler", [Uniform, PrioritizedNeighbor])
+def test_device_learner_gives_the_batched_learners_numbers(algo, sampler):
+    host_learner, device_learner, a, b = _learner_pair(algo, sampler)
+    for _ in range(3):
+        batches = b.sample_for_trainers(32)
+        host_batches = []
+        for batch in batches:
+            hb = a.gather(host(batch.indices))
+            hb.weights = None if batch.weights is None else host(batch.weights)
+            host_batches.append(hb)
+        want = host_learner.update(host_batches)
+        got = device_learner.update_device(batches).to_host()
+        np.testing.assert_allclose(got.critic_loss, want.critic_loss, rtol=1e-5)
+        np.testing.assert_allclose(got.actor_loss, want.actor_loss, rtol=1e-5)
+        for x, y in zip(got.td_errors, want.td_errors):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        assert got.actor_updated == want.actor_updated
+    for p, q in zip(device_learner.get_params(), host_learner.get_params()):
+        for key in p:
+            torch.testing.assert_close(p[key], q[key], rtol=1e-4, atol=1e-6)
+
+
+def test_device_learner_on_batches_that_are_not_one_round():
+    host_learner, device_learner, a, b = _learner_pair("maddpg", Uniform)
+    batches = [b.sample(32, trainer=t) for t in range(4)]  # four rounds of one: stacked copies
+    host_batches = [a.gather(host(x.indices)) for x in batches]
+    got = device_learner.update_device(batches).to_host()
+    want = host_learner.update(host_batches)
+    np.testing.assert_allclose(got.critic_loss, want.critic_loss, rtol=1e-5)
+
+
+def test_train_with_a_device_buffer_resumes_exactly(tmp_path):
+    pytest.importorskip("mpe2")
+    from marlbuf.algos.cli import main
+
+    small = ["--batch-size", "32", "--buffer-size", "3000", "--warmup", "100", "--no-progress"]
+    small += ["--buffer-device", "cpu", "--sampler", "prioritized_neighbor", "--no-plot"]
+    small += ["--beta-anneal-rounds", "5"]  # else it follows --episodes, which differs here
+    straight, split = tmp_path / "a", tmp_path / "b"
+    assert main(["--episodes", "10", *small, "--out", str(straight)]) == 0
+    assert main(["--episodes", "5", *small, "--out", str(split)]) == 0
+    assert main(["--episodes", "10", "--resume", *small, "--out", str(split)]) == 0
+    read = [(p / "episodes.csv").read_text().splitlines() for p in (straight, split)]
+    returns = [[line.split(",")[2] for line in lines[1:]] for lines in read]
+    assert len(returns[0]) == 10 and returns[0] == returns[1]
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (["--buffer-device", "cuda"], "buffer_device must be the learner's device"),
+        (["--buffer-device", "tpu"], "buffer_device must be None, 'cpu' or 'cuda"),
+        (["--buffer-device", "cpu", "--formulation", "loop"], "needs formulation='batched'"),
+        (["--buffer-device", "cpu", "--layout", "agent_major"], "layout='interleaved'"),
+    ],
+)
+def test_bad_buffer_device_options_exit_2(tmp_path, capsys, bad, match):
+    from marlbuf.algos.cli import main
+
+    out = tmp_path / "never"
+    assert main(["--episodes", "1", "--no-progress", "--out", str(out), *bad]) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_training_round_never_waits_for_the_device():
+    _, learner, _, buf = _learner_pair("matd3", PrioritizedNeighbor, device="cuda")
+    for rounds in range(4):
+        if rounds == 1:  # after a warm-up round (lazy CUDA and optimizer state)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            batches = buf.sample_for_trainers(32)
+            stats = learner.update_device(batches)
+            buf.update_priorities_for_trainers(
+                [b.indices for b in batches],
+                stats.td_errors,
+                [b.generations for b in batches],
+                sync=False,
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    buf.check_priority_errors()
+    assert np.isfinite(stats.to_host().critic_loss).all()
