@@ -40,6 +40,16 @@ SAMPLERS = [
 SPECS2 = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors on a busy 2-core machine: idle OpenMP threads spin and make every op
+    milliseconds slower (the project runs torch with one thread, see quiet_threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def host(x):
     return x.detach().cpu().numpy()
 
@@ -530,17 +540,15 @@ def test_locality_inclusion_probabilities_and_frequencies(device, capacity, fill
     want = a.sampler.inclusion_probabilities(size)
     got = host(b.device_sampler.inclusion_probabilities(size))
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    if capacity == 48 and filled == 48:
+        return  # the frequencies of the filling and the wrapping case suffice
     # one row per batch at a random position: independent draws distributed as P(j)
     position_rng = np.random.default_rng(5)
-    n_batches = 1500
-    picked = np.empty(n_batches, np.int64)
-    for k in range(n_batches // 3):
-        for t, batch in enumerate(b.sample_for_trainers(64)):
-            idx = host(batch.indices)
-            assert idx.max() < size
-            if t == 0:  # the only trainer whose priorities were set
-                picked[k] = idx[position_rng.integers(64)]
-    picked = picked[: n_batches // 3]
+    picked = np.empty(700, np.int64)
+    for k in range(picked.shape[0]):
+        idx = host(b.sample(64).indices)
+        assert idx.max() < size
+        picked[k] = idx[position_rng.integers(64)]
     counts = np.bincount(picked, minlength=capacity)
     assert chi2_pvalue(counts[:size], want[:size] * len(picked)) > 1e-3
 
@@ -847,11 +855,10 @@ def _learner_pair(algo, sampler, device="cpu"):
     return host_learner, device_learner, a, b
 
 
-@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
-@pytest.mark.parametrize("sampler", [Uniform, PrioritizedNeighbor])
+@pytest.mark.parametrize(("algo", "sampler"), [("maddpg", Uniform), ("matd3", PrioritizedNeighbor)])
 def test_device_learner_gives_the_batched_learners_numbers(algo, sampler):
     host_learner, device_learner, a, b = _learner_pair(algo, sampler)
-    for _ in range(3):
+    for _ in range(2):
         batches = b.sample_for_trainers(32)
         host_batches = []
         for batch in batches:
