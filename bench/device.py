@@ -177,11 +177,15 @@ def _gpu_rounds(workload: Workload, cfg: dict[str, Any]) -> tuple[dict[str, Any]
             sync()
 
         fns[name] = peer_round
-    timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
-    del uniform, per, host, peers, previous
+    return time_interleaved(fns, repeats=cfg["repeats"], warmup=1), skipped
+
+
+def _release_gpu_memory() -> None:
+    """Free the last workload's buffers (their tensors were local to ``_gpu_rounds``)."""
+    import torch
+
     gc.collect()
     torch.cuda.empty_cache()
-    return timings, skipped
 
 
 def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -208,8 +212,6 @@ def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch backend (cpu)+out": with_out(torch_buf, "torch"),
     }
     timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
-    del numpy_buf, torch_buf, kept
-    gc.collect()
     return {"workload": workload.label, "timings": timings}
 
 
@@ -223,6 +225,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     if progress:
         print(f"[device] CPU comparison on {cfg['cpu_workload'].label} ...", flush=True)
     cpu = _cpu_comparison(cfg)
+    gc.collect()  # the comparison's buffers (gigabytes at full size) go before the GPU part
     base = cpu["timings"]["numpy buffer"]["median"]
     base_out = cpu["timings"]["numpy buffer+out"]["median"]
     for case, t in cpu["timings"].items():
@@ -255,6 +258,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         if progress:
             print(f"[device] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
         timings, skip = _gpu_rounds(workload, cfg)
+        _release_gpu_memory()
         skipped.update(skip)
         host = timings["host buffer + to_torch(pinned, non_blocking)"]["median"]
         for case in GPU_CASES:

@@ -941,3 +941,62 @@ def test_cuda_training_round_never_waits_for_the_device():
             torch.cuda.set_sync_debug_mode("default")
     buf.check_priority_errors()
     assert np.isfinite(stats.to_host().critic_loss).all()
+
+
+# --------------------------------------------------------------------------- benchmarks
+def test_device_suite_runs_tiny(monkeypatch):
+    from marlbuf.bench import common
+    from marlbuf.bench import device as suite
+    from marlbuf.bench.workloads import Workload
+
+    tiny = {
+        "workloads": [Workload("cooperative_navigation", 3)],
+        "cpu_workload": Workload("cooperative_navigation", 3),
+        "capacity": 2_000,
+        "repeats": 1,
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True, progress=False)
+    cpu = [r for r in payload["rows"] if r["part"] == "cpu"]
+    assert {r["case"] for r in cpu} >= {"numpy buffer", "torch backend (cpu)"}
+    assert all(r["ms_median"] > 0 for r in cpu)
+    assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
+    gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
+    assert {r["case"] for r in gpu} == set(suite.GPU_CASES)
+    if not HAS_CUDA:
+        assert all(r["status"].startswith("not measured: no CUDA device") for r in gpu)
+    json_text = common.json.dumps(payload, default=common._json_default)
+    assert "torch_cpu_vs_numpy" in json_text
+
+
+def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
+    # stand-ins that fail to import, ahead of the real packages on the path
+    blocked = tmp_path / "blocked"
+    for name in ("mpe2", "pettingzoo", "matplotlib"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(blocked),
+        "DEVICE_CHECK_QUICK": "1",
+    }
+    done = subprocess.run(
+        ["bash", str(root / "bench" / "device_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert done.returncode == (0 if HAS_CUDA else 1), done.stdout + done.stderr
+    assert "cuda available" in (out / "environment.txt").read_text()
+    tests = (out / "cuda-tests.txt").read_text()
+    assert ("skipped" in tests or "passed" in tests) and "error" not in tests.lower()
+    import json
+
+    record = json.loads((out / "device-quick.json").read_text())
+    assert record["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
