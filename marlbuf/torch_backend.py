@@ -16,7 +16,8 @@ API of the NumPy buffer; what differs is where the data lives and what a batch h
   (see :class:`_DevicePrioritized`). A batch is one ``index_select`` of whole rows into a
   preallocated output (a whole MADDPG round is one ``index_select`` into one ``(T * B, row)``
   block). Nothing in ``sample``, ``sample_for_trainers`` or
-  ``update_priorities(..., sync=False)`` waits for the device.
+  ``update_priorities(..., sync=False)`` waits for the device (except a prioritized sampler
+  with ``eps ** alpha == 0``, which checks for an all-zero total on the host).
 * **Batches** - :class:`DeviceBatch`: the structure of :class:`marlbuf.batch.Batch` with torch
   tensors (per-agent tensors are views of the gathered rows; ``indices``, ``generations`` and
   ``weights`` are device tensors).
@@ -70,7 +71,7 @@ from marlbuf.writer import RingWriter
 
 Tensor = torch.Tensor
 
-#: codes of a rejected priority update (the first offending entry decides), see ``_Check``
+#: check codes of priority-update entries (the first bad entry of a call names its error)
 _OK, _NOT_FINITE, _NEGATIVE, _OVERFLOW, _BAD_INDEX = 0, 1, 2, 3, 4
 
 
@@ -1260,7 +1261,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         round without a copy).
 
         ``out``: the batches of an earlier round of the same size; when they are one whole
-        round, its block is reused as a whole.
+        round, its block is reused as a whole. The round's block is freed (or recycled) once no
+        tensor of any of its batches is referenced.
         """
         n_trainers = self._check_n_trainers(n_trainers)
         batch_size = self.sampler.check_batch_size(batch_size)
@@ -1657,7 +1659,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     def check_priority_errors(self) -> None:
         """Raise the first error of the ``update_priorities(..., sync=False)`` calls since the
         last check (those calls changed nothing), then forget it. Waits for the device."""
-        pending, self._pending = self._pending, None
+        with self.writer.lock:
+            pending, self._pending = self._pending, None
         if pending is not None:
             self._raise_record(pending.tolist(), getattr(self, "_pending_one", True))
 
