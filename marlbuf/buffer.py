@@ -80,7 +80,12 @@ class MultiAgentReplayBuffer:
 
     def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
         # device=...: the torch backend (imported only then, so marlbuf needs no torch)
-        if device is not None and cls is MultiAgentReplayBuffer:
+        if device is not None and not getattr(cls, "_device_backend", False):
+            if cls is not MultiAgentReplayBuffer:
+                raise TypeError(
+                    f"{cls.__name__} keeps its data in NumPy arrays; device={device!r} selects "
+                    "the torch backend only through MultiAgentReplayBuffer(...) itself"
+                )
             from marlbuf.torch_backend import TorchReplayBuffer
 
             return super().__new__(TorchReplayBuffer)
@@ -99,11 +104,6 @@ class MultiAgentReplayBuffer:
         *,
         device: str | None = None,
     ) -> None:
-        if device is not None:  # only subclasses of the NumPy buffer get here with a device
-            raise TypeError(
-                f"{type(self).__name__} keeps its data in NumPy arrays; device={device!r} "
-                "selects the torch backend only through MultiAgentReplayBuffer(...) itself"
-            )
         self.specs = normalize_specs(specs)
         capacity = _check_capacity(capacity)
         if sampler is None:

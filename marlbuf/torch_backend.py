@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -975,6 +975,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     with device tensors wait for the device; ``add``/``extend``, ``sample``,
     ``sample_for_trainers``, ``iter_trainers`` and ``update_priorities(..., sync=False)`` do not.
     """
+
+    _device_backend: ClassVar[bool] = True  # MultiAgentReplayBuffer.__new__: no re-dispatch
 
     def __init__(
         self,
