@@ -59,6 +59,7 @@ CONFIG_FLAGS: dict[str, tuple[str, ...]] = {
     "seed": ("seed",),
     "threads": ("threads",),
     "device": ("device",),
+    "buffer_device": ("buffer_device",),
     "batch_size": ("batch_size",),
     "buffer_size": ("buffer_size",),
     "warmup": ("warmup_steps",),
@@ -127,6 +128,13 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds env, sampler, networks, noise")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:k]")
+    p.add_argument(
+        "--buffer-device",
+        default=None,
+        help="keep the replay buffer on this device (the --device): the whole update round "
+        "runs there without host round-trips (default: a host buffer, batches copied through "
+        "pinned memory)",
+    )
     p.add_argument("--batch-size", type=int, default=1024, help="rows per trainer per update")
     p.add_argument("--buffer-size", type=int, default=1_000_000, help="replay capacity")
     p.add_argument(
@@ -215,6 +223,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed,
         threads=args.threads,
         device=args.device,
+        buffer_device=args.buffer_device,
     )
 
 
@@ -408,10 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
     remaining = episodes - runner.episodes
+    where = "" if config.buffer_device is None else f", buffer on {config.buffer_device}"
     print(
         f"marlbuf train: {config.algo} on {config.env}, {runner.n_trainers} trainers "
         f"(obs {sorted(set(runner.env.obs_dims))}), {config.layout}/{config.sampler}, "
-        f"{config.formulation}; episodes {runner.episodes}..{episodes}; out {out}",
+        f"{config.formulation}{where}; episodes {runner.episodes}..{episodes}; out {out}",
         file=sys.stderr,
     )
     stop = _StopFlag()

@@ -17,6 +17,11 @@ ENV_IMPLS = ("fast", "mpe2")
 MIN_AGENTS, MAX_AGENTS = 1, 48
 
 
+def _same_device(name: str) -> str:
+    """``"cuda"`` and ``"cuda:0"`` name the same device."""
+    return "cuda:0" if name == "cuda" else name
+
+
 @dataclass
 class TrainConfig:
     """Everything a training run depends on. Defaults are the paper's (openai/maddpg's).
@@ -102,7 +107,14 @@ class TrainConfig:
     threads: int = 1
     """Torch intra-op threads. 1 by default: idle OpenMP pools busy-wait on small machines."""
     device: str = "cpu"
-    """``"cpu"`` or ``"cuda"`` (networks and batches; the buffer stays in host memory)."""
+    """``"cpu"`` or ``"cuda"`` (networks and batches; the buffer stays in host memory unless
+    ``buffer_device`` is set)."""
+    buffer_device: str | None = None
+    """``None``: the NumPy buffer in host memory (batches go to ``device`` through pinned,
+    non-blocking copies). ``"cuda"``/``"cpu"``: the torch backend's buffer on that device, which
+    must be ``device``: the whole update round (index draws, gathers, learner, priority
+    updates) then runs there without a host round-trip (batched formulation, interleaved
+    layout)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with checkpoints and logs (not used by the trainer)."""
 
@@ -210,6 +222,25 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a number >= 0; got {name}={value!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:k]'; got device={self.device!r}")
+        if self.buffer_device is not None:
+            bd = self.buffer_device
+            if not isinstance(bd, str) or (
+                bd not in ("cpu", "cuda") and not bd.startswith("cuda:")
+            ):
+                raise ValueError(
+                    f"buffer_device must be None, 'cpu' or 'cuda[:k]'; got buffer_device={bd!r}"
+                )
+            if _same_device(bd) != _same_device(self.device):
+                raise ValueError(
+                    f"buffer_device must be the learner's device (the round's batches stay "
+                    f"where they are gathered); got buffer_device={bd!r}, device={self.device!r}"
+                )
+            if self.formulation != "batched" or self.layout != "interleaved":
+                raise ValueError(
+                    "buffer_device needs formulation='batched' and layout='interleaved' (the "
+                    f"device buffer's round); got formulation={self.formulation!r}, "
+                    f"layout={self.layout!r}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (stored in checkpoints and logs)."""

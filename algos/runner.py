@@ -36,12 +36,14 @@ import numpy as np
 
 from marlbuf import persistence
 from marlbuf.algos.config import TrainConfig
+from marlbuf.algos.device import DeviceBatchedLearner, DeviceUpdateStats
 from marlbuf.algos.maddpg import BatchedLearner, Learner, LoopLearner, UpdateStats, make_learner
 from marlbuf.algos.nets import torch
 from marlbuf.algos.stacking import RoundBlock
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
+from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, round_of
 
 #: Phase names, fixed; the profiler and every report use these.
 PHASES = (
@@ -208,16 +210,24 @@ class Runner:
             layout=config.layout,
             sampler=build_sampler(config),
             seed=config.seed,
+            device=config.buffer_device,  # None: the NumPy buffer; else the torch backend
         )
-        self.learner: Learner = make_learner(config, self.env.obs_dims, action_dims.pop())
-        self.round_block = RoundBlock(self.buffer, self.n_trainers, config.batch_size)
+        if config.buffer_device is None:
+            self.learner: Learner = make_learner(config, self.env.obs_dims, action_dims.pop())
+        else:
+            self.learner = DeviceBatchedLearner(
+                config, self.env.obs_dims, action_dims.pop(), seed=config.seed
+            )
+        host_buffer = None if config.buffer_device is not None else self.buffer
+        self.round_block = RoundBlock(host_buffer, self.n_trainers, config.batch_size)
+        self._device_batches: list[DeviceBatch] | None = None  # the last device round
         self._pool: ThreadPoolExecutor | None = None
         if config.overlap_gather:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marlbuf-gather")
         self.total_steps = 0
         self.episodes = 0
         self.update_rounds = 0
-        self.last_stats: UpdateStats | None = None
+        self.last_stats: UpdateStats | DeviceUpdateStats | None = None
         self._obs: list[np.ndarray] | None = None
         self._episode_start = time.perf_counter()
 
@@ -251,6 +261,8 @@ class Runner:
         return info
 
     def _finish_episode(self, info: dict[str, Any]) -> EpisodeRecord:
+        if isinstance(self.buffer, TorchReplayBuffer):
+            self.buffer.check_priority_errors()  # the device rounds' deferred checks
         record = EpisodeRecord(
             episode=self.episodes,
             steps=self.total_steps,
@@ -338,10 +350,12 @@ class Runner:
         return returns
 
     # ------------------------------------------------------------------ updates
-    def update_round(self) -> UpdateStats:
+    def update_round(self) -> UpdateStats | DeviceUpdateStats:
         """One update of every trainer (phase ``update_all_trainers``)."""
         with self.phase("update_all_trainers"):
-            if isinstance(self.learner, BatchedLearner):
+            if isinstance(self.learner, DeviceBatchedLearner):
+                stats: UpdateStats | DeviceUpdateStats = self._device_round()
+            elif isinstance(self.learner, BatchedLearner):
                 stats = self._batched_round()
             else:
                 stats = self._loop_round()
@@ -361,6 +375,29 @@ class Runner:
             with self.phase("priority_update"):
                 for t, batch in enumerate(batches):
                     self._update_priorities(t, batch, stats.td_errors[t])
+        return stats
+
+    def _device_round(self) -> DeviceUpdateStats:
+        """The round with a device buffer: draws, gathers, learner and priority updates all on
+        the buffer's device, nothing read back (see :mod:`marlbuf.algos.device`)."""
+        cfg = self.config
+        buffer = self.buffer
+        learner = self.learner
+        assert isinstance(buffer, TorchReplayBuffer) and isinstance(learner, DeviceBatchedLearner)
+        with self.phase("sampling"):
+            batches = buffer.sample_for_trainers(
+                cfg.batch_size, shared_index=cfg.shared_index, out=self._device_batches
+            )
+            self._device_batches = batches  # the next round gathers into the same block
+        stats = learner.update_device(batches, self.phase)
+        if buffer.sampler.weighted:
+            with self.phase("priority_update"):
+                whole = round_of(batches)
+                indices: Any = whole.indices if whole is not None else [b.indices for b in batches]
+                gens: Any = (
+                    whole.generations if whole is not None else [b.generations for b in batches]
+                )
+                buffer.update_priorities_for_trainers(indices, stats.td_errors, gens, sync=False)
         return stats
 
     def _loop_round(self) -> UpdateStats:

@@ -36,6 +36,7 @@ SUITES: dict[str, str] = {
     "dropin": "marlbuf.bench.dropin",
     "locality": "marlbuf.bench.locality",
     "memory": "marlbuf.bench.memory",
+    "device": "marlbuf.bench.device",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

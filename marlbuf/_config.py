@@ -32,3 +32,8 @@ SEARCH_CHUNK_MIN = 32
 #: this large: measured on a quiet 2-core VM, 28 KB rows x 1024 (29 MB) gathered 1.4x faster on
 #: two threads, while 576-byte rows x 1024 (0.6 MB) were 0.9x (thread start-up dominates).
 PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
+
+#: Torch backend (``MultiAgentReplayBuffer(..., device="cuda")``): staged rows travel to the
+#: device through two pinned host buffers of this size, used in turn, so that one is filled
+#: while the other's copy runs (a larger write is sent in chunks).
+DEVICE_STAGING_BYTES = 4 * 1024 * 1024

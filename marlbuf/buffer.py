@@ -75,6 +75,12 @@ class MultiAgentReplayBuffer:
         Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
         Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
         (keep torch at one thread) and is a runtime setting, not saved with the buffer.
+    device : str, optional
+        ``None`` (default): this NumPy buffer. ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: the
+        constructor returns the torch backend instead, a
+        :class:`marlbuf.torch_backend.TorchReplayBuffer` (a subclass with the same API whose
+        table, index draws, gathers and priorities live on that device, and whose batches are
+        torch tensors there; needs PyTorch). See ``docs/device.md``.
 
     Examples
     --------
@@ -90,6 +96,19 @@ class MultiAgentReplayBuffer:
     ((32, 18), 64)
     """
 
+    def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
+        # device=...: the torch backend (imported only then, so marlbuf needs no torch)
+        if device is not None and not getattr(cls, "_device_backend", False):
+            if cls is not MultiAgentReplayBuffer:
+                raise TypeError(
+                    f"{cls.__name__} keeps its data in NumPy arrays; device={device!r} selects "
+                    "the torch backend only through MultiAgentReplayBuffer(...) itself"
+                )
+            from marlbuf.torch_backend import TorchReplayBuffer
+
+            return super().__new__(TorchReplayBuffer)
+        return super().__new__(cls)
+
     def __init__(
         self,
         specs: Mapping[str, AgentSpec],
@@ -102,6 +121,8 @@ class MultiAgentReplayBuffer:
         batch_layout: str = "rows",
         next_obs: str = "once",
         batch_dtype: str = "float32",
+        *,
+        device: str | None = None,
     ) -> None:
         self.specs = normalize_specs(specs)
         if next_obs not in NEXT_OBS_MODES:

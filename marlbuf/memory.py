@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -120,6 +121,28 @@ def estimate(
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
 
+def check_fits_in_memory(nbytes: int, what: str) -> None:
+    """Refuse (``MemoryError``) or warn (``ResourceWarning``) before allocating ``nbytes`` of
+    host memory that will not fit in what the OS reports available."""
+    from marlbuf.storage import available_memory_bytes
+
+    available = available_memory_bytes()
+    if available is None:
+        return
+    if nbytes > available:
+        raise MemoryError(
+            f"{what} needs {nbytes / GIB:.2f} GiB but only {available / GIB:.2f} GiB is "
+            "available; reduce capacity (or the number of agents / observation size)"
+        )
+    if nbytes > _config.MEMORY_WARN_FRACTION * available:
+        warnings.warn(
+            f"{what} needs {nbytes / GIB:.2f} GiB of the {available / GIB:.2f} GiB available; "
+            "the machine may start swapping",
+            ResourceWarning,
+            stacklevel=3,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """``marlbuf memory``: bytes per transition and total size for an MPE configuration."""
     from marlbuf.cli import ArgumentParser, error
@@ -165,4 +188,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_EPISODE_LENGTH", "MemoryEstimate", "estimate"]
+__all__ = ["DEFAULT_EPISODE_LENGTH", "MemoryEstimate", "check_fits_in_memory", "estimate"]

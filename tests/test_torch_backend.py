@@ -1,0 +1,1019 @@
+"""The torch backend (``MultiAgentReplayBuffer(..., device=...)``): the NumPy buffer's tests on
+``device="cpu"`` (and on ``"cuda"`` where a GPU is present: tests marked ``cuda``).
+
+The NumPy buffer is the reference: given the same writes and the same indices (``gather``), both
+hold and return the same bits; samplers draw from the same distributions (chi-square) with the
+same importance weights; files move between the two.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datagen import random_step_data, step_slice
+
+torch = pytest.importorskip("torch")
+
+from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer  # noqa: E402
+from marlbuf.prioritized import LinearBeta, RunLengthPredictor  # noqa: E402
+from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform  # noqa: E402
+from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, stack_span  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available())"),
+]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+SAMPLERS = [
+    Uniform,
+    lambda: Uniform(replace=False),
+    lambda: Neighbor(4),
+    Prioritized,
+    PrioritizedNeighbor,
+]
+SPECS2 = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors on a busy 2-core machine: idle OpenMP threads spin and make every op
+    milliseconds slower (the project runs torch with one thread, see quiet_threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def host(x):
+    return x.detach().cpu().numpy()
+
+
+def pair(specs, capacity, device="cpu", sampler=None, seed=1, **kw):
+    """A NumPy buffer and a torch buffer built alike (``sampler`` a factory); both keep
+    next_obs in every row, so their tables can be compared byte for byte."""
+    a = MultiAgentReplayBuffer(
+        specs, capacity, sampler=sampler() if sampler else None, seed=seed, next_obs="stored", **kw
+    )
+    b = MultiAgentReplayBuffer(
+        specs, capacity, sampler=sampler() if sampler else None, seed=seed, device=device, **kw
+    )
+    return a, b
+
+
+def assert_same_batch(a, b, specs):
+    """A NumPy batch and a device batch hold the same bits in every field."""
+    for f in FIELDS:
+        for agent in specs:
+            x, y = a.field(f)[agent], host(b.field(f)[agent])
+            assert x.dtype == y.dtype and x.shape == y.shape, (f, agent)
+            assert x.tobytes() == np.ascontiguousarray(y).tobytes(), (f, agent)
+
+
+def chi2_pvalue(counts, expected):
+    """Pearson's chi-square p-value (scipy when present, else the Wilson-Hilferty normal
+    approximation, good to a few percent in the tail for dof >= 10)."""
+    keep = expected > 0
+    stat = float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+    dof = int(keep.sum()) - 1
+    try:
+        from scipy.stats import chi2
+    except ImportError:
+        z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+        return 0.5 * math.erfc(z / math.sqrt(2))
+    return float(chi2.sf(stat, dof))
+
+
+# --------------------------------------------------------------------------- construction
+def test_device_keyword_dispatches_to_the_torch_backend(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 10, device="cpu")
+    assert type(buf) is TorchReplayBuffer and isinstance(buf, MultiAgentReplayBuffer)
+    assert buf.device == torch.device("cpu") and buf.layout == "interleaved"
+    assert type(MultiAgentReplayBuffer(mixed_specs, 10)) is MultiAgentReplayBuffer
+    assert type(MultiAgentReplayBuffer(mixed_specs, 10, device=None)) is MultiAgentReplayBuffer
+    assert "TorchReplayBuffer(agents=3" in repr(buf)
+
+
+def test_import_marlbuf_does_not_import_torch():
+    code = (
+        "import sys, numpy as np, marlbuf\n"
+        "from marlbuf import AgentSpec, MultiAgentReplayBuffer\n"
+        "MultiAgentReplayBuffer({'a': AgentSpec((3,), (2,))}, 8).add("
+        "[np.zeros(3)], [np.zeros(2)], [0.0], [np.zeros(3)], [0.0])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"device": "tpu"}, ValueError, "device must be 'cpu', 'cuda' or 'cuda:k'"),
+        ({"device": "meta"}, ValueError, "runs on 'cpu' and 'cuda' devices"),
+        ({"device": 3}, TypeError, "device must be a string"),
+        ({"device": "cpu", "layout": "agent_major"}, ValueError, "interleaved row table only"),
+        ({"device": "cpu", "layout": "rows"}, ValueError, "layout must be one of"),
+        ({"device": "cpu", "batch_layout": "x"}, ValueError, "batch_layout must be one of"),
+        ({"device": "cpu", "parallel_gather": True}, ValueError, "leave parallel_gather=False"),
+        ({"device": "cpu", "parallel_gather": "no"}, TypeError, "parallel_gather must be a bool"),
+        ({"device": "cpu", "sampler": "uniform"}, TypeError, "sampler must be"),
+        ({"device": "cpu", "seed": "x"}, TypeError, "seed must be"),
+        ({"device": "cpu", "n_trainers": 0}, ValueError, "n_trainers must be >= 1"),
+        ({"device": "cpu", "capacity": 0}, ValueError, "capacity must be at least 1"),
+        ({"device": "cpu", "capacity": 10**15}, MemoryError, "needs .* GiB"),
+        ({"device": "cpu", "sampler": Neighbor(64)}, ValueError, "longer than the buffer"),
+        ({"device": "cpu", "sampler": PrioritizedNeighbor(run_lengths=(1, 2, 40))}, ValueError,
+         "longest run"),
+    ],
+)  # fmt: skip
+def test_bad_constructor_arguments(mixed_specs, kwargs, exc, match):
+    kwargs = {"capacity": 10, **kwargs}
+    with pytest.raises(exc, match=match):
+        MultiAgentReplayBuffer(mixed_specs, **kwargs)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message on machines without CUDA")
+def test_cuda_without_a_gpu_says_so(mixed_specs):
+    with pytest.raises(ValueError, match=r"torch.cuda.is_available\(\) is False.*device='cpu'"):
+        MultiAgentReplayBuffer(mixed_specs, 10, device="cuda")
+
+
+def test_unsupported_samplers_and_predictors(mixed_specs):
+    class Custom(Uniform):
+        pass
+
+    with pytest.raises(TypeError, match="implements the samplers Uniform, Neighbor"):
+        MultiAgentReplayBuffer(mixed_specs, 10, sampler=Custom(), device="cpu")
+
+    class NoTable(RunLengthPredictor):
+        def run_lengths_for(self, normalised):
+            return np.ones(normalised.shape, np.int64)
+
+        @property
+        def max_run_length(self):
+            return 1
+
+        def config(self):
+            return {}
+
+    with pytest.raises(ValueError, match="step-function predictor"):
+        MultiAgentReplayBuffer(
+            mixed_specs, 10, sampler=PrioritizedNeighbor(predictor=NoTable()), device="cpu"
+        )
+
+
+def test_numpy_subclass_refuses_a_device(mixed_specs):
+    class Mine(MultiAgentReplayBuffer):
+        pass
+
+    with pytest.raises(TypeError, match="selects the torch backend only"):
+        Mine(mixed_specs, 10, device="cpu")
+
+
+# --------------------------------------------------------------------------- stored data
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("capacity", "steps"), [(10, 3), (10, 10), (10, 23), (7, 50)])
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_same_table_and_gathers_as_numpy(mixed_specs, device, capacity, steps, one_by_one):
+    data = random_step_data(mixed_specs, steps, np.random.default_rng(steps))
+    a, b = pair(mixed_specs, capacity, device)
+    for buf in (a, b):
+        if one_by_one:
+            for t in range(steps):
+                buf.add(**step_slice(data, t))
+        else:
+            buf.extend(**data)
+    assert (len(b), b.cursor, b.total_writes, b.size) == (len(a), a.cursor, a.total_writes, a.size)
+    np.testing.assert_array_equal(b.write_generation, a.write_generation)
+    filled = len(a)  # the NumPy table's unwritten rows are uninitialised memory
+    assert host(b.table[:filled]).view(np.uint64).tobytes() == a.storage.table[:filled].tobytes()
+    idx = np.random.default_rng(0).integers(0, len(a), 40)
+    ga, gb = a.gather(idx), b.gather(idx)
+    assert isinstance(gb, DeviceBatch) and gb.device.type == device
+    assert_same_batch(ga, gb, mixed_specs)
+    np.testing.assert_array_equal(host(gb.indices), ga.indices)
+    np.testing.assert_array_equal(host(gb.generations), ga.generations)
+    assert_same_batch(a.latest(len(a)), b.latest(len(b)), mixed_specs)
+    for f in FIELDS:
+        for agent in mixed_specs:
+            np.testing.assert_array_equal(host(b.stored(f)[agent]), a.stored(f)[agent])
+    for agent, (mean, std) in a.reward_stats().items():
+        assert b.reward_stats()[agent] == pytest.approx((mean, std), rel=1e-12)
+
+
+def test_add_envs_lists_and_discrete_actions(mixed_specs):
+    a, b = pair(mixed_specs, 8)
+    step = step_slice(random_step_data(mixed_specs, 1, np.random.default_rng(0)), 0)
+    step["action"]["prey_0"] = 2
+    for buf in (a, b):
+        buf.add(**{f: [per[agent] for agent in mixed_specs] for f, per in step.items()})
+    np.testing.assert_array_equal(host(b.gather([0]).action["prey_0"][0]), [0, 0, 1, 0])
+    envs = random_step_data(mixed_specs, 3, np.random.default_rng(1))
+    for buf in (a, b):
+        buf.add_envs(**envs)
+    assert_same_batch(a.gather(np.arange(4)), b.gather(np.arange(4)), mixed_specs)
+
+
+def _one_step(specs):
+    return step_slice(random_step_data(specs, 1, np.random.default_rng(0)), 0)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "exc", "match"),
+    [
+        (lambda s: s["obs"].pop("pred_0"), ValueError, r"missing \['pred_0'\]"),
+        (lambda s: s["obs"].update(pred_0=np.zeros(15)), ValueError, r"shape \(16,\); got \(15,\)"),
+        (lambda s: s["reward"].update(pred_0=np.nan), ValueError, "NaN or inf"),
+        (lambda s: s["obs"].update(pred_0=np.array(["x"] * 16)), TypeError, "must be numeric"),
+        (lambda s: s.update(done="yes"), TypeError, "dict keyed by agent"),
+        (lambda s: s["action"].update(prey_0=4), ValueError, r"outside \[0, 4\)"),
+    ],
+)
+def test_bad_add_is_rejected_and_nothing_written(mixed_specs, mutate, exc, match):
+    buf = MultiAgentReplayBuffer(mixed_specs, 4, device="cpu")
+    buf.add(**_one_step(mixed_specs))
+    before = buf.table.clone()
+    step = _one_step(mixed_specs)
+    mutate(step)
+    with pytest.raises(exc, match=match):
+        buf.add(**step)
+    assert len(buf) == 1 and buf.cursor == 1 and buf.total_writes == 1
+    assert torch.equal(buf.table, before)
+
+
+def test_bad_extend(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 8, device="cpu")
+    data = random_step_data(mixed_specs, 5, np.random.default_rng(0))
+    data["reward"]["pred_1"] = data["reward"]["pred_1"][:4]
+    with pytest.raises(ValueError, match="same number of timesteps"):
+        buf.extend(**data)
+    data = random_step_data(mixed_specs, 5, np.random.default_rng(0))
+    data["action"]["pred_0"][3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        buf.extend(**data)
+    with pytest.raises(ValueError, match="leading time axis"):
+        buf.extend(**_one_step(mixed_specs))
+    assert len(buf) == 0 and not buf.table.any()
+
+
+# --------------------------------------------------------------------------- sampling
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_batches_hold_the_rows_of_their_indices(mixed_specs, device, sampler):
+    data = random_step_data(mixed_specs, 30, np.random.default_rng(0))
+    a, b = pair(mixed_specs, 24, device, sampler)
+    a.extend(**data)
+    b.extend(**data)
+    batches = [b.sample(16, trainer=1), *b.sample_for_trainers(16), *b.iter_trainers(16)]
+    for batch in batches:
+        assert len(batch) == 16 and batch.indices.device.type == device
+        assert_same_batch(a.gather(host(batch.indices)), batch, mixed_specs)
+        np.testing.assert_array_equal(
+            host(batch.generations), a.write_generation[host(batch.indices)]
+        )
+        assert (batch.weights is None) == (not a.sampler.weighted)
+        if batch.weights is not None:
+            assert batch.weights.dtype == torch.float32 and float(batch.weights.max()) == 1.0
+
+
+def test_same_seed_same_draws_and_round_equals_stream(mixed_specs):
+    data = random_step_data(mixed_specs, 50, np.random.default_rng(0))
+    for make in SAMPLERS:
+        runs = []
+        for _ in range(3):
+            buf = MultiAgentReplayBuffer(mixed_specs, 64, sampler=make(), seed=9, device="cpu")
+            buf.extend(**data)
+            runs.append(buf)
+        rounds = [[host(x.indices) for x in runs[k].sample_for_trainers(16)] for k in (0, 1)]
+        stream = [host(x.indices) for x in runs[2].iter_trainers(16)]
+        for x, y, z in zip(*rounds, stream):
+            np.testing.assert_array_equal(x, y)
+            np.testing.assert_array_equal(x, z)
+
+
+def test_sample_for_trainers_per_trainer_and_shared_index(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 100, seed=0, device="cpu")
+    buf.extend(**random_step_data(mixed_specs, 100, np.random.default_rng(0)))
+    batches = buf.sample_for_trainers(32)
+    assert [b.trainer for b in batches] == [0, 1, 2]
+    assert not torch.equal(batches[0].indices, batches[1].indices)
+    rows = stack_span(batches, "obs", "action")  # float32 and float64 obs: a stacked copy
+    assert rows.shape == (3, 32, 16 + 6 + 14 + 5 + 5 + 4)
+    for t, batch in enumerate(batches):
+        assert torch.equal(rows[t], batch.concat("obs", "action"))
+    same = {f"a{i}": AgentSpec((18,), (5,)) for i in range(3)}
+    buf2 = MultiAgentReplayBuffer(same, 100, seed=0, device="cpu")
+    buf2.extend(**random_step_data(same, 100, np.random.default_rng(0)))
+    batches2 = buf2.sample_for_trainers(32)
+    rows = stack_span(batches2, "obs", "action")
+    assert rows.data_ptr() == batches2[0].block.data_ptr()  # a view of the round's rows
+    for t, batch in enumerate(batches2):
+        assert torch.equal(rows[t], batch.concat("obs", "action"))
+    shared = buf.sample_for_trainers(32, shared_index=True)
+    assert all(b is shared[0] for b in shared)
+    assert len(buf.sample_for_trainers(32, n_trainers=2)) == 2
+
+
+def test_concat_is_a_zero_copy_view(mixed_specs):
+    specs = {f"a{i}": AgentSpec((18,), (5,)) for i in range(3)}
+    buf = MultiAgentReplayBuffer(specs, 100, device="cpu")
+    buf.extend(**random_step_data(specs, 10, np.random.default_rng(0)))
+    batch = buf.sample(8)
+    joint = batch.concat("obs", "action")
+    assert joint.shape == (8, 69) and joint.data_ptr() == batch.block.data_ptr()
+    expected = torch.cat([batch.obs[a] for a in specs] + [batch.action[a] for a in specs], 1)
+    assert torch.equal(joint, expected)
+    assert batch.block.data_ptr() % 64 == 0
+    mixed = MultiAgentReplayBuffer(mixed_specs, 10, device="cpu")  # obs of float32 and float64
+    mixed.extend(**random_step_data(mixed_specs, 10, np.random.default_rng(0)))
+    b = mixed.sample(4)
+    assert b.concat("obs").shape == (4, 16 + 6 + 14)
+    with pytest.raises(ValueError, match="at least one field"):
+        b.concat()
+    lists = b.as_lists()
+    assert [len(x) for x in lists] == [3] * 5 and lists[2][0].shape == (4,)
+    assert b.agents == list(mixed_specs) and lists[0][1] is b.obs["pred_1"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_agent_batches_are_contiguous_and_equal(mixed_specs, device):
+    data = random_step_data(mixed_specs, 40, np.random.default_rng(0))
+    rows = MultiAgentReplayBuffer(mixed_specs, 32, seed=5, device=device)
+    per = MultiAgentReplayBuffer(mixed_specs, 32, seed=5, device=device, batch_layout="per_agent")
+    ref = MultiAgentReplayBuffer(mixed_specs, 32, seed=5, batch_layout="per_agent")
+    for buf in (rows, per, ref):
+        buf.extend(**data)
+    a, b = rows.sample(16), per.sample(16)
+    assert torch.equal(a.indices, b.indices)
+    for f in FIELDS:
+        for agent in mixed_specs:
+            assert b.field(f)[agent].is_contiguous()
+            assert torch.equal(a.field(f)[agent], b.field(f)[agent])
+    assert host(b.block).tobytes()[:64] == ref.gather(host(b.indices)).block.tobytes()[:64]
+    assert torch.equal(a.concat("obs", "action"), b.concat("obs", "action"))
+    again = per.sample(16, out=b)
+    assert again.block.data_ptr() == b.block.data_ptr()
+    assert_same_batch(ref.gather(host(again.indices)), again, mixed_specs)
+
+
+def test_out_reuses_memory_and_checks_it(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 50, seed=0, device="cpu")
+    buf.extend(**random_step_data(mixed_specs, 50, np.random.default_rng(1)))
+    first = buf.sample(16)
+    second = buf.sample(16, out=first)
+    assert second.block.data_ptr() == first.block.data_ptr()
+    assert torch.equal(second.obs["pred_0"], buf.gather(second.indices).obs["pred_0"])
+    round_ = buf.sample_for_trainers(16)
+    again = buf.sample_for_trainers(16, out=round_)
+    assert again[0].block.data_ptr() == round_[0].block.data_ptr()  # the round block reused
+    with pytest.raises(ValueError, match=r"out holds a block of shape \(16, "):
+        buf.sample(8, out=first)
+    with pytest.raises(TypeError, match="out must be a DeviceBatch"):
+        buf.sample(16, out=object())
+    with pytest.raises(ValueError, match="more than once"):
+        buf.sample_for_trainers(16, out=[first, first, second])
+    with pytest.raises(ValueError, match="out must hold 3 batches"):
+        buf.sample_for_trainers(16, out=[first])
+
+
+def test_held_batches_are_never_overwritten_and_memory_is_recycled(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 64, seed=0, device="cpu")
+    buf.extend(**random_step_data(mixed_specs, 64, np.random.default_rng(0)))
+    held = [buf.sample(16) for _ in range(30)]  # more than the pool keeps
+    snapshots = [b.obs["pred_0"].clone() for b in held]
+    for _ in range(30):
+        buf.sample_for_trainers(16)
+    for batch, snap in zip(held, snapshots):
+        assert torch.equal(batch.obs["pred_0"], snap)
+    del held, batch
+    first = buf.sample(16)
+    address = first.block.data_ptr()
+    del first
+    assert buf.sample(16).block.data_ptr() == address  # the pool handed the block out again
+    kept = buf.sample(16).reward["prey_0"]  # a surviving view pins its block
+    assert buf.sample(16).block.data_ptr() != kept.data_ptr()
+
+
+def test_neighbor_runs(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 1000, sampler=Neighbor(8), seed=0, device="cpu")
+    buf.extend(**random_step_data(mixed_specs, 40, np.random.default_rng(0)))
+    for _ in range(100):
+        idx = host(buf.sample(16).indices)
+        assert idx.max() < 40
+        np.testing.assert_array_equal(np.diff(idx.reshape(-1, 8), axis=1), 1)
+    with pytest.raises(ValueError, match=r"batch_size=64 needs distinct slots.*holds 40"):
+        buf.sample(64)
+    with pytest.raises(ValueError, match=r"run_length=8 must divide batch_size=12"):
+        buf.sample(12)
+    wrap = MultiAgentReplayBuffer(mixed_specs, 20, sampler=Neighbor(5), seed=0, device="cpu")
+    ref = MultiAgentReplayBuffer(mixed_specs, 20)
+    data = random_step_data(mixed_specs, 27, np.random.default_rng(0))
+    wrap.extend(**data)
+    ref.extend(**data)
+    seen_wrap = False
+    for _ in range(100):
+        batch = wrap.sample(10)
+        runs = host(batch.indices).reshape(-1, 5)
+        np.testing.assert_array_equal(np.diff(runs, axis=1) % 20, 1)
+        seen_wrap |= bool((runs[:, -1] < runs[:, 0]).any())
+        assert_same_batch(ref.gather(host(batch.indices)), batch, mixed_specs)  # block gathers
+    assert seen_wrap
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "sampler", [Uniform(), Uniform(replace=False), Neighbor(1), Neighbor(8), Neighbor(32)]
+)
+def test_full_buffer_slots_are_equally_likely(mixed_specs, device, sampler):
+    capacity = 64
+    buf = MultiAgentReplayBuffer(mixed_specs, capacity, sampler=sampler, seed=1234, device=device)
+    buf.extend(**random_step_data(mixed_specs, capacity + 13, np.random.default_rng(0)))
+    counts = np.zeros(capacity)
+    for _ in range(200):
+        for batch in buf.sample_for_trainers(32):
+            np.add.at(counts, host(batch.indices), 1)
+    assert chi2_pvalue(counts, np.full(capacity, counts.sum() / capacity)) > 1e-3
+
+
+def test_uniform_without_replacement_has_no_duplicates(mixed_specs):
+    buf = MultiAgentReplayBuffer(
+        mixed_specs, 50, sampler=Uniform(replace=False), seed=0, device="cpu"
+    )
+    buf.extend(**random_step_data(mixed_specs, 30, np.random.default_rng(0)))
+    for _ in range(20):
+        idx = host(buf.sample(30).indices)
+        assert len(set(idx.tolist())) == 30 and idx.max() < 30
+    with pytest.raises(ValueError, match="batch_size=31"):
+        buf.sample(31)
+
+
+def test_bad_sample_arguments(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(8), device="cpu")
+    with pytest.raises(ValueError, match="buffer is empty"):
+        buf.sample(8)
+    buf.extend(**random_step_data(mixed_specs, 50, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="batch_size must be a positive int; got batch_size=0"):
+        buf.sample(0)
+    with pytest.raises(ValueError, match=r"trainer must be in \[0, 3\)"):
+        buf.sample(8, trainer=3)
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 50\)"):
+        buf.gather([0, 50])
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 50\)"):
+        buf.gather(torch.tensor([0, 50]))
+    with pytest.raises(TypeError, match="1-D integer array"):
+        buf.gather([0.5])
+    with pytest.raises(TypeError, match="1-D integer array"):
+        buf.gather(torch.zeros((2, 2), dtype=torch.int64))
+    with pytest.raises(TypeError, match="keeps no priorities"):
+        buf.update_priorities([0], [1.0])
+    with pytest.raises(ValueError, match=r"n must be in \[1, 50\]"):
+        buf.latest(51)
+    with pytest.raises(ValueError, match="field must be one of"):
+        buf.stored("obz")
+    with pytest.raises(ValueError, match=r"n_trainers must be in \[1, 3\]"):
+        buf.sample_for_trainers(8, n_trainers=4)
+
+
+# --------------------------------------------------------------------------- prioritized
+def steps(count, start=0):
+    """``count`` timesteps whose obs encode their step number."""
+    value = np.arange(start, start + count, dtype=np.float32)
+    return {
+        "obs": {a: np.repeat(value[:, None], 3, axis=1) for a in SPECS2},
+        "action": {a: np.zeros((count, 2), np.float32) for a in SPECS2},
+        "reward": {a: value.copy() for a in SPECS2},
+        "next_obs": {a: np.zeros((count, 3), np.float32) for a in SPECS2},
+        "done": {a: np.zeros(count, np.float32) for a in SPECS2},
+    }
+
+
+def ppair(sampler, capacity=64, filled=64, device="cpu", **kw):
+    """A NumPy and a torch buffer with copies of ``sampler``, filled alike."""
+    out = []
+    for dev in (None, device):
+        s = type(sampler)(**sampler.config())
+        buf = MultiAgentReplayBuffer(SPECS2, capacity, sampler=s, seed=0, device=dev, **kw)
+        if filled:
+            buf.extend(**steps(filled))
+        out.append(buf)
+    return out
+
+
+def set_priorities(bufs, priorities, trainer=0):
+    idx = np.arange(priorities.shape[0], dtype=np.int64)
+    for buf in bufs:
+        buf.update_priorities(idx, priorities, trainer=trainer)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_frequencies_and_weights(device):
+    a, b = ppair(Prioritized(alpha=0.6, beta=0.4), capacity=50, filled=40, device=device)
+    priorities = np.random.default_rng(2).uniform(0.05, 3.0, size=40)
+    set_priorities((a, b), priorities, trainer=1)
+    np.testing.assert_allclose(
+        host(b.device_sampler.leaf_view()[1]), a.sampler.trees.leaves(1), rtol=1e-14
+    )
+    counts = np.zeros(50)
+    for _ in range(60):
+        batch = b.sample(1000, trainer=1)
+        counts += np.bincount(host(batch.indices), minlength=50)
+    assert counts[40:].sum() == 0  # unwritten slots
+    probability = (priorities + 1e-6) ** 0.6
+    probability /= probability.sum()
+    assert chi2_pvalue(counts[:40], probability * counts.sum()) > 1e-3
+    batch = b.sample(200, trainer=1)
+    raw = (40 * probability[host(batch.indices)]) ** -0.4
+    np.testing.assert_allclose(host(batch.weights), raw / raw.max(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("capacity", "filled"), [(48, 48), (48, 30), (53, 120)])
+def test_locality_inclusion_probabilities_and_frequencies(device, capacity, filled):
+    a, b = ppair(PrioritizedNeighbor(alpha=0.6, beta=0.5), capacity, filled, device)
+    size = len(a)
+    set_priorities((a, b), np.random.default_rng(4).uniform(0.0, 2.0, size=size))
+    want = a.sampler.inclusion_probabilities(size)
+    got = host(b.device_sampler.inclusion_probabilities(size))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    if capacity == 48 and filled == 48:
+        return  # the frequencies of the filling and the wrapping case suffice
+    # one row per batch at a random position: independent draws distributed as P(j)
+    position_rng = np.random.default_rng(5)
+    picked = np.empty(700, np.int64)
+    for k in range(picked.shape[0]):
+        idx = host(b.sample(64).indices)
+        assert idx.max() < size
+        picked[k] = idx[position_rng.integers(64)]
+    counts = np.bincount(picked, minlength=capacity)
+    assert chi2_pvalue(counts[:size], want[:size] * len(picked)) > 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("filled", [64, 40])
+def test_locality_weights_equal_formula(device, filled):
+    a, b = ppair(PrioritizedNeighbor(alpha=0.6, beta=0.8), 64, filled, device)
+    set_priorities((a, b), np.random.default_rng(6).uniform(0.0, 3.0, size=filled))
+    probability = a.sampler.inclusion_probabilities(filled)
+    batch = b.sample(256)
+    raw = (filled * probability[host(batch.indices)]) ** -0.8
+    np.testing.assert_allclose(host(batch.weights), raw / raw.max(), rtol=1e-5)
+
+
+def test_inherit_weights_and_runs():
+    sampler = PrioritizedNeighbor(alpha=1.0, beta=0.7, weights="inherit", run_lengths=(3, 3, 3))
+    a, b = ppair(sampler)
+    set_priorities((a, b), np.random.default_rng(7).uniform(0.5, 3.0, size=64))
+    batch = b.sample(129)
+    idx = host(batch.indices)
+    refs = idx[::3]
+    np.testing.assert_array_equal(idx.reshape(43, 3), (refs[:, None] + [0, 1, 2]) % 64)
+    leaves = a.sampler.trees.leaves(0)[refs]
+    np.testing.assert_allclose(host(batch.weights), np.repeat((leaves.min() / leaves) ** 0.7, 3),
+                               rtol=1e-6)  # fmt: skip
+
+
+def test_runs_stop_at_the_write_head_and_wrap_once_full():
+    sampler = PrioritizedNeighbor(thresholds=(0.5,), run_lengths=(1, 4))
+    _, b = ppair(sampler, capacity=100, filled=6)
+    for _ in range(30):
+        batch = b.sample(64)
+        assert int(batch.indices.max()) < 6
+        assert torch.equal(batch.obs["agent_0"][:, 0].long(), batch.indices)
+    a, b = ppair(sampler, capacity=10, filled=10)
+    priorities = np.full(10, 0.01)
+    priorities[9] = 1.0  # the last slot, long runs: 9, 0, 1, 2
+    set_priorities((a, b), priorities)
+    idx = host(b.sample(400).indices)
+    assert np.any((idx[:-1] == 9) & (idx[1:] == 0))
+
+
+def test_new_slots_enter_with_running_max_and_priority_modes():
+    a, b = ppair(Prioritized(alpha=1.0, eps=0.0), capacity=20, filled=10)
+    for buf in (a, b):
+        buf.update_priorities(np.array([3, 4]), np.array([7.0, -2.0]), trainer=0)
+        buf.extend(**steps(2, start=10))
+    leaves = host(b.device_sampler.leaf_view())
+    np.testing.assert_array_equal(leaves[0, 10:12], [7.0, 7.0])
+    np.testing.assert_array_equal(leaves[1, 10:12], [1.0, 1.0])
+    assert leaves[0, 4] == 2.0
+    np.testing.assert_array_equal(leaves, np.stack([a.sampler.trees.leaves(t) for t in (0, 1)]))
+    for priority in ("abs", "squared", "given"):
+        _, b = ppair(Prioritized(alpha=1.0, eps=0.5, priority=priority), 8, 8)
+        td = np.array([0.0, 2.0, 3.0])
+        b.update_priorities(np.array([0, 1, 2]), torch.tensor(td), trainer=1)
+        want = {"abs": td + 0.5, "squared": td**2 + 0.5, "given": td + 0.5}[priority]
+        np.testing.assert_array_equal(host(b.device_sampler.leaf_view()[1, :3]), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls", [Prioritized, PrioritizedNeighbor])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_stale_updates_are_dropped(device, cls, as_tensor):
+    _, b = ppair(cls(alpha=1.0, eps=0.0), capacity=16, filled=16, device=device)
+    indices = np.array([0, 1, 2, 8, 9], np.int64)
+    batch = b.gather(indices, trainer=0)
+    b.extend(**steps(2, start=16))  # overwrites slots 0 and 1 (max priority 1)
+    conv = (lambda x: torch.as_tensor(x, device=device)) if as_tensor else (lambda x: x)
+    gens = batch.generations if as_tensor else host(batch.generations)
+    b.update_priorities(conv(indices), conv(np.full(5, 5.0)), trainer=0, generations=gens)
+    leaves = host(b.device_sampler.leaf_view()[0])
+    np.testing.assert_array_equal(leaves[indices], [1.0, 1.0, 5.0, 5.0, 5.0])
+    # without generations: the buffer remembers what it handed to trainer 0
+    batch = b.gather(np.array([2, 3]), trainer=0)
+    b.extend(**steps(2, start=18))  # overwrites slots 2 and 3
+    b.update_priorities(conv(np.array([2, 3, 10])), conv(np.full(3, 9.0)), trainer=0)
+    np.testing.assert_array_equal(host(b.device_sampler.leaf_view()[0])[[2, 3, 10]], [5, 5, 9])
+
+
+def test_duplicate_indices_last_kept_entry_wins():
+    a, b = ppair(Prioritized(alpha=1.0, eps=0.0))
+    idx = np.array([5, 7, 5, 5, 7, 9])
+    td = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    for buf in (a, b):
+        buf.update_priorities(idx, td, trainer=0)
+    np.testing.assert_array_equal(host(b.device_sampler.leaf_view()[0]), a.sampler.trees.leaves(0))
+    assert host(b.device_sampler.leaf_view()[0])[[5, 7, 9]].tolist() == [4.0, 5.0, 6.0]
+    assert float(b.device_sampler.max_priority[0]) == a.sampler.trees.max_priority[0] == 6.0
+
+
+def test_batched_update_equals_per_trainer_updates():
+    sampler = PrioritizedNeighbor(alpha=0.7)
+    _, one = ppair(sampler, n_trainers=3)
+    _, many = ppair(sampler, n_trainers=3)
+    rng = np.random.default_rng(0)
+    idx = [rng.integers(0, 64, 32) for _ in range(3)]
+    td = [torch.tensor(rng.normal(size=32)) for _ in range(3)]
+    for t in range(3):
+        one.update_priorities(idx[t], td[t], trainer=t)
+    many.update_priorities_for_trainers([torch.as_tensor(i) for i in idx], td, sync=False)
+    many.check_priority_errors()
+    for x, y in ((one.device_sampler.leaves, many.device_sampler.leaves),
+                 (one.device_sampler.priorities, many.device_sampler.priorities)):  # fmt: skip
+        assert torch.equal(x[:, :64], y[:, :64])
+    assert torch.equal(one.device_sampler.max_priority, many.device_sampler.max_priority)
+    with pytest.raises(ValueError, match="one entry per trainer"):
+        many.update_priorities_for_trainers([], [])
+    with pytest.raises(ValueError, match="same length"):
+        many.update_priorities_for_trainers([idx[0], idx[1][:3]], [td[0], td[1][:3]])
+
+
+@pytest.mark.parametrize("cls", [Prioritized, PrioritizedNeighbor])
+@pytest.mark.parametrize(
+    ("td", "error", "match"),
+    [
+        (np.array([1.0, np.nan, 1.0]), ValueError, r"finite; got td_errors\[1\]=nan"),
+        (np.array([1.0, 1.0, np.inf]), ValueError, r"finite; got td_errors\[2\]=inf"),
+        (np.array([1.0, 1.0]), ValueError, "td_errors must have shape"),
+        (np.ones((3, 1)), ValueError, "td_errors must have shape"),
+        (np.array(["a", "b", "c"]), TypeError, "td_errors must be a real numeric"),
+    ],
+)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_bad_td_errors_change_nothing(cls, td, error, match, as_tensor):
+    if as_tensor and td.dtype.kind not in "f":
+        pytest.skip("torch holds no strings")
+    _, b = ppair(cls(), capacity=16, filled=16)
+    sampler = b.device_sampler
+    before = sampler.leaves.clone()
+    value = torch.as_tensor(td) if as_tensor else td
+    with pytest.raises(error, match=match):
+        b.update_priorities(np.array([0, 1, 2]), value, trainer=0)
+    assert torch.equal(sampler.leaves[:, :16], before[:, :16])
+    assert float(sampler.max_priority[0]) == 1.0
+
+
+def test_deferred_checks_raise_later_and_change_nothing():
+    _, b = ppair(Prioritized(priority="given"), capacity=16, filled=10)
+    sampler = b.device_sampler
+    before = sampler.leaves.clone()
+    b.update_priorities(torch.tensor([0, 12]), torch.tensor([1.0, 1.0]), sync=False)
+    b.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, -1.0]), sync=False)
+    b.update_priorities(torch.tensor([3]), torch.tensor([2.0]), sync=False)  # a valid one
+    assert torch.equal(sampler.leaves[:, :3], before[:, :3])
+    assert float(sampler.leaves[0, 3]) == pytest.approx(2.0**0.6)
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\).*min 0, max 12"):
+        b.check_priority_errors()
+    b.check_priority_errors()  # reported once
+    with pytest.raises(ValueError, match=r"priorities must be >= 0 with priority='given'"):
+        b.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, -1.0]))
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\)"):
+        b.update_priorities(np.array([0, 12]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"trainer must be in \[0, 2\)"):
+        b.update_priorities(np.array([0, 1]), np.array([1.0, 1.0]), trainer=5)
+    with pytest.raises(ValueError, match="generations must be an integer array"):
+        b.update_priorities(np.array([0, 1]), np.array([1.0, 1.0]), generations=[0.5, 1.0])
+    assert torch.equal(sampler.leaves[:, :3], before[:, :3])
+
+
+def test_all_zero_priorities_and_linear_beta():
+    _, b = ppair(Prioritized(eps=0.0), capacity=8, filled=0)
+    with pytest.raises(ValueError, match="buffer is empty"):
+        b.sample(4)
+    b.extend(**steps(4))
+    b.update_priorities(np.arange(4), np.zeros(4), trainer=0)
+    with pytest.raises(ValueError, match="every priority of trainer 0 is 0"):
+        b.sample(4, trainer=0)
+    assert len(b.sample(4, trainer=1)) == 4
+    _, b = ppair(Prioritized(beta=LinearBeta(0.5, 1.0, steps=2)), capacity=16, filled=16)
+    sampler = b.device_sampler
+    assert sampler.beta_for(0) == 0.5
+    b.sample(4, trainer=0)
+    assert sampler.beta_for(0) == 0.75 and sampler.beta_for(1) == 0.5
+    b.sample_for_trainers(4)  # trainers at different points of the schedule in one round
+    assert sampler.beta_for(0) == 1.0 and sampler.beta_for(1) == 0.75
+    with pytest.raises(ValueError, match="shared_index"):
+        b.sample_for_trainers(4, shared_index=True)
+
+
+def test_zero_priority_slots_are_never_sampled():
+    _, b = ppair(PrioritizedNeighbor(alpha=1.0, eps=0.0, priority="given"), 32, 32)
+    priorities = np.zeros(32)
+    priorities[[5, 20]] = 1.0
+    set_priorities((b,), priorities)
+    seen = set()
+    for _ in range(20):
+        seen |= set(host(b.sample(50).indices).tolist())
+    assert seen <= {5, 6, 7, 8, 20, 21, 22, 23}  # runs of up to 4 from the two references
+
+
+# --------------------------------------------------------------------------- persistence
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        Uniform(),
+        Neighbor(4),
+        Prioritized(alpha=0.7, beta=LinearBeta(0.4, 1.0, steps=10), eps=1e-3, priority="squared"),
+        PrioritizedNeighbor(beta={"schedule": "linear", "start": 0.3, "end": 0.9, "steps": 5}),
+    ],
+)
+def test_save_on_torch_load_in_numpy_and_back(sampler, device, tmp_path):
+    _, b = ppair(sampler, capacity=40, filled=70, device=device)
+    if sampler.weighted:
+        for trainer in range(2):
+            batch = b.sample(16, trainer=trainer)
+            td = torch.as_tensor(np.random.default_rng(trainer).normal(size=16), device=device)
+            b.update_priorities(batch.indices, td, trainer=trainer, generations=batch.generations)
+    path = tmp_path / "torch.npz"
+    b.save(path)
+    a = MultiAgentReplayBuffer.load(path)  # the NumPy buffer reads it
+    assert type(a) is MultiAgentReplayBuffer and type(a.sampler) is type(sampler)
+    assert a.storage.table.tobytes() == host(b.table[:40]).tobytes()
+    assert (a.cursor, a.size, a.total_writes) == (b.cursor, b.size, b.total_writes)
+    if sampler.weighted:
+        state = b.device_sampler.state_dict()
+        np.testing.assert_array_equal(a.sampler.trees.leaves(1), state["leaves"][1])
+        np.testing.assert_array_equal(a.sampler.batches_drawn, state["batches_drawn"])
+    a.save(tmp_path / "numpy.npz")
+    for dev in ("cpu", device):  # and back, on either device
+        c = TorchReplayBuffer.load(tmp_path / "numpy.npz", device=dev)
+        assert torch.equal(c.table[:40].cpu(), b.table[:40].cpu())
+        assert c.device_sampler.state_dict().keys() == b.device_sampler.state_dict().keys()
+        for key, value in c.device_sampler.state_dict().items():
+            np.testing.assert_array_equal(value, b.device_sampler.state_dict()[key])
+    same = TorchReplayBuffer.load(path, device=device)  # same device type: the same draws
+    for trainer in range(2):
+        x, y = b.sample(32, trainer=trainer), same.sample(32, trainer=trainer)
+        assert torch.equal(x.indices, y.indices)
+        if x.weights is not None:
+            assert torch.equal(x.weights, y.weights)
+
+
+def test_agent_major_state_and_mismatches():
+    specs = SPECS2
+    a = MultiAgentReplayBuffer(specs, 20, layout="agent_major", seed=0)
+    a.extend(**steps(25))
+    b = MultiAgentReplayBuffer(specs, 20, device="cpu")
+    b.load_state_dict(a.state_dict())
+    assert_same_batch(a.gather(np.arange(20)), b.gather(np.arange(20)), specs)
+    with pytest.raises(ValueError, match="capacity is 10 here, 20 in the state"):
+        MultiAgentReplayBuffer(specs, 10, device="cpu").load_state_dict(a.state_dict())
+    state = b.state_dict()
+    state["storage"] = {"table": state["storage"]["table"][:3]}
+    with pytest.raises(ValueError, match="storage array 'table' has shape"):
+        b.load_state_dict(state)
+    with pytest.raises(ValueError, match="not a marlbuf buffer state"):
+        b.load_state_dict({"format": "x"})
+
+
+def test_checkpoint_straight_into_the_table(tmp_path):
+    from marlbuf import persistence
+
+    _, b = ppair(Uniform(), capacity=30, filled=45)
+    b.save(tmp_path / "b.npz")
+    c = MultiAgentReplayBuffer(SPECS2, 30, device="cpu")
+    persistence.load_into(c, tmp_path / "b.npz")
+    assert torch.equal(c.table, b.table) and c.cursor == b.cursor
+    assert torch.equal(c.sample(8).indices, b.sample(8).indices)
+
+
+# --------------------------------------------------------------------------- CUDA specifics
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_round_never_waits_for_the_device(mixed_specs):
+    buf = MultiAgentReplayBuffer(
+        mixed_specs, 256, sampler=PrioritizedNeighbor(), seed=0, device="cuda"
+    )
+    buf.extend(**random_step_data(mixed_specs, 300, np.random.default_rng(0)))
+    buf.sample_for_trainers(64)  # warm-up (prefix sums, lazy CUDA state)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            batches = buf.sample_for_trainers(64)
+            td = torch.stack([b.weights.double() for b in batches])
+            buf.update_priorities_for_trainers(
+                [b.indices for b in batches], td, [b.generations for b in batches], sync=False
+            )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    buf.check_priority_errors()
+
+
+# --------------------------------------------------------------------------- trainers
+def _learner_pair(algo, sampler, device="cpu"):
+    from marlbuf.algos import BatchedLearner, TrainConfig
+    from marlbuf.algos.device import DeviceBatchedLearner
+    from marlbuf.bench.workloads import Workload
+
+    workload = Workload("predator_prey", 3)
+    specs = workload.specs()
+    cfg = TrainConfig(algo=algo, batch_size=32, buffer_size=500, warmup_steps=32, device=device)
+    dims = workload.obs_dims()
+    host_learner = BatchedLearner(cfg, dims, 5, seed=3)
+    device_learner = DeviceBatchedLearner(cfg, dims, 5, seed=3)
+    a = MultiAgentReplayBuffer(specs, 300, sampler=sampler(), seed=0)
+    b = MultiAgentReplayBuffer(specs, 300, sampler=sampler(), seed=0, device=device)
+    data = random_step_data(specs, 300, np.random.default_rng(0))
+    a.extend(**data)
+    b.extend(**data)
+    return host_learner, device_learner, a, b
+
+
+@pytest.mark.parametrize(("algo", "sampler"), [("maddpg", Uniform), ("matd3", PrioritizedNeighbor)])
+def test_device_learner_gives_the_batched_learners_numbers(algo, sampler):
+    host_learner, device_learner, a, b = _learner_pair(algo, sampler)
+    for _ in range(2):
+        batches = b.sample_for_trainers(32)
+        host_batches = []
+        for batch in batches:
+            hb = a.gather(host(batch.indices))
+            hb.weights = None if batch.weights is None else host(batch.weights)
+            host_batches.append(hb)
+        want = host_learner.update(host_batches)
+        got = device_learner.update_device(batches).to_host()
+        np.testing.assert_allclose(got.critic_loss, want.critic_loss, rtol=1e-5)
+        np.testing.assert_allclose(got.actor_loss, want.actor_loss, rtol=1e-5)
+        for x, y in zip(got.td_errors, want.td_errors):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        assert got.actor_updated == want.actor_updated
+    for p, q in zip(device_learner.get_params(), host_learner.get_params()):
+        for key in p:
+            torch.testing.assert_close(p[key], q[key], rtol=1e-4, atol=1e-6)
+
+
+def test_device_learner_on_batches_that_are_not_one_round():
+    host_learner, device_learner, a, b = _learner_pair("maddpg", Uniform)
+    batches = [b.sample(32, trainer=t) for t in range(4)]  # four rounds of one: stacked copies
+    host_batches = [a.gather(host(x.indices)) for x in batches]
+    got = device_learner.update_device(batches).to_host()
+    want = host_learner.update(host_batches)
+    np.testing.assert_allclose(got.critic_loss, want.critic_loss, rtol=1e-5)
+
+
+def test_train_with_a_device_buffer_resumes_exactly(tmp_path):
+    pytest.importorskip("mpe2")
+    from marlbuf.algos.cli import main
+
+    small = ["--batch-size", "32", "--buffer-size", "3000", "--warmup", "100", "--no-progress"]
+    small += ["--buffer-device", "cpu", "--sampler", "prioritized_neighbor", "--no-plot"]
+    small += ["--beta-anneal-rounds", "5"]  # else it follows --episodes, which differs here
+    straight, split = tmp_path / "a", tmp_path / "b"
+    assert main(["--episodes", "10", *small, "--out", str(straight)]) == 0
+    assert main(["--episodes", "5", *small, "--out", str(split)]) == 0
+    assert main(["--episodes", "10", "--resume", *small, "--out", str(split)]) == 0
+    read = [(p / "episodes.csv").read_text().splitlines() for p in (straight, split)]
+    returns = [[line.split(",")[2] for line in lines[1:]] for lines in read]
+    assert len(returns[0]) == 10 and returns[0] == returns[1]
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (["--buffer-device", "cuda"], "buffer_device must be the learner's device"),
+        (["--buffer-device", "tpu"], "buffer_device must be None, 'cpu' or 'cuda"),
+        (["--buffer-device", "cpu", "--formulation", "loop"], "needs formulation='batched'"),
+        (["--buffer-device", "cpu", "--layout", "agent_major"], "layout='interleaved'"),
+    ],
+)
+def test_bad_buffer_device_options_exit_2(tmp_path, capsys, bad, match):
+    from marlbuf.algos.cli import main
+
+    out = tmp_path / "never"
+    assert main(["--episodes", "1", "--no-progress", "--out", str(out), *bad]) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_training_round_never_waits_for_the_device():
+    _, learner, _, buf = _learner_pair("matd3", PrioritizedNeighbor, device="cuda")
+    for rounds in range(4):
+        if rounds == 1:  # after a warm-up round (lazy CUDA and optimizer state)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            batches = buf.sample_for_trainers(32)
+            stats = learner.update_device(batches)
+            buf.update_priorities_for_trainers(
+                [b.indices for b in batches],
+                stats.td_errors,
+                [b.generations for b in batches],
+                sync=False,
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    buf.check_priority_errors()
+    assert np.isfinite(stats.to_host().critic_loss).all()
+
+
+# --------------------------------------------------------------------------- benchmarks
+def test_device_suite_runs_tiny(monkeypatch):
+    from marlbuf.bench import common
+    from marlbuf.bench import device as suite
+    from marlbuf.bench.workloads import Workload
+
+    tiny = {
+        "workloads": [Workload("cooperative_navigation", 3)],
+        "cpu_workload": Workload("cooperative_navigation", 3),
+        "capacity": 2_000,
+        "repeats": 1,
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True, progress=False)
+    cpu = [r for r in payload["rows"] if r["part"] == "cpu"]
+    assert {r["case"] for r in cpu} >= {"numpy buffer", "torch backend (cpu)"}
+    assert all(r["ms_median"] > 0 for r in cpu)
+    assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
+    gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
+    assert {r["case"] for r in gpu} == set(suite.GPU_CASES)
+    if not HAS_CUDA:
+        assert all(r["status"].startswith("not measured: no CUDA device") for r in gpu)
+    json_text = common.json.dumps(payload, default=common._json_default)
+    assert "torch_cpu_vs_numpy" in json_text
+
+
+def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
+    # stand-ins that fail to import, ahead of the real packages on the path
+    blocked = tmp_path / "blocked"
+    for name in ("mpe2", "pettingzoo", "matplotlib"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(blocked),
+        "DEVICE_CHECK_QUICK": "1",
+    }
+    done = subprocess.run(
+        ["bash", str(root / "bench" / "device_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert done.returncode == (0 if HAS_CUDA else 1), done.stdout + done.stderr
+    assert "cuda available" in (out / "environment.txt").read_text()
+    tests = (out / "cuda-tests.txt").read_text()
+    assert ("skipped" in tests or "passed" in tests) and "error" not in tests.lower()
+    import json
+
+    record = json.loads((out / "device-quick.json").read_text())
+    assert record["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
+
+
+def test_a_buffer_with_observations_stored_once_loads_on_the_torch_backend(mixed_specs, tmp_path):
+    data = random_step_data(mixed_specs, 30, np.random.default_rng(5))
+    lean = MultiAgentReplayBuffer(mixed_specs, 16, seed=0)  # next_obs="once", the default
+    lean.extend(**data)
+    lean.save(tmp_path / "lean.npz")
+    dev = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, device="cpu")
+    dev.load_state_dict(lean.state_dict())
+    idx = np.arange(16)
+    a, b = lean.gather(idx), dev.gather(idx)
+    for f in FIELDS:
+        for agent in mixed_specs:
+            np.testing.assert_array_equal(host(b.field(f)[agent]), a.field(f)[agent])
+    with pytest.raises(ValueError, match="next_obs='stored'"):
+        MultiAgentReplayBuffer(mixed_specs, 16, device="cpu", next_obs="once")
