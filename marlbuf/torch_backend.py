@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from marlbuf import _config, persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer, _check_capacity, _check_header, make_rng
+from marlbuf.memory import check_fits_in_memory
 from marlbuf.prioritized import LinearBeta
 from marlbuf.samplers import (
     Neighbor,
@@ -58,7 +59,6 @@ from marlbuf.samplers import (
     Uniform,
     _not_enough_data,
 )
-from marlbuf.memory import check_fits_in_memory
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
 from marlbuf.staging import RowCodec
 from marlbuf.storage import (
