@@ -30,6 +30,7 @@ from marlbuf._kernels import gather_rows
 from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
 from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, episode_steps
+from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 
 SUITE = "sampling"
@@ -92,6 +93,19 @@ QUICK: dict[str, Any] = {
     "repeats": 3,
 }
 FULL: dict[str, Any] = {"workloads": PAPER_WORKLOADS, "capacity": 100_000, "repeats": 5}
+
+#: the largest dense float32 table one workload may take: every case keeps its own copy of
+#: the data (five marlbuf storages, per-agent arrays, lists of tuples), so the 24-agent
+#: workloads run at a lower capacity (stated in each row) to fit a 24 GiB machine
+TABLE_BUDGET_BYTES = 1_500_000_000
+
+
+def capacity_for(workload: Workload, capacity: int) -> int:
+    """``capacity``, lowered (to a multiple of the fill chunk) when the dense table would
+    exceed :data:`TABLE_BUDGET_BYTES`."""
+    row = estimate(workload.specs(), 1, next_obs="stored").table_row_bytes
+    fitting = TABLE_BUDGET_BYTES // row // FILL_CHUNK * FILL_CHUNK
+    return int(min(capacity, max(FILL_CHUNK, fitting)))
 
 
 def _share_storage(
@@ -258,9 +272,10 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     bandwidth = copy_bandwidth()
     rows: list[dict[str, Any]] = []
     for workload in cfg["workloads"]:
+        capacity = capacity_for(workload, cfg["capacity"])
         if progress:
-            print(f"[sampling] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
-        buffers = _fill(workload, cfg["capacity"], seed=0)
+            print(f"[sampling] {workload.label}: filling {capacity} steps ...", flush=True)
+        buffers = _fill(workload, capacity, seed=0)
         fns = _round_fns(buffers, workload.n_trainers)
         timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
         floor = timings["copy_floor"]["median"]
@@ -272,6 +287,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 {
                     "workload": workload.label,
                     "n_trainers": workload.n_trainers,
+                    "capacity": capacity,
                     "case": case,
                     "ms_median": 1e3 * t["median"],
                     "ms_min": 1e3 * t["min"],
