@@ -118,7 +118,7 @@ class RolloutActor:
                     "wall_s": time.perf_counter() - ep_start,
                 }
             )
-        size, writes = self.writer.flush()
+        size, _ = self.writer.flush()
         return {
             "actor": self.index,
             "records": records,
@@ -206,7 +206,7 @@ class DistributedRunner:
             timeout=self.timeout,
         )
         self.learner: Learner = make_learner(config, obs_dims, action_dims.pop())
-        self.actors = [
+        self.actors: list[Any] = [
             _RemoteRollout.options(runtime_env=worker_env()).remote(
                 config.to_dict(), k, self.buffer.writer(k)
             )
@@ -217,14 +217,13 @@ class DistributedRunner:
         self.update_rounds = 0
         self.last_stats: UpdateStats | None = None
         self.collect_stats = {"env_s": 0.0, "act_s": 0.0, "wall_s": 0.0}
-        self._warm = False
         self._next_update = config.update_every
         self._version = 0
         self._weights = ray.put(self.learner.get_params())
         self._sent = [-1] * n_actors
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        return self.profiler.phase(name)  # type: ignore[no-any-return]
+        return self.profiler.phase(name)
 
     # ------------------------------------------------------------------ the loop
     def train(
@@ -241,9 +240,7 @@ class DistributedRunner:
         def submit(k: int) -> None:
             nonlocal submitted
             fresh = self._sent[k] != self._version
-            ref = self.actors[k].collect.remote(
-                1, self._weights if fresh else None, self._version
-            )
+            ref = self.actors[k].collect.remote(1, self._weights if fresh else None, self._version)
             self._sent[k] = self._version
             inflight[ref] = k
             submitted += 1
@@ -292,9 +289,11 @@ class DistributedRunner:
         ``update_every`` once the warm-up is stored."""
         cfg = self.config
         while self._next_update <= self.total_steps:
-            if not self._warm:  # every actor flushed its episodes before reporting them
-                self._warm = int(self.buffer.refresh().sum()) >= cfg.effective_warmup
-            if self._warm:
+            # reported steps are stored (each actor flushes before it reports), so at step m
+            # the shards hold at least m transitions: as in one process (where the buffer
+            # holds m transitions at step m until full), a round is due at every multiple m of
+            # update_every with m >= warmup, whatever else is in flight
+            if self._next_update >= cfg.effective_warmup:
                 self.update_round()
             self._next_update += cfg.update_every
 
@@ -390,9 +389,10 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
     start = time.perf_counter()
     last = timer.snapshot()
     status = 0
-    with open(out / "episodes.csv", "w", newline="") as csv_file, open(
-        out / "episodes.jsonl", "w"
-    ) as jsonl_file:
+    with (
+        open(out / "episodes.csv", "w", newline="") as csv_file,
+        open(out / "episodes.jsonl", "w") as jsonl_file,
+    ):
         writer = csv.DictWriter(csv_file, fieldnames=CSV_FIELDS + [f"t_{p}" for p in timer.totals])
         writer.writeheader()
 

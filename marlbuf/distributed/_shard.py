@@ -24,7 +24,7 @@ import marlbuf
 from marlbuf import persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
-from marlbuf.samplers import Prioritized, PrioritizedNeighbor, Sampler
+from marlbuf.samplers import Prioritized, PrioritizedNeighbor, Sampler, Uniform
 from marlbuf.spec import AgentSpec
 from marlbuf.storage import Storage
 
@@ -132,15 +132,23 @@ class ShardActor:
         self, index: int, config: Mapping[str, Any], seed: Any, load_path: str | None = None
     ) -> None:
         self.index = int(index)
-        self.buf = build_buffer(config, seed)
-        if load_path is not None:
-            persistence.load_into(self.buf, load_path)
-        self.weighted = self.buf.sampler.weighted
         self._out = Batch({}, {}, {}, {}, {}, indices=_EMPTY, generations=_EMPTY)
+        # a bad argument must reach the learner as itself: Ray reports an exception raised here
+        # only as "the actor died", so it is kept and raised by the first call (info)
+        self._init_error: Exception | None = None
+        try:
+            self.buf = build_buffer(config, seed)
+            if load_path is not None:
+                persistence.load_into(self.buf, load_path)
+            self.weighted = self.buf.sampler.weighted
+        except (ValueError, TypeError, MemoryError, OSError) as exc:
+            self._init_error = exc
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:
         """Where this worker imported marlbuf from, its pid, size and writes."""
+        if self._init_error is not None:
+            raise self._init_error
         return {
             "marlbuf": str(os.path.realpath(marlbuf.__file__)),
             "pid": os.getpid(),
@@ -200,12 +208,21 @@ class ShardActor:
             dtype, shape = buf.storage.block_spec(n)
             block = packed[block_at : block_at + nbytes].view(dtype).reshape(shape)
             self._out.block = block
-            if self.weighted or snapshot >= buf.size:
+            counted = min(int(snapshot), buf.size)
+            if self.weighted or (counted == buf.size and n <= counted):
                 batch = buf.sample(n, int(trainer), out=self._out)
-            else:  # only while filling: uniform over the slots the learner counted
+            else:
+                # rows from the slots the learner counted (only while filling), or a uniform
+                # draw with replacement of more rows than this shard holds (the global batch
+                # fits the union, which is what a single buffer would check)
                 with buf.writer.lock:
-                    idx, _ = buf.sampler.sample(n, int(snapshot), buf.rng, int(trainer))
+                    sampler = buf.sampler
+                    if isinstance(sampler, Uniform) and sampler.replace:
+                        idx = buf.rng.integers(0, counted, size=n, dtype=np.int64)
+                    else:
+                        idx, _ = sampler.sample(n, counted, buf.rng, int(trainer))
                     batch = buf.gather(idx, int(trainer))
+                assert batch.block is not None
                 np.copyto(block, batch.block)
             packed[slots_at : slots_at + 8 * n].view(np.int64)[:] = batch.indices
             packed[gens_at : gens_at + 8 * n].view(np.int64)[:] = batch.generations

@@ -144,7 +144,7 @@ class RateLimiter:
         self.min_size_to_sample = int(min_size_to_sample)
         self.error_buffer = _positive("error_buffer", error_buffer)
         self.timeout = _positive("timeout", timeout)
-        self._actor = _RemoteLimiter.options(runtime_env=worker_env()).remote(
+        self._actor: Any = _RemoteLimiter.options(runtime_env=worker_env()).remote(
             ratio, self.min_size_to_sample, self.error_buffer
         )
 

@@ -23,7 +23,6 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
-    ShardError,
     get,
     get_all,
     worker_env,
@@ -558,7 +557,7 @@ class ShardedReplayBuffer:
     def _enough(self, batch_size: int, sizes: np.ndarray) -> bool:
         if isinstance(self.sampler, Neighbor):
             return bool(self._valid_starts(sizes).sum() >= batch_size // self.sampler.run_length)
-        if isinstance(self.sampler, Uniform) and not self.sampler.replace:
+        if isinstance(self.sampler, Uniform):  # as one buffer: at most the stored rows
             return bool(sizes.sum() >= batch_size)
         return bool(sizes.sum() > 0)
 
@@ -722,8 +721,11 @@ class ShardedReplayBuffer:
         folder.mkdir(parents=True, exist_ok=True)
         self.flush()
         with self._lock:
+            calls = [
+                (k, a.save.remote(str(folder / _shard_file(k)))) for k, a in enumerate(self._actors)
+            ]
             results = get_all(
-                [(k, a.save.remote(str(folder / _shard_file(k)))) for k, a in enumerate(self._actors)],
+                calls,
                 self.timeout,
                 "save",
                 self._hint,
@@ -889,9 +891,7 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
             f"{path} is not a marlbuf sharded-buffer manifest of version {MANIFEST_VERSION}; got "
             f"format={manifest.get('format')!r} version={manifest.get('version')!r}"
         )
-    missing = [
-        s["file"] for s in manifest["shards"] if not (folder / s["file"]).is_file()
-    ]
+    missing = [s["file"] for s in manifest["shards"] if not (folder / s["file"]).is_file()]
     if missing:
         raise FileNotFoundError(f"sharded buffer {folder} lacks shard files {missing}")
     return dict(manifest)
