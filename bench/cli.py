@@ -35,6 +35,7 @@ SUITES: dict[str, str] = {
     "rewards": "marlbuf.bench.rewards",
     "dropin": "marlbuf.bench.dropin",
     "locality": "marlbuf.bench.locality",
+    "distributed": "marlbuf.bench.distributed",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

@@ -309,3 +309,35 @@ def test_two_actor_training_run_updates_the_learner(tmp_path):
         for a, b in zip(state["params"][0].values(), initial["params"][0].values())
     ]
     assert any(changed)
+
+
+def test_distributed_bench_suite_runs_tiny(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("mpe2")
+    from marlbuf.bench import cli, common
+    from marlbuf.bench import distributed as suite
+    from marlbuf.bench.workloads import Workload
+
+    assert cli.SUITES["distributed"] == "marlbuf.bench.distributed"
+    tiny = {
+        **suite.QUICK,
+        "round_workload": Workload("cooperative_navigation", 3),
+        "round_capacity": 600,
+        "batch_size": 32,
+        "round_repeats": 2,
+        "busy_s": 0.01,
+        "collect_workload": Workload("cooperative_navigation", 3),
+        "collect_episodes": 2,
+        "train_batch_size": 32,
+        "train_episodes": 4,
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True, progress=False)
+    assert ray.is_initialized()  # it used this module's instance and left it running
+    parts = {row["part"] for row in payload["rows"]}
+    assert parts == {"round", "collect", "train", "model"}
+    assert [p["actors"] for p in payload["model"]["predictions"]] == [1, 2, 8, 64]
+    assert payload["model"]["assumptions"] and payload["summary"]
+    import json
+
+    json.dumps(payload, default=common._json_default)
