@@ -365,7 +365,7 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
     if args.resume:
         return error(PROG, "--resume is not supported with --actors (start a new run)")
     if args.actors < 1:
-        return error(PROG, f"--actors must be >= 1 with --ray-address; got {args.actors}")
+        return error(PROG, f"--actors must be >= 1 for a distributed run; got {args.actors}")
     if args.weights_every < 1:
         return error(PROG, f"--weights-every must be >= 1; got {args.weights_every}")
     timer = PhaseTimer()

@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -253,7 +252,6 @@ class ShardedReplayBuffer:
         self._max_priority = np.ones(self.n_trainers, dtype=np.float64)
         self._sizes = np.zeros(self.n_shards, dtype=np.int64)
         self._writes = np.zeros(self.n_shards, dtype=np.int64)
-        self._name = f"marlbuf-shard-{uuid.uuid4().hex[:8]}"
         self._checkpoint: Path | None = None
         if _load is not None:
             folder, manifest = _load
@@ -282,7 +280,8 @@ class ShardedReplayBuffer:
 
     # ------------------------------------------------------------------ actors
     def _start(self, k: int, load_path: str | None) -> Any:
-        options: dict[str, Any] = {"name": f"{self._name}-{k}", "runtime_env": worker_env()}
+        # unnamed: an actor nobody holds a handle to any more is ended by Ray
+        options: dict[str, Any] = {"runtime_env": worker_env()}
         options.update(self._actor_options)
         return _RemoteShard.options(**options).remote(
             k, self._config, self._shard_seeds[k], load_path
@@ -817,7 +816,6 @@ class ShardedReplayBuffer:
                 ray.kill(self._actors[k], no_restart=True)
             except Exception:  # already gone
                 pass
-            self._name = f"{self._name.rsplit('-r', 1)[0]}-r{uuid.uuid4().hex[:4]}"
             self._actors[k] = self._start(k, load_path)
             info = self._get(k, self._actors[k].info.remote(), "info")
             self._check_code([info])
