@@ -806,10 +806,10 @@ class ShardedReplayBuffer:
                     "or pass from_checkpoint=False to restart it empty"
                 )
             load_path = str(self._checkpoint / _shard_file(k))
+        pending, self._next = self._next, None
+        if pending is not None:  # outside the lock: the prefetch thread needs it to finish
+            _discard(pending[1])
         with self._lock:
-            if self._next is not None:
-                _discard(self._next[1])
-                self._next = None
             self._updates = deque(u for u in self._updates if u[0] != k)
             self._writers.pop(k, None)
             try:
