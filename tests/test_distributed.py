@@ -341,3 +341,41 @@ def test_distributed_bench_suite_runs_tiny(monkeypatch):
     import json
 
     json.dumps(payload, default=common._json_default)
+
+
+def test_add_envs_routes_streams_and_bad_writes_surface_at_flush():
+    with ShardedReplayBuffer(SPECS, 32, 2, seed=9, prefetch=False) as buf:
+        for t in range(5):  # three vectorized envs: streams 0 and 2 -> shard 0, 1 -> shard 1
+            many = steps([t, t, t])
+            many["obs"] = {
+                a: np.stack([[e, t] for e in range(3)]).astype(np.float32) for a in SPECS
+            }
+            many["next_obs"] = {a: v + np.float32([0, 1]) for a, v in many["obs"].items()}
+            buf.add_envs(**many)
+        buf.flush()
+        assert buf.sizes.tolist() == [10, 5]
+        batch = buf.sample(15)
+        shard, _ = buf.locate(batch.indices)
+        assert (batch.obs["agent_0"][:, 0] % 2 == shard).all()
+        bad = steps([1.0])
+        bad["reward"]["agent_1"] = np.array([np.nan], np.float32)
+        buf.extend(**bad, stream=1)  # queued: the shard refuses it, writing nothing
+        with pytest.raises(ValueError, match="agent_1"):
+            buf.flush()
+        assert buf.refresh().tolist() == [10, 5]
+
+
+def test_stale_priority_updates_are_dropped_per_shard():
+    with ShardedReplayBuffer(SPECS, 8, 2, sampler=Prioritized(), seed=10, prefetch=False) as buf:
+        fill(buf, [8, 8])
+        batch = buf.sample(64, trainer=0)
+        buf.extend(**steps(np.arange(8)), stream=0)  # shard 0 is overwritten since the draw
+        buf.flush()
+        buf.update_priorities(batch.indices, np.full(64, 5.0), 0, generations=batch.generations)
+        buf.flush()
+        totals = [ray.get(a.stats.remote(), timeout=30)[2] for a in buf.actors]
+        shard, _ = buf.locate(batch.indices)
+        assert totals[0] == pytest.approx(8.0)  # every update for shard 0 was stale: dropped
+        updated = len(np.unique(batch.indices[shard == 1]))
+        expected = updated * (5.0 + 1e-6) ** 0.6 + (8 - updated)
+        assert totals[1] == pytest.approx(expected)
