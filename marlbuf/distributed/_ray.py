@@ -3,6 +3,7 @@ turning Ray's failures into errors that name the shard (or actor) and what to do
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,29 @@ def repo_root() -> str:
     """The folder that holds the ``marlbuf`` package this process imported (what Ray workers
     must find first on their ``PYTHONPATH`` to run the same code)."""
     return str(Path(marlbuf.__file__).resolve().parent.parent)
+
+
+#: The modules whose code a shard and the learner must share (the packed round format, the
+#: samplers' draws, the storage's batch blocks).
+_FINGERPRINTED = (
+    "buffer.py",
+    "samplers.py",
+    "prioritized.py",
+    "storage.py",
+    "staging.py",
+    "spec.py",
+    "distributed/_shard.py",
+)
+
+
+def code_fingerprint() -> str:
+    """A hash of the marlbuf sources a shard and the learner must share: equal fingerprints
+    mean the same code even where the package sits at another path (another node)."""
+    digest = hashlib.sha256()
+    root = Path(marlbuf.__file__).resolve().parent
+    for name in _FINGERPRINTED:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def worker_env() -> dict[str, Any]:

@@ -24,6 +24,7 @@ import marlbuf
 from marlbuf import persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.distributed._ray import code_fingerprint
 from marlbuf.samplers import Prioritized, PrioritizedNeighbor, Sampler, Uniform
 from marlbuf.spec import AgentSpec
 from marlbuf.storage import Storage
@@ -152,6 +153,7 @@ class ShardActor:
             raise self._init_error
         return {
             "marlbuf": str(os.path.realpath(marlbuf.__file__)),
+            "code": code_fingerprint(),
             "pid": os.getpid(),
             "size": self.buf.size,
             "total_writes": self.buf.total_writes,

@@ -22,6 +22,7 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
+    code_fingerprint,
     get,
     get_all,
     worker_env,
@@ -288,16 +289,18 @@ class ShardedReplayBuffer:
         )
 
     def _check_code(self, infos: Sequence[Mapping[str, Any]]) -> None:
+        """Every shard must run this process's marlbuf: the same file, or (on another node)
+        the same sources by fingerprint."""
         import marlbuf
 
-        mine = os.path.realpath(marlbuf.__file__)
+        mine, code = os.path.realpath(marlbuf.__file__), code_fingerprint()
         for k, info in enumerate(infos):
-            if info["marlbuf"] != mine:
+            if info["marlbuf"] != mine and info["code"] != code:
                 self.close()
                 raise RuntimeError(
-                    f"shard {k} runs marlbuf from {info['marlbuf']} but this process imported "
-                    f"{mine}; start Ray with marlbuf.distributed.init_ray() (or give workers "
-                    "the same PYTHONPATH) so that both run the same code"
+                    f"shard {k} runs other marlbuf code ({info['marlbuf']}) than this process "
+                    f"({mine}); start Ray with marlbuf.distributed.init_ray() (or give the "
+                    "workers the same PYTHONPATH, or install the same marlbuf on every node)"
                 )
 
     @property
