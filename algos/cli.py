@@ -189,6 +189,26 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--no-plot", action="store_true", help="skip rewards.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--actors",
+        type=int,
+        default=0,
+        help="distributed training on Ray: this many rollout actors (each with its own env "
+        "and buffer shard) and one learner; 0: the single-process loop (needs the "
+        "[distributed] extra; no --resume, checkpoints hold the learner only)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --actors: join this Ray cluster ('auto': the running one); default: start "
+        "a local Ray instance limited to --actors CPUs",
+    )
+    p.add_argument(
+        "--weights-every",
+        type=int,
+        default=10,
+        help="with --actors: update rounds between policy broadcasts to the actors",
+    )
     return p
 
 
@@ -398,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
             config.extra["episodes"] = episodes  # what a later --resume runs to by default
     except (ValueError, TypeError) as exc:  # UsageError and TrainConfig's own checks
         return error(PROG, str(exc))
+    if args.actors or args.ray_address is not None:
+        from marlbuf.algos.distributed import main_distributed
+
+        return main_distributed(args, config, episodes, out)
     from marlbuf.algos.runner import PhaseTimer, Runner
 
     timer = PhaseTimer()

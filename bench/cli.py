@@ -37,6 +37,7 @@ SUITES: dict[str, str] = {
     "locality": "marlbuf.bench.locality",
     "memory": "marlbuf.bench.memory",
     "device": "marlbuf.bench.device",
+    "distributed": "marlbuf.bench.distributed",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

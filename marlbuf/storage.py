@@ -346,6 +346,31 @@ class Storage(ABC):
             raise ValueError("out's block must be C-contiguous and writeable")
         return block
 
+    def views(self, block: np.ndarray, n: int) -> dict[str, dict[str, np.ndarray]]:
+        """Per field, per agent arrays of an ``n``-row batch held in ``block`` (dtype and shape
+        of :meth:`block_spec`, C-contiguous; read-only memory gives read-only views): the same
+        views :meth:`gather` returns for that block. Used to read or fill batch blocks that
+        were gathered elsewhere (another process) or are assembled from several parts."""
+        dtype, shape = self.block_spec(n)
+        if (
+            not isinstance(block, np.ndarray)
+            or block.dtype != dtype
+            or block.shape != shape
+            or not block.flags.c_contiguous
+        ):
+            got = (
+                f"shape {block.shape} dtype {block.dtype}"
+                if isinstance(block, np.ndarray)
+                else type(block).__name__
+            )
+            raise ValueError(
+                f"block must be a C-contiguous array of shape {shape} dtype {dtype} (a batch of "
+                f"{n} rows of this storage); got {got}"
+            )
+        if self.layout == "interleaved" and self.batch_layout == "rows":
+            return self.batch_codec.views(block)
+        return self._carve(block, n)
+
     def _new_block(self, n: int) -> np.ndarray:
         dtype, shape = self.block_spec(n)
         raw = self.pool.acquire(math.prod(shape) * dtype.itemsize)

@@ -1,0 +1,272 @@
+"""One shard: a :class:`~marlbuf.MultiAgentReplayBuffer` inside a Ray actor, and the packed
+format in which it ships a sampling round to the learner (one array through the object store).
+
+Packed round (``uint8``, every section starting on a 64-byte boundary)::
+
+    header   int64[8]: size, total_writes (at sampling time), 0, ...
+    then, for every trainer position i with quota n_i > 0, in order:
+      block  the gathered batch block of n_i rows (``Storage.block_spec(n_i)``)
+      slots  int64[n_i]  shard-local slots
+      gens   int64[n_i]  write generations of those slots
+      probs  float64[n_i] (prioritized samplers only) the rows' shard-local probabilities
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import marlbuf
+from marlbuf import persistence
+from marlbuf.batch import Batch
+from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.distributed._ray import code_fingerprint
+from marlbuf.samplers import Prioritized, PrioritizedNeighbor, Sampler, Uniform
+from marlbuf.spec import AgentSpec
+from marlbuf.storage import Storage
+
+ALIGN = 64
+HEADER_WORDS = 8
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def block_nbytes(storage: Storage, n: int) -> int:
+    """Bytes of the block that holds an ``n``-row batch of ``storage``."""
+    dtype, shape = storage.block_spec(n)
+    return math.prod(shape) * dtype.itemsize
+
+
+def pack_layout(
+    storage: Storage, quotas: Sequence[int], weighted: bool
+) -> tuple[list[tuple[int, int, int, int, int, int] | None], int]:
+    """Offsets of a packed round: per trainer position ``(n, block, block_nbytes, slots, gens,
+    probs)`` (``None`` where the quota is 0) and the total bytes."""
+    offset = HEADER_WORDS * 8
+    out: list[tuple[int, int, int, int, int, int] | None] = []
+    for n in quotas:
+        n = int(n)
+        if n == 0:
+            out.append(None)
+            continue
+        nbytes = block_nbytes(storage, n)
+        block = offset
+        slots = block + _up(nbytes)
+        gens = slots + _up(8 * n)
+        probs = gens + _up(8 * n)
+        offset = probs + (_up(8 * n) if weighted else 0)
+        out.append((n, block, nbytes, slots, gens, probs))
+    return out, offset
+
+
+def unpack(
+    storage: Storage, packed: np.ndarray, quotas: Sequence[int], weighted: bool
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None]]:
+    """Header (int64[8]) and per trainer position ``(block, slots, gens, probs)`` views of a
+    packed round (``None`` where the quota is 0)."""
+    layout, total = pack_layout(storage, quotas, weighted)
+    if packed.dtype != np.uint8 or packed.shape != (total,):
+        raise ValueError(
+            f"a packed round of quotas {list(quotas)} has {total} bytes; got {packed.dtype} "
+            f"{packed.shape} (shard and learner disagree on the batch format)"
+        )
+    header = packed[: HEADER_WORDS * 8].view(np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None] = []
+    dtype_shape = {}
+    for entry in layout:
+        if entry is None:
+            parts.append(None)
+            continue
+        n, block, nbytes, slots, gens, probs = entry
+        if n not in dtype_shape:
+            dtype_shape[n] = storage.block_spec(n)
+        dtype, shape = dtype_shape[n]
+        parts.append(
+            (
+                packed[block : block + nbytes].view(dtype).reshape(shape),
+                packed[slots : slots + 8 * n].view(np.int64),
+                packed[gens : gens + 8 * n].view(np.int64),
+                packed[probs : probs + 8 * n].view(np.float64) if weighted else None,
+            )
+        )
+    return header, parts
+
+
+def build_buffer(config: Mapping[str, Any], seed: Any) -> MultiAgentReplayBuffer:
+    """The shard's buffer from the sharded buffer's JSON-safe ``config``."""
+    return MultiAgentReplayBuffer(
+        {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
+        capacity=int(config["shard_capacity"]),
+        layout=config["layout"],
+        sampler=Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"]),
+        seed=seed,
+        n_trainers=int(config["n_trainers"]),
+        batch_layout=config["batch_layout"],
+    )
+
+
+class ShardActor:
+    """The body of one shard actor (wrapped by ``ray.remote`` in :mod:`.sharded`).
+
+    Ray runs one method at a time per actor, so a sampling call sees no write in the middle.
+
+    Parameters
+    ----------
+    index : int
+        The shard's position.
+    config : mapping
+        ``ShardedReplayBuffer.config()`` (specs, capacity per shard, layout, sampler, ...).
+    seed : int or None
+        This shard's seed (derived from the sharded buffer's seed).
+    load_path : str, optional
+        A file written by :meth:`save` to restore (data, cursor, priorities, RNG state).
+    """
+
+    def __init__(
+        self, index: int, config: Mapping[str, Any], seed: Any, load_path: str | None = None
+    ) -> None:
+        self.index = int(index)
+        self._out = Batch({}, {}, {}, {}, {}, indices=_EMPTY, generations=_EMPTY)
+        self._packed = np.empty(0, dtype=np.uint8)
+        # a bad argument must reach the learner as itself: Ray reports an exception raised here
+        # only as "the actor died", so it is kept and raised by the first call (info)
+        self._init_error: Exception | None = None
+        try:
+            self.buf = build_buffer(config, seed)
+            if load_path is not None:
+                persistence.load_into(self.buf, load_path)
+            self.weighted = self.buf.sampler.weighted
+        except (ValueError, TypeError, MemoryError, OSError) as exc:
+            self._init_error = exc
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict[str, Any]:
+        """Where this worker imported marlbuf from, its pid, size and writes."""
+        if self._init_error is not None:
+            raise self._init_error
+        return {
+            "marlbuf": str(os.path.realpath(marlbuf.__file__)),
+            "code": code_fingerprint(),
+            "pid": os.getpid(),
+            "size": self.buf.size,
+            "total_writes": self.buf.total_writes,
+        }
+
+    def stats(self) -> np.ndarray:
+        """``[size, total_writes, total of trainer 0's tree, ...]`` (float64; totals only for
+        prioritized samplers)."""
+        totals: list[float] = []
+        if self.weighted:
+            trees = self.buf.sampler.trees  # type: ignore[attr-defined]
+            totals = [trees.total(t) for t in range(self.buf.n_trainers)]
+        return np.array([self.buf.size, self.buf.total_writes, *totals], dtype=np.float64)
+
+    # ------------------------------------------------------------------ writing
+    def write(self, kind: str, fields: tuple[Any, ...]) -> tuple[int, int]:
+        """``add`` / ``extend`` / ``add_envs`` one call's fields; returns (size, total_writes)."""
+        if kind == "add":
+            self.buf.add(*fields)
+        elif kind == "extend":
+            self.buf.extend(*fields)
+        elif kind == "add_envs":
+            self.buf.add_envs(*fields)
+        else:
+            raise ValueError(f"kind must be 'add', 'extend' or 'add_envs'; got kind={kind!r}")
+        return self.buf.size, self.buf.total_writes
+
+    # ------------------------------------------------------------------ sampling
+    def sample_round(
+        self,
+        trainers: Sequence[int],
+        quotas: Sequence[int],
+        snapshot: int,
+        max_priority: Sequence[float] | None = None,
+    ) -> np.ndarray:
+        """Sample ``quotas[i]`` rows for trainer ``trainers[i]`` and pack them (module doc).
+
+        ``snapshot`` (uniform and neighbor samplers): the filled-slot count the learner based
+        the quotas on; rows come from those slots only, so the global draw is exact for that
+        state even when writes landed since. ``max_priority`` (prioritized samplers): the
+        learner's running maximum priority per trainer (all shards), given to new rows.
+        """
+        buf = self.buf
+        if max_priority is not None and self.weighted:
+            trees = buf.sampler.trees  # type: ignore[attr-defined]
+            np.maximum(trees.max_priority, np.asarray(max_priority), out=trees.max_priority)
+        layout, total = pack_layout(buf.storage, quotas, self.weighted)
+        # one buffer reused by every round (grown when needed): Ray copies the returned slice
+        # into the object store before this actor runs its next call, and fresh memory each
+        # round would pay a page fault per 4 KiB (as much as the gather itself)
+        if self._packed.shape[0] < total:
+            self._packed = np.empty(total, dtype=np.uint8)
+        packed = self._packed[:total]
+        header = packed[: HEADER_WORDS * 8].view(np.int64)
+        header[:] = 0
+        for trainer, entry in zip(trainers, layout):
+            if entry is None:
+                continue
+            n, block_at, nbytes, slots_at, gens_at, probs_at = entry
+            dtype, shape = buf.storage.block_spec(n)
+            block = packed[block_at : block_at + nbytes].view(dtype).reshape(shape)
+            self._out.block = block
+            counted = min(int(snapshot), buf.size)
+            if self.weighted or (counted == buf.size and n <= counted):
+                batch = buf.sample(n, int(trainer), out=self._out)
+            else:
+                # rows from the slots the learner counted (only while filling), or a uniform
+                # draw with replacement of more rows than this shard holds (the global batch
+                # fits the union, which is what a single buffer would check)
+                with buf.writer.lock:
+                    sampler = buf.sampler
+                    if isinstance(sampler, Uniform) and sampler.replace:
+                        idx = buf.rng.integers(0, counted, size=n, dtype=np.int64)
+                    else:
+                        idx, _ = sampler.sample(n, counted, buf.rng, int(trainer))
+                    batch = buf.gather(idx, int(trainer))
+                assert batch.block is not None
+                np.copyto(block, batch.block)
+            packed[slots_at : slots_at + 8 * n].view(np.int64)[:] = batch.indices
+            packed[gens_at : gens_at + 8 * n].view(np.int64)[:] = batch.generations
+            if self.weighted:
+                packed[probs_at : probs_at + 8 * n].view(np.float64)[:] = self._probabilities(
+                    batch.indices, int(trainer)
+                )
+            del batch
+        self._out.block = None
+        header[0] = buf.size
+        header[1] = buf.total_writes
+        return packed
+
+    def _probabilities(self, slots: np.ndarray, trainer: int) -> np.ndarray:
+        """Shard-local probability of each sampled row: ``p^alpha / total`` (PER), or the exact
+        long-run inclusion probability (prioritized-locality)."""
+        sampler = self.buf.sampler
+        if isinstance(sampler, PrioritizedNeighbor):
+            return sampler.inclusion_probabilities(self.buf.size, trainer)[slots]
+        assert isinstance(sampler, Prioritized)
+        return sampler.trees.leaves(trainer)[slots] / sampler.trees.total(trainer)
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(
+        self, trainer: int, slots: np.ndarray, td_errors: np.ndarray, generations: Any
+    ) -> float:
+        """Feed TD errors back; returns the trainer's running maximum priority afterwards."""
+        self.buf.update_priorities(slots, td_errors, trainer=trainer, generations=generations)
+        trees = self.buf.sampler.trees  # type: ignore[attr-defined]
+        return float(trees.max_priority[trainer])
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str) -> tuple[int, int]:
+        """``MultiAgentReplayBuffer.save(path)``; returns (size, total_writes)."""
+        self.buf.save(path)
+        return self.buf.size, self.buf.total_writes
+
+
+__all__ = ["ShardActor", "build_buffer", "pack_layout", "unpack"]

@@ -1,0 +1,901 @@
+"""A replay buffer sharded over Ray actors: stream-affine writers, exact global sampling.
+
+See ``docs/distributed.md`` for the design and the exactness argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from marlbuf.batch import Batch
+from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
+from marlbuf.distributed._ray import (
+    DEFAULT_TIMEOUT_S,
+    code_fingerprint,
+    get,
+    get_all,
+    worker_env,
+)
+from marlbuf.distributed._shard import ShardActor, unpack
+from marlbuf.distributed.limiter import RateLimiter
+from marlbuf.prioritized import LinearBeta
+from marlbuf.samplers import Neighbor, Prioritized, Sampler, Uniform
+from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+
+MANIFEST_FORMAT = "marlbuf-sharded"
+MANIFEST_VERSION = 1
+MANIFEST = "manifest.json"
+
+_RemoteShard = ray.remote(num_cpus=0, max_restarts=0)(ShardActor)
+
+
+def _shard_file(index: int) -> str:
+    return f"shard-{index}.npz"
+
+
+def _steps(kind: str, fields: Sequence[Any]) -> int:
+    """Transitions in one write (for the rate limiter): 1 for ``add``, else the leading axis
+    of the first agent's reward."""
+    if kind == "add":
+        return 1
+    reward = fields[2]
+    first = next(iter(reward.values())) if isinstance(reward, Mapping) else reward[0]
+    return int(np.shape(first)[0])
+
+
+class ShardWriter:
+    """A writer bound to one shard: what a rollout actor holds (picklable, cheap to send).
+
+    Writes are asynchronous: ``add``/``extend``/``add_envs`` return once the call is queued;
+    at most ``max_inflight`` calls are outstanding (the oldest is awaited first). An invalid
+    write raises its ``ValueError``/``TypeError`` at a later call or at :meth:`flush`, and
+    writes nothing (the shard's buffer validates before it stores).
+
+    Obtain one from :meth:`ShardedReplayBuffer.writer`.
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        shard: int,
+        timeout: float,
+        limiter: RateLimiter | None,
+        max_inflight: int = 8,
+    ) -> None:
+        self.actor = actor
+        self.shard = int(shard)
+        self.timeout = float(timeout)
+        self.limiter = limiter
+        self.max_inflight = int(max_inflight)
+        self._pending: deque[Any] = deque()
+        self.size = 0  # shard size after the last acknowledged write
+        self.total_writes = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_pending"] = deque()  # outstanding calls belong to the sending process
+        return state
+
+    def __repr__(self) -> str:
+        return f"ShardWriter(shard={self.shard}, pending={len(self._pending)})"
+
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
+        """One timestep, as :meth:`MultiAgentReplayBuffer.add`."""
+        self._send("add", (obs, action, reward, next_obs, done))
+
+    def extend(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
+        """``T`` timesteps of this stream, as :meth:`MultiAgentReplayBuffer.extend`."""
+        self._send("extend", (obs, action, reward, next_obs, done))
+
+    def add_envs(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
+        """One step of several environments, as :meth:`MultiAgentReplayBuffer.add_envs`."""
+        self._send("add_envs", (obs, action, reward, next_obs, done))
+
+    def _send(self, kind: str, fields: tuple[Any, ...]) -> None:
+        if self.limiter is not None:
+            self.limiter.await_insert(_steps(kind, fields))
+        self._pending.append(self.actor.write.remote(kind, fields))
+        while len(self._pending) > self.max_inflight:
+            self._ack(self._pending.popleft())
+
+    def _ack(self, ref: Any) -> None:
+        size, writes = get(
+            ref,
+            self.timeout,
+            "a write",
+            self.shard,
+            "ask the ShardedReplayBuffer for a new writer after restart_shard()",
+        )
+        self.size, self.total_writes = max(self.size, size), max(self.total_writes, writes)
+
+    def flush(self) -> tuple[int, int]:
+        """Wait until every queued write is stored; returns the shard's (size, total_writes).
+        Raises the first failed write's error."""
+        try:
+            while self._pending:
+                self._ack(self._pending.popleft())
+        finally:
+            self._pending.clear()
+        return self.size, self.total_writes
+
+
+class _Round:
+    """What the learner thread needs to assemble one sampled round."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        trainers: tuple[int, ...],
+        quotas: np.ndarray,
+        scale: np.ndarray | None,
+        betas: list[float],
+        refs: list[tuple[int, Any]],
+    ) -> None:
+        self.batch_size = batch_size
+        self.trainers = trainers
+        self.quotas = quotas  # (K, T) rows per shard per trainer position
+        self.scale = scale  # (K, T) share of trainer t's draws that went to shard k
+        self.betas = betas
+        self.refs = refs
+
+
+class ShardedReplayBuffer:
+    """``n_shards`` Ray actors, each a :class:`~marlbuf.MultiAgentReplayBuffer` of
+    ``shard_capacity`` transitions; writers keep environment streams whole, the learner samples
+    the union exactly as one buffer holding all shards' data would.
+
+    Parameters
+    ----------
+    specs : mapping of str to AgentSpec
+        One spec per agent (as for ``MultiAgentReplayBuffer``).
+    shard_capacity : int
+        Transitions each shard keeps (the total is ``n_shards * shard_capacity``).
+    n_shards : int
+        Shard actors ``K`` (>= 1).
+    layout, batch_layout, n_trainers
+        As for ``MultiAgentReplayBuffer`` (every shard and every assembled batch use them).
+    sampler : Sampler, default ``Uniform()``
+        Any marlbuf sampler; each shard gets its own instance. Global rules per sampler are in
+        ``docs/distributed.md``.
+    seed : int, numpy Generator or None
+        Seeds the learner-side quota draws and, through spawned seeds, every shard.
+    prefetch : bool, default True
+        ``sample_for_trainers`` asks for the next round (same size and trainers) as soon as it
+        hands one out, and assembles it in a background thread while the learner updates.
+        With a prioritized sampler that round is drawn before this round's priority updates
+        reach the shards (one round stale, as in Ape-X); ``prefetch=False`` draws on demand.
+    timeout : float, default 60
+        Seconds to wait for any shard's answer before raising :class:`ShardError`.
+    rate_limiter : RateLimiter, optional
+        Blocks writers or the learner to hold a samples-per-insert ratio.
+    actor_options : mapping, optional
+        Extra Ray options for the shard actors (e.g. ``{"resources": {...}}`` for placement).
+
+    Notes
+    -----
+    ``batch.indices`` of a sampled batch are global ids ``shard * shard_capacity + slot``
+    (:meth:`locate` splits them); pass them back to :meth:`update_priorities` unchanged. Rows
+    of a batch are grouped by shard (shard 0's first).
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        shard_capacity: int,
+        n_shards: int,
+        layout: str = "interleaved",
+        sampler: Sampler | None = None,
+        seed: int | np.random.Generator | None = None,
+        n_trainers: int | None = None,
+        batch_layout: str = "rows",
+        prefetch: bool = True,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        rate_limiter: RateLimiter | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        _load: tuple[Path, Mapping[str, Any]] | None = None,
+    ) -> None:
+        if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
+            raise TypeError(f"n_shards must be an int; got n_shards={n_shards!r}")
+        if n_shards < 1:
+            raise ValueError(f"n_shards must be >= 1; got n_shards={n_shards}")
+        if sampler is None:
+            sampler = Uniform()
+        if not isinstance(sampler, Sampler):
+            raise TypeError(
+                "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Prioritized()); "
+                f"got sampler={sampler!r}"
+            )
+        if not isinstance(prefetch, bool):
+            raise TypeError(f"prefetch must be a bool; got prefetch={prefetch!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a number of seconds > 0; got timeout={timeout!r}")
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(f"rate_limiter must be a RateLimiter; got {rate_limiter!r}")
+        # a capacity-1 buffer on the learner checks the arguments and knows the batch formats
+        # (block shapes, views, a pool of recycled batch memory); it holds no data
+        self._template = MultiAgentReplayBuffer(
+            specs, 1, layout=layout, n_trainers=n_trainers, batch_layout=batch_layout
+        )
+        self.specs = normalize_specs(specs)
+        self.shard_capacity = _check_capacity(shard_capacity)
+        self.n_shards = int(n_shards)
+        self.n_trainers = self._template.n_trainers
+        self.sampler = sampler
+        self.weighted = sampler.weighted
+        self.prefetch = prefetch
+        self.timeout = float(timeout)
+        self.rate_limiter = rate_limiter
+        self._actor_options = dict(actor_options or {})
+        self._config: dict[str, Any] = {
+            "specs": {a: s.to_dict() for a, s in self.specs.items()},
+            "shard_capacity": self.shard_capacity,
+            "layout": self._template.layout,
+            "batch_layout": self._template.batch_layout,
+            "n_trainers": self.n_trainers,
+            "sampler": {"type": type(sampler).__name__, "config": sampler.config()},
+        }
+        self.rng = make_rng(seed)
+        root = np.random.SeedSequence(int(self.rng.integers(2**63)))
+        self._shard_seeds = [int(s.generate_state(1)[0]) for s in root.spawn(self.n_shards)]
+        self._beta = sampler.beta if isinstance(sampler, Prioritized) else None
+        self._batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
+        self._max_priority = np.ones(self.n_trainers, dtype=np.float64)
+        self._sizes = np.zeros(self.n_shards, dtype=np.int64)
+        self._writes = np.zeros(self.n_shards, dtype=np.int64)
+        self._checkpoint: Path | None = None
+        if _load is not None:
+            folder, manifest = _load
+            self._restore_driver_state(manifest)
+            self._checkpoint = folder
+        self._actors: list[Any] = []
+        self._writers: dict[int, ShardWriter] = {}
+        self._updates: deque[tuple[int, Any]] = deque()
+        self._lock = threading.RLock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._next: tuple[tuple[int, tuple[int, ...]], Future[list[Batch]]] | None = None
+        self._closed = False
+        for k in range(self.n_shards):
+            load_path = None if _load is None else str(_load[0] / _shard_file(k))
+            self._actors.append(self._start(k, load_path))
+        try:
+            infos = get_all(
+                [(k, a.info.remote()) for k, a in enumerate(self._actors)], self.timeout, "info"
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._check_code(infos)
+        for k, info in enumerate(infos):
+            self._note(k, info["size"], info["total_writes"])
+
+    # ------------------------------------------------------------------ actors
+    def _start(self, k: int, load_path: str | None) -> Any:
+        # unnamed: an actor nobody holds a handle to any more is ended by Ray
+        options: dict[str, Any] = {"runtime_env": worker_env()}
+        options.update(self._actor_options)
+        return _RemoteShard.options(**options).remote(
+            k, self._config, self._shard_seeds[k], load_path
+        )
+
+    def _check_code(self, infos: Sequence[Mapping[str, Any]]) -> None:
+        """Every shard must run this process's marlbuf: the same file, or (on another node)
+        the same sources by fingerprint."""
+        import marlbuf
+
+        mine, code = os.path.realpath(marlbuf.__file__), code_fingerprint()
+        for k, info in enumerate(infos):
+            if info["marlbuf"] != mine and info["code"] != code:
+                self.close()
+                raise RuntimeError(
+                    f"shard {k} runs other marlbuf code ({info['marlbuf']}) than this process "
+                    f"({mine}); start Ray with marlbuf.distributed.init_ray() (or give the "
+                    "workers the same PYTHONPATH, or install the same marlbuf on every node)"
+                )
+
+    @property
+    def actors(self) -> list[Any]:
+        """The shard actors' handles, in shard order."""
+        return list(self._actors)
+
+    def config(self) -> dict[str, Any]:
+        """JSON-safe description of every shard (specs, capacity, layout, sampler, ...)."""
+        return json.loads(json.dumps(self._config))
+
+    def _hint(self, k: int | None) -> str:
+        where = f" from {self._checkpoint}" if self._checkpoint else " (empty: no checkpoint yet)"
+        return f"restart it with buffer.restart_shard({k}){where}"
+
+    def _get(self, k: int, ref: Any, what: str) -> Any:
+        return get(ref, self.timeout, what, k, self._hint(k))
+
+    def _note(self, k: int, size: int, writes: int) -> None:
+        self._sizes[k] = max(int(self._sizes[k]), int(size))
+        self._writes[k] = max(int(self._writes[k]), int(writes))
+
+    def ping(self, timeout: float | None = None) -> list[float]:
+        """Round-trip seconds of every shard; :class:`ShardError` for one that is dead or does
+        not answer within ``timeout`` (default: the buffer's)."""
+        out = []
+        wait = self.timeout if timeout is None else float(timeout)
+        for k, actor in enumerate(self._actors):
+            start = time.perf_counter()
+            info = get(actor.info.remote(), wait, "ping", k, self._hint(k))
+            self._note(k, info["size"], info["total_writes"])
+            out.append(time.perf_counter() - start)
+        return out
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def sizes(self) -> np.ndarray:
+        """Filled slots per shard as last reported (shape (K,), int64; a copy). Writes through
+        this object are counted when acknowledged; writes through :class:`ShardWriter` handles
+        held elsewhere are seen at the next sampling round or :meth:`refresh`."""
+        return self._sizes.copy()
+
+    def __len__(self) -> int:
+        return int(self._sizes.sum())
+
+    def refresh(self) -> np.ndarray:
+        """Ask every shard for its size now; returns :attr:`sizes`."""
+        self.ping()
+        return self.sizes
+
+    def shard_of(self, stream: int) -> int:
+        """The shard that holds environment stream ``stream``: ``stream % n_shards``."""
+        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
+            raise ValueError(f"stream must be an int >= 0; got stream={stream!r}")
+        return int(stream) % self.n_shards
+
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Split global batch indices into ``(shard, slot)`` arrays (each shape (B,), int64)."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise TypeError(
+                f"indices must be a 1-D integer array (batch.indices); got shape {idx.shape}, "
+                f"dtype {idx.dtype}"
+            )
+        idx = idx.astype(np.int64, copy=False)
+        limit = self.n_shards * self.shard_capacity
+        if idx.size and (idx.min() < 0 or idx.max() >= limit):
+            raise ValueError(
+                f"indices must lie in [0, {limit}) (shard * shard_capacity + slot, as in "
+                f"batch.indices); got min {idx.min()}, max {idx.max()}"
+            )
+        return idx // self.shard_capacity, idx % self.shard_capacity
+
+    # ------------------------------------------------------------------ writing
+    def writer(self, stream: int) -> ShardWriter:
+        """A picklable writer for environment stream ``stream`` (bound to its shard), for a
+        rollout actor; writers of streams on the same shard are distinct objects."""
+        k = self.shard_of(stream)
+        return ShardWriter(self._actors[k], k, self.timeout, self.rate_limiter)
+
+    def _local_writer(self, k: int) -> ShardWriter:
+        if k not in self._writers:
+            self._writers[k] = ShardWriter(self._actors[k], k, self.timeout, self.rate_limiter)
+        return self._writers[k]
+
+    def add(
+        self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any, stream: int = 0
+    ) -> None:
+        """One timestep of environment stream ``stream`` (to shard ``stream % n_shards``); the
+        fields as in :meth:`MultiAgentReplayBuffer.add`. Asynchronous: see :class:`ShardWriter`."""
+        self._local_writer(self.shard_of(stream)).add(obs, action, reward, next_obs, done)
+
+    def extend(
+        self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any, stream: int = 0
+    ) -> None:
+        """``T`` consecutive timesteps of stream ``stream`` (leading time axis, as
+        :meth:`MultiAgentReplayBuffer.extend`)."""
+        self._local_writer(self.shard_of(stream)).extend(obs, action, reward, next_obs, done)
+
+    def add_envs(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        streams: Sequence[int] | None = None,
+    ) -> None:
+        """One step of ``E`` environments (leading environment axis, as
+        :meth:`MultiAgentReplayBuffer.add_envs`); environment ``e`` is stream ``streams[e]``
+        (default ``e``). Each shard receives its environments in their order, in one call."""
+        fields = (obs, action, reward, next_obs, done)
+        count = _steps("add_envs", fields)
+        stream_ids = np.arange(count) if streams is None else np.asarray(streams)
+        if stream_ids.shape != (count,) or stream_ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"streams must hold one int per environment ({count}); got {streams!r}"
+            )
+        if (stream_ids < 0).any():
+            raise ValueError(f"streams must be ints >= 0; got {streams!r}")
+        shards = stream_ids % self.n_shards
+        for k in np.unique(shards):
+            sel = np.flatnonzero(shards == k)
+            part = tuple(_select(field, sel) for field in fields)
+            self._local_writer(int(k)).add_envs(*part)
+
+    def flush(self) -> None:
+        """Wait for every write and priority update sent through this object; raise the first
+        error (a rejected write, NaN TD errors, a dead shard)."""
+        for k, w in self._writers.items():
+            size, writes = w.flush()
+            self._note(k, size, writes)
+        self._settle_updates(block=True)
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int, trainer: int = 0) -> Batch:
+        """One batch of ``batch_size`` rows for ``trainer``, drawn from all shards by the global
+        rule of the sampler (synchronous: no prefetch)."""
+        trainer = self._template._check_trainer(trainer)
+        batch_size = self._check_batch(batch_size)
+        return self._draw(batch_size, (trainer,))[0]
+
+    def sample_for_trainers(self, batch_size: int, n_trainers: int | None = None) -> list[Batch]:
+        """The MADDPG round: trainer ``t`` gets its own ``batch_size`` rows from all shards.
+
+        Every shard ships its part of the whole round in one packed array; the parts are
+        copied into one preallocated block (``(T, B, row)`` for the interleaved layout, so the
+        batched trainer stacks the round without copying). With ``prefetch`` the next round of
+        the same size is requested at once and assembled in the background.
+        """
+        n = self._template._check_n_trainers(n_trainers)
+        batch_size = self._check_batch(batch_size)
+        key = (batch_size, tuple(range(n)))
+        pending, self._next = self._next, None
+        if pending is not None and pending[0] != key:
+            _discard(pending[1])
+            pending = None
+        future = pending[1] if pending is not None else self._submit(key)
+        batches = future.result()
+        if self.prefetch:
+            self._next = (key, self._submit(key))
+        return batches
+
+    def iter_trainers(self, batch_size: int, n_trainers: int | None = None) -> Iterator[Batch]:
+        """The round of :meth:`sample_for_trainers`, one batch at a time."""
+        yield from self.sample_for_trainers(batch_size, n_trainers)
+
+    def _check_batch(self, batch_size: Any) -> int:
+        batch_size = self._template.sampler.check_batch_size(batch_size)
+        if isinstance(self.sampler, Neighbor) and batch_size % self.sampler.run_length:
+            raise ValueError(
+                f"run_length={self.sampler.run_length} must divide batch_size={batch_size}; "
+                f"choose a batch size that is a multiple of {self.sampler.run_length}"
+            )
+        return batch_size
+
+    def _submit(self, key: tuple[int, tuple[int, ...]]) -> Future[list[Batch]]:
+        if self._closed:
+            raise RuntimeError("this ShardedReplayBuffer is closed")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="marlbuf-prefetch")
+        return self._executor.submit(self._draw, *key)
+
+    def _draw(self, batch_size: int, trainers: tuple[int, ...]) -> list[Batch]:
+        if self.rate_limiter is not None:
+            self.rate_limiter.await_sample(batch_size)
+        plan = self._issue(batch_size, trainers)
+        packed = get_all(plan.refs, self.timeout, "sample_round", self._hint)
+        return self._assemble(plan, packed)
+
+    def _issue(self, batch_size: int, trainers: tuple[int, ...]) -> _Round:
+        """Draw the per-shard quotas and send every shard its sampling call (under the lock,
+        so that rounds and priority updates reach the shards in a consistent order)."""
+        with self._lock:
+            self._settle_updates(block=False)
+            n_t = len(trainers)
+            quotas = np.zeros((self.n_shards, n_t), dtype=np.int64)
+            scale: np.ndarray | None = None
+            betas: list[float] = []
+            snapshot = self._sizes.tolist()
+            if self.weighted:
+                stats = get_all(
+                    [(k, a.stats.remote()) for k, a in enumerate(self._actors)],
+                    self.timeout,
+                    "stats",
+                    self._hint,
+                )
+                for k, s in enumerate(stats):
+                    self._note(k, int(s[0]), int(s[1]))
+                totals = np.array([s[2:] for s in stats])[:, list(trainers)]  # (K, T)
+                scale = np.zeros((self.n_shards, n_t), dtype=np.float64)
+                for i, t in enumerate(trainers):
+                    column = totals[:, i]
+                    whole = column.sum()
+                    if not whole > 0:
+                        raise ValueError(
+                            f"no shard has data (or every priority of trainer {t} is 0): add "
+                            f"transitions before sampling (batch_size={batch_size})"
+                        )
+                    scale[:, i] = column / whole
+                    quotas[:, i] = self.rng.multinomial(batch_size, scale[:, i])
+                    betas.append(self._beta_for(t))
+                    self._batches_drawn[t] += 1
+            else:
+                sizes = self._sizes.copy()
+                if sizes.sum() == 0 or not self._enough(batch_size, sizes):
+                    sizes = self.refresh()
+                self._check_enough(batch_size, sizes)
+                for i in range(n_t):
+                    quotas[:, i] = self._quotas(batch_size, sizes)
+                snapshot = sizes.tolist()
+            max_priority = self._max_priority.copy() if self.weighted else None
+            refs = []
+            for k, actor in enumerate(self._actors):
+                if quotas[k].any():
+                    ref = actor.sample_round.remote(
+                        trainers, quotas[k].tolist(), snapshot[k], max_priority
+                    )
+                    refs.append((k, ref))
+            return _Round(batch_size, trainers, quotas, scale, betas, refs)
+
+    def _beta_for(self, trainer: int) -> float:
+        beta = self._beta
+        if isinstance(beta, LinearBeta):
+            return beta(int(self._batches_drawn[trainer]))
+        return float(beta)  # type: ignore[arg-type]
+
+    def _valid_starts(self, sizes: np.ndarray) -> np.ndarray:
+        """Per shard, what the sampler draws from: slots, or a Neighbor's run starts."""
+        if isinstance(self.sampler, Neighbor):
+            n = self.sampler.run_length
+            starts = np.where(sizes >= self.shard_capacity, sizes, sizes - n + 1)
+            return np.maximum(starts, 0)
+        return sizes
+
+    def _enough(self, batch_size: int, sizes: np.ndarray) -> bool:
+        if isinstance(self.sampler, Neighbor):
+            return bool(self._valid_starts(sizes).sum() >= batch_size // self.sampler.run_length)
+        if isinstance(self.sampler, Uniform):  # as one buffer: at most the stored rows
+            return bool(sizes.sum() >= batch_size)
+        return bool(sizes.sum() > 0)
+
+    def _check_enough(self, batch_size: int, sizes: np.ndarray) -> None:
+        if sizes.sum() == 0:
+            raise ValueError(
+                f"the sharded buffer is empty: add transitions before sampling "
+                f"(batch_size={batch_size})"
+            )
+        if not self._enough(batch_size, sizes):
+            raise ValueError(
+                f"batch_size={batch_size} needs more stored transitions than the shards hold "
+                f"({sizes.tolist()}) for {self.sampler!r}; add more data or sample a smaller "
+                "batch"
+            )
+
+    def _quotas(self, batch_size: int, sizes: np.ndarray) -> np.ndarray:
+        """Rows per shard for one trainer: the global draw split exactly (see the docs)."""
+        if isinstance(self.sampler, Neighbor):
+            refs = self.rng.multivariate_hypergeometric(
+                self._valid_starts(sizes), batch_size // self.sampler.run_length
+            )
+            return refs * self.sampler.run_length
+        if isinstance(self.sampler, Uniform) and not self.sampler.replace:
+            return self.rng.multivariate_hypergeometric(sizes, batch_size)
+        return self.rng.multinomial(batch_size, sizes / sizes.sum())
+
+    def _assemble(self, plan: _Round, packed: list[np.ndarray]) -> list[Batch]:
+        """Copy every shard's part into the round's block and build the batches."""
+        storage = self._template.storage
+        batch_size, trainers = plan.batch_size, plan.trainers
+        n_t = len(trainers)
+        parts: dict[int, list[Any]] = {}
+        for (k, _), array in zip(plan.refs, packed):
+            header, per_trainer = unpack(storage, array, plan.quotas[k], self.weighted)
+            self._note(k, int(header[0]), int(header[1]))
+            parts[k] = per_trainer
+        rows = storage.layout == "interleaved" and storage.batch_layout == "rows"
+        dtype, shape = storage.block_spec(batch_size)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if rows:
+            round_block = storage.pool.acquire(n_t * nbytes).view(dtype).reshape(n_t, *shape)
+            blocks = [round_block[i] for i in range(n_t)]
+        else:
+            blocks = [storage.pool.acquire(nbytes).view(dtype).reshape(shape) for _ in trainers]
+        batches = []
+        for i, t in enumerate(trainers):
+            block = blocks[i]
+            fields = storage.views(block, batch_size)
+            indices = np.empty(batch_size, dtype=np.int64)
+            generations = np.empty(batch_size, dtype=np.int64)
+            probs = np.empty(batch_size, dtype=np.float64) if self.weighted else None
+            at = 0
+            for k in sorted(parts):
+                part = parts[k][i]
+                if part is None:
+                    continue
+                src, slots, gens, prob = part
+                n = slots.shape[0]
+                if rows:
+                    np.copyto(block[at : at + n], src)
+                else:
+                    src_views = storage.views(src, n)
+                    for name in FIELDS:
+                        for agent, dst in fields[name].items():
+                            np.copyto(dst[at : at + n], src_views[name][agent])
+                indices[at : at + n] = slots + k * self.shard_capacity
+                generations[at : at + n] = gens
+                if probs is not None:
+                    assert plan.scale is not None and prob is not None
+                    probs[at : at + n] = prob * plan.scale[k, i]
+                at += n
+            if at != batch_size:  # a shard answered a different quota: never expected
+                raise RuntimeError(f"assembled {at} rows for trainer {t}; expected {batch_size}")
+            weights = None
+            if probs is not None:
+                # w_i = (N P(i))^-beta / max_b (N P(b))^-beta = (min_b P(b) / P(i))^beta
+                weights = ((probs.min() / probs) ** plan.betas[i]).astype(np.float32)
+            batches.append(
+                Batch(
+                    **fields,
+                    indices=indices,
+                    generations=generations,
+                    weights=weights,
+                    trainer=t,
+                    block=block,
+                )
+            )
+        return batches
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(
+        self, indices: Any, td_errors: Any, trainer: int = 0, generations: Any = None
+    ) -> None:
+        """Feed TD errors back; each row's update goes to its (shard, slot).
+
+        As :meth:`MultiAgentReplayBuffer.update_priorities`: updates for slots overwritten
+        since they were sampled are dropped (pass ``generations=batch.generations`` for the
+        exact guard). Asynchronous: a failure is raised by a later call or :meth:`flush`.
+        """
+        if not self.weighted:
+            raise TypeError(
+                f"{type(self.sampler).__name__} keeps no priorities; update_priorities needs a "
+                "prioritized sampler (marlbuf.samplers.Prioritized or PrioritizedNeighbor)"
+            )
+        trainer = self._template._check_trainer(trainer)
+        shards, slots = self.locate(indices)
+        td = np.asarray(td_errors)
+        if td.dtype.kind not in "iuf" or td.shape != shards.shape:
+            raise ValueError(
+                f"td_errors must be a real array of shape {shards.shape}, one per index; got "
+                f"dtype {td.dtype}, shape {td.shape}"
+            )
+        bad = np.flatnonzero(~np.isfinite(td))
+        if bad.size:
+            raise ValueError(
+                f"td_errors must be finite; got td_errors[{bad[0]}]={td[bad[0]]} (check the "
+                "critic's loss for divergence)"
+            )
+        gens = None
+        if generations is not None:
+            gens = np.asarray(generations)
+            if gens.shape != shards.shape or gens.dtype.kind not in "iu":
+                raise ValueError(
+                    f"generations must be an integer array of the shape of indices "
+                    f"{shards.shape} (pass batch.generations); got shape {gens.shape}, dtype "
+                    f"{gens.dtype}"
+                )
+        with self._lock:
+            for k in np.unique(shards):
+                sel = shards == k
+                ref = self._actors[int(k)].update_priorities.remote(
+                    trainer, slots[sel], td[sel], None if gens is None else gens[sel]
+                )
+                self._updates.append((int(k), (trainer, ref)))
+
+    def _settle_updates(self, block: bool) -> None:
+        """Collect finished priority updates (all of them with ``block``): fold the shards'
+        running maximum priorities and raise the first error."""
+        while self._updates:
+            k, (trainer, ref) = self._updates[0]
+            if not block:
+                ready, _ = ray.wait([ref], timeout=0)
+                if not ready:
+                    return
+            self._updates.popleft()
+            largest = self._get(k, ref, "update_priorities")
+            self._max_priority[trainer] = max(self._max_priority[trainer], largest)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Write every shard to ``folder/shard-<k>.npz`` (each written by its actor, atomically)
+        and then ``folder/manifest.json``; also the checkpoint :meth:`restart_shard` uses.
+
+        The folder must be reachable by every shard's node (shared storage on a cluster).
+        Writes in flight elsewhere (other processes' writers) may or may not be included; a
+        consistent snapshot needs the writers paused (each shard's file is consistent by
+        itself either way).
+        """
+        folder = Path(folder).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.flush()
+        with self._lock:
+            calls = [
+                (k, a.save.remote(str(folder / _shard_file(k)))) for k, a in enumerate(self._actors)
+            ]
+            results = get_all(
+                calls,
+                self.timeout,
+                "save",
+                self._hint,
+            )
+            for k, (size, writes) in enumerate(results):
+                self._note(k, size, writes)
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "version": MANIFEST_VERSION,
+                "n_shards": self.n_shards,
+                "config": self._config,
+                "shards": [
+                    {"file": _shard_file(k), "size": int(s), "total_writes": int(w)}
+                    for k, (s, w) in enumerate(results)
+                ],
+                "driver": {
+                    "rng": self.rng.bit_generator.state,
+                    "shard_seeds": self._shard_seeds,
+                    "batches_drawn": self._batches_drawn.tolist(),
+                    "max_priority": self._max_priority.tolist(),
+                },
+            }
+        tmp = folder / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, folder / MANIFEST)
+        self._checkpoint = folder
+        return folder
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | os.PathLike[str],
+        prefetch: bool = True,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        rate_limiter: RateLimiter | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+    ) -> ShardedReplayBuffer:
+        """Start a sharded buffer from a folder written by :meth:`save` (new shard actors, each
+        loading its file; the learner's RNG, β schedule and maximum priorities restored)."""
+        folder = Path(folder).resolve()
+        manifest = _read_manifest(folder)
+        config = manifest["config"]
+        sampler = Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"])
+        return cls(
+            {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
+            shard_capacity=int(config["shard_capacity"]),
+            n_shards=int(manifest["n_shards"]),
+            layout=config["layout"],
+            sampler=sampler,
+            n_trainers=int(config["n_trainers"]),
+            batch_layout=config["batch_layout"],
+            prefetch=prefetch,
+            timeout=timeout,
+            rate_limiter=rate_limiter,
+            actor_options=actor_options,
+            _load=(folder, manifest),
+        )
+
+    def _restore_driver_state(self, manifest: Mapping[str, Any]) -> None:
+        driver = manifest["driver"]
+        self.rng.bit_generator.state = driver["rng"]
+        self._shard_seeds = [int(s) for s in driver["shard_seeds"]]
+        self._batches_drawn[:] = driver["batches_drawn"]
+        self._max_priority[:] = driver["max_priority"]
+
+    def restart_shard(self, shard: int, from_checkpoint: bool = True) -> None:
+        """Replace shard ``shard``'s actor (dead or alive) by a new one loaded from the last
+        :meth:`save` (``from_checkpoint=False``: an empty shard). Rows written to it since that
+        checkpoint are lost; writers bound to the old actor fail and must be replaced
+        (:meth:`writer`)."""
+        k = int(shard)
+        if not 0 <= k < self.n_shards:
+            raise ValueError(f"shard must be in [0, {self.n_shards}); got shard={shard!r}")
+        load_path = None
+        if from_checkpoint:
+            if self._checkpoint is None:
+                raise ValueError(
+                    f"no checkpoint to restart shard {k} from: call buffer.save(folder) first, "
+                    "or pass from_checkpoint=False to restart it empty"
+                )
+            load_path = str(self._checkpoint / _shard_file(k))
+        pending, self._next = self._next, None
+        if pending is not None:  # outside the lock: the prefetch thread needs it to finish
+            _discard(pending[1])
+        with self._lock:
+            self._updates = deque(u for u in self._updates if u[0] != k)
+            self._writers.pop(k, None)
+            try:
+                ray.kill(self._actors[k], no_restart=True)
+            except Exception:  # already gone
+                pass
+            self._actors[k] = self._start(k, load_path)
+            info = self._get(k, self._actors[k].info.remote(), "info")
+            self._check_code([info])
+            self._sizes[k] = info["size"]
+            self._writes[k] = info["total_writes"]
+
+    def close(self) -> None:
+        """End the prefetch thread and every shard actor (their data is lost unless saved)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._next is not None:
+            _discard(self._next[1])
+            self._next = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for actor in self._actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+
+    def __enter__(self) -> ShardedReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedReplayBuffer(agents={len(self.specs)}, n_shards={self.n_shards}, "
+            f"shard_capacity={self.shard_capacity}, sizes={self._sizes.tolist()}, "
+            f"layout={self._template.layout!r}, sampler={self.sampler!r})"
+        )
+
+
+def _select(field: Any, sel: np.ndarray) -> Any:
+    """Environments ``sel`` of one add_envs field (dict keyed by agent or list in order)."""
+    if isinstance(field, Mapping):
+        return {a: np.asarray(v)[sel] for a, v in field.items()}
+    return [np.asarray(v)[sel] for v in field]
+
+
+def _discard(future: Future[Any]) -> None:
+    """Wait for a prefetched round nobody will use; its errors are dropped (a later call
+    meets the same failure and reports it)."""
+    try:
+        future.result()
+    except Exception:
+        pass
+
+
+def _check_capacity(capacity: Any) -> int:
+    if isinstance(capacity, (float, np.floating)) and float(capacity).is_integer():
+        capacity = int(capacity)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"shard_capacity must be an int; got shard_capacity={capacity!r}")
+    if capacity < 1:
+        raise ValueError(f"shard_capacity must be >= 1; got shard_capacity={capacity}")
+    return int(capacity)
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no sharded buffer in {folder} (missing {MANIFEST})")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
+        raise ValueError(
+            f"{path} is not a marlbuf sharded-buffer manifest of version {MANIFEST_VERSION}; got "
+            f"format={manifest.get('format')!r} version={manifest.get('version')!r}"
+        )
+    missing = [s["file"] for s in manifest["shards"] if not (folder / s["file"]).is_file()]
+    if missing:
+        raise FileNotFoundError(f"sharded buffer {folder} lacks shard files {missing}")
+    return dict(manifest)
+
+
+__all__ = ["ShardWriter", "ShardedReplayBuffer"]

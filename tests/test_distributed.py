@@ -1,0 +1,386 @@
+"""marlbuf.distributed on a real local Ray instance (2 CPUs, one for the whole module).
+
+No mocks: shards are Ray actors, a dead shard is a killed (or stopped) worker process. If Ray
+cannot start, these tests fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+from scipy.stats import chisquare
+
+from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf.distributed import RateLimiter, ShardedReplayBuffer, ShardError, init_ray
+from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform
+
+SPECS = {f"agent_{i}": AgentSpec(obs_shape=(2,), action_shape=(2,)) for i in range(2)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    init_ray(num_cpus=2, object_store_memory=256 * 2**20)
+    assert ray.is_initialized()
+    yield
+    ray.shutdown()
+
+
+def steps(ids, stream=0):
+    """Transitions whose obs encode (stream, id) and next_obs (stream, id + 1)."""
+    ids = np.asarray(ids, dtype=np.float32)
+    obs = np.stack([np.full_like(ids, stream), ids], axis=1)
+    nxt = np.stack([np.full_like(ids, stream), ids + 1], axis=1)
+    return {
+        "obs": {a: obs for a in SPECS},
+        "action": {a: np.zeros((len(ids), 2), np.float32) for a in SPECS},
+        "reward": {a: ids for a in SPECS},
+        "next_obs": {a: nxt for a in SPECS},
+        "done": {a: np.zeros(len(ids), np.float32) for a in SPECS},
+    }
+
+
+def one_step(t, stream):
+    """One timestep (no time axis) of :func:`steps`."""
+    many = steps([t], stream)
+    return {f: {a: v[0] for a, v in many[f].items()} for f in many}
+
+
+def fill(buf, sizes):
+    """Shard k gets ids k*1000 + [0, sizes[k]) through stream k."""
+    for k, n in enumerate(sizes):
+        buf.extend(**steps(k * 1000 + np.arange(n), stream=k), stream=k)
+    buf.flush()
+
+
+def test_import_marlbuf_does_not_import_ray():
+    code = "import marlbuf, sys; assert 'ray' not in sys.modules, 'ray imported'"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_uniform_global_frequencies_match_one_buffer(batch_layout):
+    sizes = [200, 100]  # unequal: the multinomial split must follow the sizes
+    with ShardedReplayBuffer(
+        SPECS, 256, 2, sampler=Uniform(), seed=1, batch_layout=batch_layout
+    ) as buf:
+        fill(buf, sizes)
+        assert len(buf) == 300 and buf.sizes.tolist() == sizes
+        counts = np.zeros(300)
+        for _ in range(15):
+            for batch in buf.sample_for_trainers(256):
+                shard, slot = buf.locate(batch.indices)
+                ids = batch.obs["agent_1"][:, 1]
+                assert np.array_equal(ids, shard * 1000 + slot)  # rows are the slots named
+                assert np.array_equal(batch.next_obs["agent_0"][:, 1], ids + 1)
+                counts[np.where(shard == 0, slot, 200 + slot)] += 1
+        # a single buffer holding the same 300 rows draws each with probability 1/300
+        assert chisquare(counts).pvalue > 1e-3
+
+
+def test_neighbor_and_without_replacement_split_exactly():
+    with ShardedReplayBuffer(SPECS, 64, 2, sampler=Neighbor(run_length=4), seed=2) as buf:
+        fill(buf, [64, 30])
+        for batch in buf.sample_for_trainers(32, n_trainers=1):
+            shard, slot = buf.locate(batch.indices)
+            runs = slot.reshape(-1, 4)
+            assert (np.diff(runs, axis=1) % 64 == 1).all()  # runs stay inside one shard
+            assert (shard.reshape(-1, 4) == shard.reshape(-1, 4)[:, :1]).all()
+            assert (slot[shard == 1] < 30).all()
+    with ShardedReplayBuffer(SPECS, 64, 2, sampler=Uniform(replace=False), seed=3) as buf:
+        fill(buf, [20, 12])
+        batch = buf.sample(32)
+        assert len(np.unique(batch.indices)) == 32  # every row of both shards, once
+        with pytest.raises(ValueError, match="needs more stored transitions"):
+            buf.sample(33)
+
+
+def _single_buffer_with(sizes, priorities, alpha):
+    single = MultiAgentReplayBuffer(SPECS, sum(sizes), sampler=Prioritized(alpha=alpha), seed=0)
+    for k, n in enumerate(sizes):
+        single.extend(**steps(k * 1000 + np.arange(n), stream=k))
+    for t in range(2):
+        single.update_priorities(np.arange(sum(sizes)), priorities[t], trainer=t)
+    return single
+
+
+def test_prioritized_global_draw_and_weights_equal_one_buffer():
+    sizes, alpha, beta = [150, 90], 0.7, 0.4
+    rng = np.random.default_rng(0)
+    priorities = [rng.uniform(0.05, 3.0, sum(sizes)) for _ in range(2)]
+    sampler = Prioritized(alpha=alpha, beta=beta, eps=0.0)
+    with ShardedReplayBuffer(SPECS, 200, 2, sampler=sampler, seed=4, prefetch=False) as buf:
+        fill(buf, sizes)
+        everything = np.concatenate([np.arange(150), 200 + np.arange(90)])
+        for t in range(2):
+            buf.update_priorities(everything, priorities[t], trainer=t)
+        buf.flush()
+        single = _single_buffer_with(sizes, priorities, alpha)
+        leaves = [single.sampler.trees.leaves(t)[: sum(sizes)] for t in range(2)]
+        counts = np.zeros((2, sum(sizes)))
+        for _ in range(12):
+            for batch in buf.sample_for_trainers(512):
+                shard, slot = buf.locate(batch.indices)
+                row = np.where(shard == 0, slot, 150 + slot)  # the single buffer's slot
+                counts[batch.trainer, row] += 1
+                p = leaves[batch.trainer][row]
+                # the single-buffer formula: (N P(i))^-beta normalised by the batch maximum
+                expected = (len(buf) * p / leaves[batch.trainer].sum()) ** -beta
+                np.testing.assert_allclose(batch.weights, expected / expected.max(), rtol=1e-5)
+                buf.update_priorities(
+                    batch.indices,
+                    priorities[batch.trainer][row],  # unchanged: the distribution stays put
+                    trainer=batch.trainer,
+                    generations=batch.generations,
+                )
+        for t in range(2):
+            probability = leaves[t] / leaves[t].sum()
+            assert chisquare(counts[t], probability * counts[t].sum()).pvalue > 1e-3
+        with pytest.raises(ValueError, match="finite"):
+            buf.update_priorities(batch.indices, np.full(512, np.nan), trainer=0)
+        with pytest.raises(ValueError, match=r"\[0, 400\)"):
+            buf.update_priorities([400], [1.0], trainer=0)
+
+
+def test_prioritized_neighbor_weights_use_per_shard_inclusion_probabilities():
+    sizes = [40, 24]
+    sampler = PrioritizedNeighbor(alpha=0.6, beta=1.0)
+    with ShardedReplayBuffer(SPECS, 40, 2, sampler=sampler, seed=5, prefetch=False) as buf:
+        fill(buf, sizes)
+        td = np.linspace(0.1, 2.0, 64)
+        buf.update_priorities(np.r_[np.arange(40), 40 + np.arange(24)], td, trainer=0)
+        buf.flush()
+        # local copies of each shard's data and priorities give the documented probabilities
+        shards = []
+        for k, n in enumerate(sizes):
+            local = MultiAgentReplayBuffer(SPECS, 40, sampler=PrioritizedNeighbor(alpha=0.6))
+            local.extend(**steps(k * 1000 + np.arange(n), stream=k))
+            local.update_priorities(np.arange(n), td[sum(sizes[:k]) : sum(sizes[: k + 1])])
+            shards.append(local)
+        totals = np.array([s.sampler.trees.total(0) for s in shards])
+        batch = buf.sample(64, trainer=0)
+        shard, slot = buf.locate(batch.indices)
+        prob = np.array(
+            [
+                totals[k] / totals.sum() * shards[k].sampler.inclusion_probabilities(sizes[k])[s]
+                for k, s in zip(shard, slot)
+            ]
+        )
+        np.testing.assert_allclose(batch.weights, prob.min() / prob, rtol=1e-5)
+
+
+@ray.remote(num_cpus=0)
+def _write_stream(writer, stream, count):
+    """A remote writer: one step at a time, then a block of steps."""
+    for t in range(count // 2):
+        writer.add(**one_step(t, stream))
+    writer.extend(**steps(np.arange(count // 2, count), stream))
+    return writer.flush()
+
+
+def test_stream_affinity_keeps_every_next_obs_correct():
+    with ShardedReplayBuffer(SPECS, 128, 2, sampler=Neighbor(run_length=8), seed=6) as buf:
+        remote = _write_stream.remote(buf.writer(1), 1, 60)  # stream 1 from another process
+        for t in range(40):  # streams 0 and 2 interleaved step by step, both on shard 0
+            for stream in (0, 2):
+                buf.add(**one_step(t, stream), stream=stream)
+        assert ray.get(remote, timeout=60)[0] == 60
+        buf.flush()
+        assert buf.refresh().tolist() == [80, 60]
+        for _ in range(5):
+            for batch in buf.sample_for_trainers(64):
+                shard, _ = buf.locate(batch.indices)
+                obs, nxt = batch.obs["agent_0"], batch.next_obs["agent_1"]
+                assert (obs[:, 0] % 2 == shard).all()  # stream s lives on shard s % 2
+                assert (nxt[:, 0] == obs[:, 0]).all() and (nxt[:, 1] == obs[:, 1] + 1).all()
+                # shard 1 holds stream 1 alone: a run is consecutive steps of that stream
+                ones = obs[shard == 1, 1].reshape(-1, 8)
+                assert (np.diff(ones, axis=1) == 1).all()
+
+
+def test_dead_shard_is_reported_and_restarts_from_its_checkpoint(tmp_path):
+    with ShardedReplayBuffer(SPECS, 64, 2, sampler=Uniform(), seed=7) as buf:
+        fill(buf, [50, 30])
+        buf.save(tmp_path / "ckpt")
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+            "manifest.json",
+            "shard-0.npz",
+            "shard-1.npz",
+        ]
+        buf.extend(**steps(5000 + np.arange(10), stream=1), stream=1)  # lost by the restart
+        buf.flush()
+        # a hung shard (its process stopped): a clear error after the timeout, not a hang
+        pid = ray.get(buf.actors[1].info.remote(), timeout=30)["pid"]
+        buf.timeout = 4.0  # only for the hung call: a busy machine may be slow elsewhere
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(ShardError, match=r"shard 1 did not answer") as info:
+                buf.sample(16)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        assert time.monotonic() - start < 20 and info.value.shard == 1
+        buf.timeout = 60.0
+        # a dead shard: reported at once with the way out
+        with pytest.raises(ShardError, match=r"shard 1 died.*restart_shard\(1\)"):
+            buf.sample(16)
+        buf.restart_shard(1)
+        assert buf.refresh().tolist() == [50, 30]
+        batch = buf.sample(80)
+        shard, slot = buf.locate(batch.indices)
+        assert np.array_equal(batch.obs["agent_0"][:, 1], shard * 1000 + slot)
+    loaded = ShardedReplayBuffer.load(tmp_path / "ckpt", prefetch=False)
+    try:
+        assert loaded.sizes.tolist() == [50, 30]
+        batch = loaded.sample(64)
+        shard, slot = loaded.locate(batch.indices)
+        assert np.array_equal(batch.obs["agent_1"][:, 1], shard * 1000 + slot)
+    finally:
+        loaded.close()
+
+
+@ray.remote(num_cpus=0)
+def _fast_writer(writer, limit):
+    written = 0
+    try:
+        while written < limit:
+            writer.extend(**steps(np.arange(written, written + 25)))
+            written += 25
+    except TimeoutError:
+        return written, "timeout"
+    return written, "done"
+
+
+def test_rate_limiter_holds_samples_per_insert():
+    ratio, min_size, error_buffer = 2.0, 100, 150
+    limiter = RateLimiter(ratio, min_size_to_sample=min_size, error_buffer=error_buffer, timeout=4)
+    with ShardedReplayBuffer(SPECS, 4096, 1, seed=8, rate_limiter=limiter, prefetch=False) as buf:
+        task = _fast_writer.remote(buf.writer(0), 4000)
+        deadline = time.monotonic() + 60  # a busy machine may take seconds to start the task
+        while limiter.stats()["inserts"] < min_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(40):  # the learner samples 40 rounds of 50 rows
+            buf.sample_for_trainers(50)
+        written, why = ray.get(task, timeout=60)
+        stats = limiter.stats()
+        # the writer was held back (it is faster) and gave up after the learner stopped
+        assert why == "timeout" and stats["blocked_inserts"] > 0
+        assert stats["samples"] == 40 * 50
+        assert stats["max_gap"] <= error_buffer
+        assert abs(stats["samples"] - ratio * (stats["inserts"] - min_size)) <= error_buffer
+        assert written == stats["inserts"]
+        with pytest.raises(TimeoutError, match="writers have stopped"):
+            # nobody inserts any more: within error_buffer / 50 more rounds the learner blocks
+            for _ in range(int(2 * error_buffer / 50) + 1):
+                buf.sample_for_trainers(50)
+    limiter.close()
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(ValueError, match="n_shards"):
+        ShardedReplayBuffer(SPECS, 64, 0)
+    with pytest.raises(ValueError, match="run_length=100 is longer"):
+        ShardedReplayBuffer(SPECS, 64, 1, sampler=Neighbor(100))
+    with pytest.raises(ValueError, match="samples_per_insert"):
+        RateLimiter(0.0)
+
+
+def test_two_actor_training_run_updates_the_learner(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("mpe2")
+    from marlbuf.algos import TrainConfig, make_learner
+    from marlbuf.algos.cli import main
+
+    out = tmp_path / "run"
+    args = ["--actors", "2", "--episodes", "12", "--batch-size", "32", "--buffer-size", "2000"]
+    args += ["--warmup", "100", "--update-every", "25", "--weights-every", "2"]
+    assert main([*args, "--no-progress", "--no-plot", "--out", str(out)]) == 0
+    lines = (out / "episodes.csv").read_text().splitlines()
+    assert len(lines) == 13  # header + 12 episodes, 300 env steps over the two actors
+    assert int(lines[-1].split(",")[4]) >= 5  # update rounds before the last episode arrived
+    state = torch.load(out / "learner.pt", weights_only=True)
+    assert state["rounds"] == 9  # a round at every 25 steps from 100 to 300
+    initial = make_learner(TrainConfig(), [18] * 3, 5).state_dict()
+    changed = [
+        not torch.equal(a, b)
+        for a, b in zip(state["params"][0].values(), initial["params"][0].values())
+    ]
+    assert any(changed)
+
+
+def test_distributed_bench_suite_runs_tiny(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("mpe2")
+    from marlbuf.bench import cli, common
+    from marlbuf.bench import distributed as suite
+    from marlbuf.bench.workloads import Workload
+
+    assert cli.SUITES["distributed"] == "marlbuf.bench.distributed"
+    tiny = {
+        **suite.QUICK,
+        "round_workload": Workload("cooperative_navigation", 3),
+        "round_capacity": 600,
+        "batch_size": 32,
+        "round_repeats": 2,
+        "busy_s": 0.01,
+        "collect_workload": Workload("cooperative_navigation", 3),
+        "collect_episodes": 2,
+        "train_batch_size": 32,
+        "train_episodes": 4,
+    }
+    monkeypatch.setattr(suite, "QUICK", tiny)
+    payload = suite.run(quick=True, progress=False)
+    assert ray.is_initialized()  # it used this module's instance and left it running
+    parts = {row["part"] for row in payload["rows"]}
+    assert parts == {"round", "collect", "train", "model"}
+    assert [p["actors"] for p in payload["model"]["predictions"]] == [1, 2, 8, 64]
+    assert payload["model"]["assumptions"] and payload["summary"]
+    import json
+
+    json.dumps(payload, default=common._json_default)
+
+
+def test_add_envs_routes_streams_and_bad_writes_surface_at_flush():
+    with ShardedReplayBuffer(SPECS, 32, 2, seed=9, prefetch=False) as buf:
+        for t in range(5):  # three vectorized envs: streams 0 and 2 -> shard 0, 1 -> shard 1
+            many = steps([t, t, t])
+            many["obs"] = {
+                a: np.stack([[e, t] for e in range(3)]).astype(np.float32) for a in SPECS
+            }
+            many["next_obs"] = {a: v + np.float32([0, 1]) for a, v in many["obs"].items()}
+            buf.add_envs(**many)
+        buf.flush()
+        assert buf.sizes.tolist() == [10, 5]
+        batch = buf.sample(15)
+        shard, _ = buf.locate(batch.indices)
+        assert (batch.obs["agent_0"][:, 0] % 2 == shard).all()
+        bad = steps([1.0])
+        bad["reward"]["agent_1"] = np.array([np.nan], np.float32)
+        buf.extend(**bad, stream=1)  # queued: the shard refuses it, writing nothing
+        with pytest.raises(ValueError, match="agent_1"):
+            buf.flush()
+        assert buf.refresh().tolist() == [10, 5]
+
+
+def test_stale_priority_updates_are_dropped_per_shard():
+    with ShardedReplayBuffer(SPECS, 8, 2, sampler=Prioritized(), seed=10, prefetch=False) as buf:
+        fill(buf, [8, 8])
+        batch = buf.sample(64, trainer=0)
+        buf.extend(**steps(np.arange(8)), stream=0)  # shard 0 is overwritten since the draw
+        buf.flush()
+        buf.update_priorities(batch.indices, np.full(64, 5.0), 0, generations=batch.generations)
+        buf.flush()
+        totals = [ray.get(a.stats.remote(), timeout=30)[2] for a in buf.actors]
+        shard, _ = buf.locate(batch.indices)
+        assert totals[0] == pytest.approx(8.0)  # every update for shard 0 was stale: dropped
+        updated = len(np.unique(batch.indices[shard == 1]))
+        expected = updated * (5.0 + 1e-6) ** 0.6 + (8 - updated)
+        assert totals[1] == pytest.approx(expected)
