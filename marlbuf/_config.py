@@ -32,3 +32,8 @@ SEARCH_CHUNK_MIN = 32
 #: this large: measured on a quiet 2-core VM, 28 KB rows x 1024 (29 MB) gathered 1.4x faster on
 #: two threads, while 576-byte rows x 1024 (0.6 MB) were 0.9x (thread start-up dominates).
 PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
+
+#: Memory-mapped buffers (``path=``) write a checkpoint of their metadata, and start their redo
+#: log afresh, once the log holds this many bytes or the size of the last checkpoint if larger
+#: (so checkpoints cost at most about one byte written per byte logged).
+MAPPED_LOG_BYTES = 64 * 1024 * 1024

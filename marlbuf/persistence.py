@@ -286,6 +286,8 @@ def storage_destinations(
         fits = False
     if not fits:
         return {}
+    if buffer._mapped is not None:  # its files are unusable until the state is loaded
+        buffer._mapped.begin_replace()
     return {array_path("storage", k): v for k, v in buffer.storage.arrays().items()}
 
 
