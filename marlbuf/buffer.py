@@ -187,7 +187,7 @@ class MultiAgentReplayBuffer:
             )
         except BaseException:
             if store is not None:
-                store.release()
+                store.abandon()  # a new folder is removed again; an existing one is released
             raise
         self.storage.parallel_gather = bool(parallel_gather)
         self.rng = make_rng(seed)

@@ -138,6 +138,7 @@ class MappedStore:
         self._offset = 0  # next record's position in the log
         self._limit = _config.MAPPED_LOG_BYTES
         self._row_words = 0
+        self._made_folder = False  # by create(): removed again if the creation fails
         self.closed = False
 
     # ------------------------------------------------------------------------ create / open
@@ -150,6 +151,7 @@ class MappedStore:
         """
         folder = _folder(path)
         _check_durable(durable)
+        made = False
         if folder.is_dir():
             if (folder / MANIFEST).exists():
                 raise FileExistsError(
@@ -179,7 +181,9 @@ class MappedStore:
                     f"{str(parent)!r} does not exist; create it first",
                 )
             folder.mkdir()
+            made = True
         store = cls(folder, durable, None)
+        store._made_folder = made
         try:
             store._lock()
             for p in folder.iterdir():  # what an interrupted creation left
@@ -195,7 +199,7 @@ class MappedStore:
                     "a folder on another disk",
                 )
         except BaseException:
-            store.release()
+            store.abandon()
             raise
         return store
 
@@ -253,6 +257,17 @@ class MappedStore:
     def release(self) -> None:
         """Close the log and give up the lock (the mapped arrays stay valid while referenced)."""
         _close_all(self._fds)
+
+    def abandon(self) -> None:
+        """A creation failed: release, delete the files made so far, and the folder if made."""
+        self.release()
+        if self.manifest is not None:
+            return  # never for an existing buffer
+        for p in self.folder.iterdir():
+            if p.is_file() and _OWN_FILE.fullmatch(p.name):
+                p.unlink()
+        if self._made_folder and not any(self.folder.iterdir()):
+            self.folder.rmdir()
 
     # ------------------------------------------------------------------------ storage arrays
     def allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -318,7 +333,8 @@ class MappedStore:
         try:
             self._start(buffer)
         except BaseException:
-            self.release()
+            self.manifest = None
+            self.abandon()
             raise
 
     def _start(self, buffer: MultiAgentReplayBuffer) -> None:
@@ -411,25 +427,22 @@ class MappedStore:
                 f"this buffer was closed; reopen it with MultiAgentReplayBuffer.open("
                 f"{str(self.folder)!r}) to write again"
             )
-        rows = np.ascontiguousarray(rows)
+        data = np.ascontiguousarray(rows).data  # staged rows are contiguous: no copy
+        crc = zlib.crc32(data)
+        parts = [memoryview(b""), data]
         if isinstance(streams, (int, np.integer)):
-            stream, extra = int(streams), np.empty(0, dtype=np.int64)
-        else:
-            stream, extra = -1, np.ascontiguousarray(streams, dtype=np.int64)
-        payload = rows.nbytes + extra.nbytes
+            stream = int(streams)
+        else:  # add_envs: one stream per row
+            stream = -1
+            parts.append(np.ascontiguousarray(streams, dtype=np.int64).data)
+            crc = zlib.crc32(parts[2], crc)
+        payload = sum(part.nbytes for part in parts[1:])
         head = _RECORD.pack(
-            _MAGIC,
-            self.checkpoint_number,
-            self._seq,
-            steps,
-            stream,
-            rows.shape[0],
-            payload,
-            zlib.crc32(_bytes(extra), zlib.crc32(_bytes(rows))),
+            _MAGIC, self.checkpoint_number, self._seq, steps, stream, len(rows), payload, crc
         )
-        head += _HEADER_CRC.pack(zlib.crc32(head))
+        parts[0] = memoryview(head + _HEADER_CRC.pack(zlib.crc32(head)))
         fd = self._fds[LOG]
-        _write_at(fd, [head, rows, extra], self._offset)
+        _write_at(fd, parts, self._offset)
         if self.durable:
             _datasync(fd)
         self._offset += RECORD_HEADER_BYTES + payload
@@ -452,7 +465,7 @@ class MappedStore:
             state = buffer._state(copy=False)
             state["storage"] = {}  # the mapped files
             state["mapped"] = {"checkpoint": self.checkpoint_number + 1}
-            self._write_checkpoint(state)
+            self._write_checkpoint(state, sync or self.durable)
 
     def begin_replace(self) -> None:
         """Mark the files unusable before the storage is overwritten wholesale (a state is
@@ -462,12 +475,13 @@ class MappedStore:
                 "format": _config.SAVE_FORMAT,
                 "version": _config.SAVE_VERSION,
                 "mapped": {"checkpoint": self.checkpoint_number + 1, "replacing": True},
-            }
+            },
+            sync=True,
         )
 
-    def _write_checkpoint(self, state: Mapping[str, Any]) -> None:
+    def _write_checkpoint(self, state: Mapping[str, Any], sync: bool) -> None:
         path = self.folder / CHECKPOINT
-        persistence.write_state(state, path)  # atomic: temporary file, fsync, rename
+        persistence.write_state(state, path, sync)  # atomic: temporary file (fsync), rename
         self.checkpoint_number += 1  # older log records no longer count
         self._seq = 0
         self._offset = 0
@@ -582,19 +596,18 @@ def _reserve(fd: int, nbytes: int, path: Path) -> None:
 
 
 def _write_at(fd: int, buffers: list[Any], offset: int) -> None:
-    """Write ``buffers`` (bytes or C-contiguous arrays) at ``offset``, whole."""
-    views = [_bytes(b) if isinstance(b, np.ndarray) else memoryview(b) for b in buffers]
-    views = [v for v in views if v.nbytes]
+    """Write ``buffers`` (bytes or memoryviews of C-contiguous memory) at ``offset``, whole."""
+    views = [memoryview(b).cast("B") for b in buffers]
     while views:
         if hasattr(os, "pwritev"):
-            done = os.pwritev(fd, views, offset)
+            done = os.pwritev(fd, views, offset)  # one call, unless the write comes up short
         else:  # pragma: no cover
             done = os.pwrite(fd, views[0], offset)
         offset += done
         while views and done >= views[0].nbytes:
             done -= views[0].nbytes
             views.pop(0)
-        if done:
+        if views:
             views[0] = views[0][done:]
 
 
