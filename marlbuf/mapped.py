@@ -24,10 +24,12 @@ A call's record is written to the log *before* the call changes anything (table 
 side table, counters, priorities). Reopening loads the checkpoint and runs the complete records
 again through the buffer's own commit, which rewrites their rows into the table and rebuilds all
 metadata exactly; it stops at the first record that is incomplete (checksum, sequence number or
-checkpoint number wrong), whose call had not yet touched the table. Every ``_config.
-MAPPED_LOG_BYTES`` logged bytes (or the size of the last checkpoint, if larger) the metadata is
-checkpointed (written to a temporary file, flushed, renamed over ``state.npz``) and the log
-starts afresh. Hence:
+checkpoint number wrong), whose call had not yet touched the table. Every
+``_config.MAPPED_LOG_BYTES`` logged bytes (or the size of the last checkpoint, if larger) the
+metadata is checkpointed (written to a temporary file that is renamed over ``state.npz``; with
+``durable=True``, and always by ``flush()``/``close()``, the storage files are flushed to disk
+first and the checkpoint is fsynced) and the log starts afresh, its records numbered for the new
+checkpoint. Hence:
 
 * **The process dies** (``SIGKILL``, a crash, the OOM killer) at any point: every call that
   returned is kept, the call in flight is kept entirely or not at all, and no row is torn. Priority
@@ -480,6 +482,11 @@ class MappedStore:
         )
 
     def _write_checkpoint(self, state: Mapping[str, Any], sync: bool) -> None:
+        if self.closed:
+            raise ValueError(
+                f"this buffer was closed; reopen it with MultiAgentReplayBuffer.open("
+                f"{str(self.folder)!r}) to change it"
+            )
         path = self.folder / CHECKPOINT
         persistence.write_state(state, path, sync)  # atomic: temporary file (fsync), rename
         self.checkpoint_number += 1  # older log records no longer count
