@@ -173,6 +173,10 @@ class MultiAgentReplayBuffer:
         if store is None and path is not None:
             make_rng(seed)  # checked before the folder is claimed
             store = mapped.MappedStore.create(path, durable, needed)
+        elif store is None and durable is not False:
+            raise ValueError(
+                f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
+            )
         try:
             self.storage: Storage = make_storage(
                 layout,

@@ -387,6 +387,8 @@ def test_bad_paths_give_clear_errors(tmp_path):
         MultiAgentReplayBuffer(SPECS, 8, path="")
     with pytest.raises(TypeError, match="durable must be a bool"):
         MultiAgentReplayBuffer(SPECS, 8, path=tmp_path / "x", durable="yes")  # type: ignore
+    with pytest.raises(ValueError, match="memory-mapped buffers only: pass path= as well"):
+        MultiAgentReplayBuffer(SPECS, 8, durable=True)
     with pytest.raises(TypeError, match="seed must be"):
         MultiAgentReplayBuffer(SPECS, 8, path=tmp_path / "y", seed="s")  # type: ignore
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
