@@ -383,6 +383,7 @@ class MappedStore:
                 "contents are lost; delete the folder"
             )
         self.checkpoint_number = int(info["checkpoint"])
+        self._limit = max(_config.MAPPED_LOG_BYTES, path.stat().st_size)
         return state
 
     def replay(self, buffer: MultiAgentReplayBuffer) -> int:

@@ -327,7 +327,7 @@ def test_killed_writer_reopens_consistent(tmp_path, layout, next_obs):
     folder = tmp_path / "crash"
     env = dict(os.environ, PYTHONPATH=str(Path(marlbuf.__file__).parent.parent))
     tests_dir = str(Path(__file__).parent)
-    rng = np.random.default_rng(abs(hash(layout)) % 1000)
+    rng = np.random.default_rng()  # kill points differ from run to run anyway (timing)
     known = 0  # total_writes after the last verification
     deadline = time.monotonic() + 5.0
     rounds = 0
