@@ -37,3 +37,8 @@ PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
 #: device through two pinned host buffers of this size, used in turn, so that one is filled
 #: while the other's copy runs (a larger write is sent in chunks).
 DEVICE_STAGING_BYTES = 4 * 1024 * 1024
+
+#: Memory-mapped buffers (``path=``) write a checkpoint of their metadata, and start their redo
+#: log afresh, once the log holds this many bytes or the size of the last checkpoint if larger
+#: (so checkpoints cost at most about one byte written per byte logged).
+MAPPED_LOG_BYTES = 64 * 1024 * 1024

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf import _config, persistence
+from marlbuf import _config, mapped, persistence
 from marlbuf.batch import Batch
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
@@ -71,6 +71,18 @@ class MultiAgentReplayBuffer:
         ``"per_agent"``: every per-agent array is C-contiguous, written so by the gather kernel
         in the same pass; best for per-agent networks (``.view()`` works, no strided matmul).
         ``agent_major`` storage always gathers per agent.
+    path : str or path-like, optional
+        Keep the storage arrays in memory-mapped files in this folder (a new or empty one; its
+        parent must exist), so that the capacity is bounded by disk, not RAM; the metadata
+        (write generations, next-observation links, priorities) stays in RAM. Every write is
+        logged before it is applied, so the folder reopens (:meth:`open`) consistently even if
+        the process is killed; :meth:`flush` writes everything to disk and :meth:`close` (or a
+        ``with`` block) also releases the folder. See :mod:`marlbuf.mapped`.
+    durable : bool, default False
+        With ``path``: make every ``add``/``extend`` durable on disk (``fdatasync``) before it
+        returns, so that a machine crash or power loss also reopens consistently with it.
+        Without it, writes survive the process dying but only :meth:`flush` protects them from
+        the machine stopping.
     parallel_gather : bool, default False
         Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
         Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
@@ -95,6 +107,10 @@ class MultiAgentReplayBuffer:
     >>> batch.obs["agent_0"].shape, len(buf)
     ((32, 18), 64)
     """
+
+    #: memory-mapped files of a ``path=`` buffer (``None``: in RAM; a class default so that
+    #: backends with their own ``__init__`` need not set it)
+    _mapped: mapped.MappedStore | None = None
 
     def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
         # device=...: the torch backend (imported only then, so marlbuf needs no torch)
@@ -121,8 +137,11 @@ class MultiAgentReplayBuffer:
         batch_layout: str = "rows",
         next_obs: str = "once",
         batch_dtype: str = "float32",
+        path: str | os.PathLike[str] | None = None,
+        durable: bool = False,
         *,
         device: str | None = None,
+        _store: mapped.MappedStore | None = None,
     ) -> None:
         self.specs = normalize_specs(specs)
         if next_obs not in NEXT_OBS_MODES:
@@ -151,19 +170,16 @@ class MultiAgentReplayBuffer:
             raise ValueError(
                 f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
             )
-        _check_memory(
-            estimate(
-                self.specs,
-                capacity,
-                layout,
-                next_obs,
-                prioritized=sampler.weighted,
-                n_trainers=self.n_trainers,
-            ),
+        needed = estimate(
             self.specs,
+            capacity,
             layout,
             next_obs,
+            prioritized=sampler.weighted,
+            n_trainers=self.n_trainers,
         )
+        in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
+        _check_memory(mapped.resident(needed) if in_files else needed, self.specs, layout, next_obs)
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
@@ -175,16 +191,32 @@ class MultiAgentReplayBuffer:
         self.links = (
             NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
         )
-        self.storage: Storage = make_storage(
-            layout,
-            self.specs,
-            self.capacity,
-            pool_blocks,
-            self._codec,
-            batch_layout,
-            self.links,
-            batch_dtype,
-        )
+        #: the files of a memory-mapped buffer (``path=``), once it is live
+        self._mapped = None
+        store = _store
+        if store is None and path is not None:
+            make_rng(seed)  # checked before the folder is claimed
+            store = mapped.MappedStore.create(path, durable, needed)
+        elif store is None and durable is not False:
+            raise ValueError(
+                f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
+            )
+        try:
+            self.storage: Storage = make_storage(
+                layout,
+                self.specs,
+                self.capacity,
+                pool_blocks,
+                self._codec,
+                batch_layout,
+                self.links,
+                batch_dtype,
+                None if store is None else store.allocate,
+            )
+        except BaseException:
+            if store is not None:
+                store.abandon()  # a new folder is removed again; an existing one is released
+            raise
         self.storage.parallel_gather = bool(parallel_gather)
         self.rng = make_rng(seed)
         self.writer = RingWriter(self.capacity)
@@ -194,6 +226,8 @@ class MultiAgentReplayBuffer:
         self._handed: np.ndarray | None = None
         if self.sampler.weighted:
             self._handed = np.full((self.n_trainers, self.capacity), -1, dtype=np.int64)
+        if store is not None and _store is None:
+            store.start(self)  # first checkpoint, then the manifest: the folder is complete
 
     # ----------------------------------------------------------------------------- basics
     @property
@@ -336,6 +370,8 @@ class MultiAgentReplayBuffer:
         """Write validated staging rows; the only place storage and metadata change."""
         writer = self.writer
         with writer.lock:
+            if self._mapped is not None:  # the redo record first: a crash never sees half a write
+                self._mapped.log(rows, steps, streams)
             skip, slots = writer.plan(steps)
             kept = rows[skip:] if skip else rows
             if skip and not isinstance(streams, int):
@@ -362,6 +398,8 @@ class MultiAgentReplayBuffer:
             self.storage.write(slots, kept, None)
             writer.advance(slots, steps, skip)
             self.sampler.on_write(slots)
+            if self._mapped is not None:
+                self._mapped.committed(self)
 
     # ----------------------------------------------------------------------------- sampling
     def _check_trainer(self, trainer: Any) -> int:
@@ -695,6 +733,8 @@ class MultiAgentReplayBuffer:
         sampler_before = self.sampler.state_dict()
         self.sampler.load_state_dict(state["sampler"]["state"])  # raises before it changes
         with self.writer.lock:
+            if self._mapped is not None:  # the files are unusable until the new checkpoint
+                self._mapped.begin_replace()
             try:
                 for key, dst in arrays.items():
                     src = state["storage"][key]
@@ -709,6 +749,8 @@ class MultiAgentReplayBuffer:
             if self._handed is not None:
                 self._handed[:] = -1
             self.rng.bit_generator.state = state["rng"]
+            if self._mapped is not None:
+                self._mapped.checkpoint(self, sync=True)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
@@ -749,6 +791,52 @@ class MultiAgentReplayBuffer:
         buf = built[0]
         buf._load_state(state, adopt=True)  # storage already in place; fresh arrays adopted
         return buf
+
+    # ----------------------------------------------------------------------------- mapped files
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        durable: bool = False,
+        parallel_gather: bool = False,
+    ) -> MultiAgentReplayBuffer:
+        """Reopen a memory-mapped buffer (built with ``path=``) where it was left.
+
+        The storage files are mapped, not read, so this takes about as long as reading the
+        metadata. Specs, layout, next_obs mode, batch options, sampler and its state, RNG state,
+        ring counters and next-observation links are restored; writes logged since the last
+        checkpoint are applied again (see :mod:`marlbuf.mapped` for what survives a crash).
+        ``durable`` and ``parallel_gather`` are runtime settings, as for the constructor.
+
+        Raises ``FileNotFoundError`` for a missing folder, ``NotADirectoryError`` for a file,
+        ``ValueError`` for a folder that holds no (or a corrupt or incomplete) buffer, and
+        ``BlockingIOError`` while another buffer object has it open.
+        """
+        return mapped.open_buffer(cls, path, durable, parallel_gather)
+
+    @property
+    def path(self) -> str | None:
+        """The folder of a memory-mapped buffer; ``None`` for one in memory."""
+        return None if self._mapped is None else str(self._mapped.folder)
+
+    def flush(self) -> None:
+        """Write a memory-mapped buffer to disk: storage files (``msync``), then a checkpoint
+        of its metadata, sampler state and RNG. Once it returns, the folder reopens to exactly
+        this state even after a machine crash. Nothing to do for a buffer in memory."""
+        if self._mapped is not None:
+            self._mapped.flush(self)
+
+    def close(self) -> None:
+        """:meth:`flush`, then release the folder (another buffer object may :meth:`open` it);
+        later writes are refused. Closing twice, or a buffer in memory, does nothing."""
+        if self._mapped is not None:
+            self._mapped.close(self)
+
+    def __enter__(self) -> MultiAgentReplayBuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _check_memory(

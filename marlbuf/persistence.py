@@ -57,7 +57,7 @@ def array_path(*keys: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ writing
-def write_state(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+def write_state(state: Mapping[str, Any], path: str | os.PathLike[str], sync: bool = True) -> None:
     """Write a nested state to ``path`` as an ``.npz`` archive, atomically.
 
     Parameters
@@ -69,6 +69,9 @@ def write_state(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     path : str or path-like
         Target file; its folder must exist. The file gets the mode ``0o666 & ~umask``, like any
         file the process creates.
+    sync : bool, default True
+        Flush the file and the folder entry to disk. Without it the replacement is still atomic
+        for other processes and survives this process dying, but not a machine crash.
 
     Raises
     ------
@@ -93,13 +96,15 @@ def write_state(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
                 for key, array in arrays.items():
                     _write_member(archive, key, array)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         # also on KeyboardInterrupt: never leave a partial file behind
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_folder(path.parent)
+    if sync:
+        _fsync_folder(path.parent)
 
 
 def _create_temp(path: Path) -> tuple[int, str]:
@@ -286,6 +291,8 @@ def storage_destinations(
         fits = False
     if not fits:
         return {}
+    if buffer._mapped is not None:  # its files are unusable until the state is loaded
+        buffer._mapped.begin_replace()
     return {array_path("storage", k): v for k, v in buffer.storage.arrays().items()}
 
 

@@ -15,7 +15,7 @@ import math
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,16 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int) -> np
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+#: ``allocate(name, shape, dtype)`` returns a new, page-aligned, writeable C-ordered storage array
+#: (``name`` is its key in :meth:`Storage.arrays`); memory-mapped buffers pass one that maps files
+Allocator = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
+
+
+def allocate_in_memory(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The default :data:`Allocator`: :func:`aligned_empty` on a page boundary."""
+    return aligned_empty(shape, dtype, _config.ARRAY_ALIGN_BYTES)
 
 
 class _Lease:
@@ -257,8 +267,11 @@ class Storage(ABC):
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
+        allocate: Allocator | None = None,
     ) -> None:
         self.specs = dict(specs)
+        #: makes the storage arrays (in memory, or mapped files: see :mod:`marlbuf.mapped`)
+        self.allocate = allocate if allocate is not None else allocate_in_memory
         #: observations stored once when set (see :class:`marlbuf.writer.NextObsLinks`)
         self.links = links
         if batch_dtype not in BATCH_DTYPES:
@@ -418,15 +431,16 @@ class AgentMajorStorage(Storage):
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
+        allocate: Allocator | None = None,
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
+        super().__init__(
+            specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+        )
         self.batch_layout = "per_agent"  # the only way this layout gathers
         self.fields = tuple(f for f in FIELDS if not (links is not None and f == "next_obs"))
         self._data: dict[str, dict[str, np.ndarray]] = {
             f: {
-                agent: aligned_empty(
-                    (capacity, *spec.shape(f)), spec.dtype(f), _config.ARRAY_ALIGN_BYTES
-                )
+                agent: self.allocate(f"{f}/{agent}", (capacity, *spec.shape(f)), spec.dtype(f))
                 for agent, spec in self.specs.items()
             }
             for f in self.fields
@@ -532,14 +546,17 @@ class InterleavedStorage(Storage):
         batch_layout: str = "rows",
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
+        allocate: Allocator | None = None,
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
+        super().__init__(
+            specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+        )
         self.row_bytes = self.codec.row_bytes  # a gathered (dense) row
         self.row_words = self.codec.row_words
         # a stored row: dense, or lean (no next_obs) when observations are stored once
         self.table_row_bytes = self.row_bytes if links is None else self.codec.lean_row_bytes
-        self.table = aligned_empty(
-            (capacity, self.table_row_bytes // 8), np.dtype(np.uint64), _config.ARRAY_ALIGN_BYTES
+        self.table = self.allocate(
+            "table", (capacity, self.table_row_bytes // 8), np.dtype(np.uint64)
         )
         codec = self.codec
         done_lean, done_dense, done_bytes = codec.done_span
@@ -658,8 +675,12 @@ def make_storage(
     batch_layout: str = "rows",
     links: NextObsLinks | None = None,
     batch_dtype: str = "float32",
+    allocate: Allocator | None = None,
 ) -> Storage:
-    """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``)."""
+    """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``); ``allocate``
+    makes its arrays (default: page-aligned memory)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
-    return LAYOUTS[layout](specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
+    return LAYOUTS[layout](
+        specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+    )
