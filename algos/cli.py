@@ -108,7 +108,13 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--layout", choices=LAYOUTS, default="interleaved", help="buffer layout")
     p.add_argument("--sampler", choices=SAMPLERS, default="uniform", help="buffer sampler")
-    p.add_argument("--run-length", type=int, default=16, help="neighbor: slots per reference")
+    p.add_argument(
+        "--run-length",
+        type=int,
+        default=1,
+        help="neighbor: slots per reference (1: no runs; longer runs sample faster but lost "
+        "return on cooperative navigation, see docs/training.md 'Choosing a run length')",
+    )
     p.add_argument("--alpha", type=float, default=0.6, help="prioritized: priority exponent")
     p.add_argument("--beta", type=float, default=0.5, help="prioritized: initial IS exponent")
     p.add_argument("--beta-final", type=float, default=1.0, help="prioritized: final IS exponent")

@@ -45,8 +45,10 @@ class TrainConfig:
     """Buffer storage layout: ``"interleaved"`` (one gather per trainer) or ``"agent_major"``."""
     sampler: str = "uniform"
     """``uniform``, ``neighbor``, ``prioritized`` or ``prioritized_neighbor``."""
-    run_length: int = 16
-    """Neighbor sampler: contiguous slots per reference (16: 64 references x 16 at B = 1024)."""
+    run_length: int = 1
+    """Neighbor sampler: contiguous slots per reference. 1 (B distinct slots, no runs) is the
+    longest that kept uniform's final return on cooperative navigation in the locality sweep
+    (docs/training.md, "Choosing a run length"); longer runs sample faster but lost return."""
     alpha: float = 0.6
     """Prioritized samplers: priority exponent."""
     beta: float = 0.5

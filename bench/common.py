@@ -50,7 +50,9 @@ def time_interleaved(
     repeats: int,
     warmup: int = 1,
     inner: int = 1,
-) -> dict[str, dict[str, float]]:
+    rotate: bool = False,
+    keep_samples: bool = False,
+) -> dict[str, dict[str, Any]]:
     """Time each case ``repeats`` times, interleaving the cases; seconds per call.
 
     Parameters
@@ -62,13 +64,20 @@ def time_interleaved(
         Untimed rounds first (JIT compilation, page faults of fresh arrays).
     inner : int
         Calls per timed sample (for very short operations).
+    rotate : bool
+        Start each timed round one case later (A B C, B C A, C A B, ...) so that no case always
+        runs first or right after the same neighbour.
+    keep_samples : bool
+        Also return every timed sample, in round order (``"samples"``), e.g. for ratios
+        paired within a round.
 
     Returns
     -------
     dict
         ``{name: {"median": s, "min": s, "max": s, "n": repeats, "first_call": s}}`` —
         ``first_call`` is the first warm-up call, which includes JIT compilation (or loading the
-        on-disk Numba cache) and first-touch page faults; it is reported, never timed in.
+        on-disk Numba cache) and first-touch page faults; it is reported, never timed in. With
+        ``keep_samples`` each entry also has ``"samples"`` (list of seconds, one per round).
     """
     first_call: dict[str, float] = {}
     for round_ in range(warmup):
@@ -81,8 +90,11 @@ def time_interleaved(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(repeats):
-            for name, fn in cases.items():
+        names = list(cases)
+        for round_ in range(repeats):
+            shift = round_ % len(names) if (rotate and names) else 0
+            for name in names[shift:] + names[:shift]:
+                fn = cases[name]
                 start = time.perf_counter()
                 for _ in range(inner):
                     fn()
@@ -90,16 +102,18 @@ def time_interleaved(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {
-        name: {
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in samples.items():
+        out[name] = {
             "median": float(np.median(s)),
             "min": float(np.min(s)),
             "max": float(np.max(s)),
             "n": len(s),
             "first_call": first_call.get(name, float("nan")),
         }
-        for name, s in samples.items()
-    }
+        if keep_samples:
+            out[name]["samples"] = [float(x) for x in s]
+    return out
 
 
 def time_once(fn: Callable[[], Any]) -> float:

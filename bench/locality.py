@@ -57,7 +57,7 @@ FULL: dict[str, Any] = {
             Workload("predator_prey", 24),
         ],
         "capacity": 100_000,
-        "repeats": 31,
+        "repeats": 41,
     },
     "rewards": {
         "envs": ["CN-3", "CN-6"],
@@ -129,7 +129,7 @@ def time_rounds(
             name: _marlbuf_round(_share_storage(storage, sampler, seed=i), "")
             for i, (name, sampler) in enumerate(samplers.items())
         }
-        timings = time_interleaved(fns, repeats=repeats, warmup=1)
+        timings = time_interleaved(fns, repeats=repeats, warmup=1, rotate=True, keep_samples=True)
         base = timings["uniform"]
         for name, t in timings.items():
             n = None if name == "uniform" else int(name[len(rewards.NEIGHBOR_PREFIX) :])
@@ -146,6 +146,10 @@ def time_rounds(
                     "first_call_ms": 1e3 * t["first_call"],
                     "time_vs_uniform": t["median"] / base["median"],
                     "time_vs_uniform_min": t["min"] / base["min"],
+                    # ratio to uniform within each round, then the median over rounds
+                    "time_vs_uniform_paired": float(
+                        np.median(np.divide(t["samples"], base["samples"]))
+                    ),
                 }
             )
         if progress:
@@ -292,6 +296,7 @@ def frontier(
             if timing is not None:
                 row[f"time_{w}"] = timing["time_vs_uniform"]
                 row[f"time_min_{w}"] = timing["time_vs_uniform_min"]
+                row[f"time_paired_{w}"] = timing.get("time_vs_uniform_paired")
                 ratios.append(timing["time_vs_uniform"])
         row["time_geomean"] = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
         verdicts = []
@@ -350,7 +355,8 @@ def _fmt_pct(value: float | None) -> str:
 
 
 def frontier_markdown(rows: Sequence[dict[str, Any]], workloads: Sequence[str]) -> str:
-    """The frontier as a markdown table (time ratio median [min]; return diff, t, verdict)."""
+    """The frontier as a markdown table (time ratio: of medians [of minima] (median of per-round
+    ratios); return diff, t, verdict)."""
     envs = sorted(
         {
             k[len("verdict_") :]
@@ -364,7 +370,10 @@ def frontier_markdown(rows: Sequence[dict[str, Any]], workloads: Sequence[str]) 
         d: dict[str, Any] = {"run length": r["run_length"]}
         for w in workloads:
             if f"time_{w}" in r:
-                d[f"time {w}"] = f"{r[f'time_{w}']:.2f} [{r[f'time_min_{w}']:.2f}]"
+                paired = r.get(f"time_paired_{w}")
+                d[f"time {w}"] = f"{r[f'time_{w}']:.2f} [{r[f'time_min_{w}']:.2f}]" + (
+                    f" ({paired:.2f})" if paired is not None else ""
+                )
         for env in envs:
             if f"verdict_{env}" in r:
                 d[f"return {env}"] = (
@@ -442,7 +451,15 @@ def run(
     }
     timing_md = markdown_table(
         timing_rows,
-        ["workload", "case", "ms_median", "ms_min", "time_vs_uniform", "time_vs_uniform_min"],
+        [
+            "workload",
+            "case",
+            "ms_median",
+            "ms_min",
+            "time_vs_uniform",
+            "time_vs_uniform_min",
+            "time_vs_uniform_paired",
+        ],
     )
     rc = cfg["rewards"]
     return {
@@ -462,7 +479,7 @@ def run(
                     k: (round(v, 3) if isinstance(v, float) else v)
                     for k, v in r.items()
                     if k.startswith(("time_", "diff_pct_", "verdict_"))
-                    and not k.startswith("time_min_")
+                    and not k.startswith(("time_min_", "time_paired_"))
                 }
                 for r in front
             },
@@ -480,8 +497,9 @@ def run(
                 "repeats": cfg["timing"]["repeats"],
                 "workloads": [w.label for w in cfg["timing"]["workloads"]],
                 "what": "one MADDPG sampling round (sample_for_trainers); every case shares "
-                "one buffer's storage; repeats interleaved; ratios vs uniform of the medians "
-                "and of the minima",
+                "one buffer's storage; repeats interleaved, the order rotated each round; "
+                "ratios vs uniform of the medians, of the minima, and the median of the "
+                "per-round ratios (paired)",
                 "threads": threads,
             },
             "rewards": {

@@ -41,6 +41,7 @@ def test_schema(payload, tmp_path):
     timing = payload["rows"]
     assert [r["case"] for r in timing] == ["uniform", "neighbor_4", "neighbor_16"]
     assert timing[0]["time_vs_uniform"] == 1.0 and timing[0]["run_length"] is None
+    assert timing[0]["time_vs_uniform_paired"] == 1.0
     assert [r["references"] for r in timing[1:]] == [256, 64]  # B = 1024
     for row in timing:
         assert 0 < row["ms_min"] <= row["ms_median"] <= row["ms_max"]
@@ -121,3 +122,12 @@ def test_registered_and_labels():
             rewards.run_spec("CN-3", bad, 0, 10, 5, {})
     with pytest.raises(ValueError, match="parts"):
         locality.run(quick=True, parts=("nope",))
+
+
+def test_time_interleaved_rotates_and_keeps_samples():
+    calls = []
+    cases = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    out = common.time_interleaved(cases, repeats=3, warmup=0, rotate=True, keep_samples=True)
+    assert "".join(calls) == "abcbcacab"
+    assert all(len(t["samples"]) == 3 and t["n"] == 3 for t in out.values())
+    assert "samples" not in common.time_interleaved(cases, repeats=1, warmup=0)["a"]
