@@ -32,6 +32,7 @@ from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, 
 from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, episode_steps
 from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor, Sampler, Uniform
+from marlbuf.storage import BlockPool
 
 SUITE = "sampling"
 BATCH = 1024
@@ -112,8 +113,12 @@ def _share_storage(
     buf: MultiAgentReplayBuffer, sampler: Sampler, seed: int
 ) -> MultiAgentReplayBuffer:
     """A second handle on ``buf``'s storage with another sampler (read-only use: the copies'
-    write cursors would diverge on writes). Saves one full copy of the data per sampler."""
+    write cursors would diverge on writes). Saves one full copy of the data per sampler. Each
+    handle gets its own batch memory pool, as a buffer of its own would have: cases sharing one
+    pool would evict each other's recycled blocks and pay page faults for it."""
     other = copy.copy(buf)
+    other.storage = copy.copy(buf.storage)
+    other.storage.pool = BlockPool(buf.storage.pool.max_blocks)
     other.sampler = sampler
     sampler.bind(buf.capacity, buf.n_trainers)
     other.rng = np.random.default_rng(seed)
@@ -133,7 +138,6 @@ class _NoLock:
 def _variant(buf: MultiAgentReplayBuffer, variant: str) -> MultiAgentReplayBuffer:
     """Give a shared-storage handle its own storage view (per_agent) or writer (nolock)."""
     if variant == "per_agent":
-        buf.storage = copy.copy(buf.storage)
         buf.storage.batch_layout = "per_agent"
         buf.storage._carvings = {}
     if variant == "nolock":
