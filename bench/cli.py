@@ -38,6 +38,7 @@ SUITES: dict[str, str] = {
     "memory": "marlbuf.bench.memory",
     "device": "marlbuf.bench.device",
     "distributed": "marlbuf.bench.distributed",
+    "concurrency": "marlbuf.bench.concurrency",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

@@ -43,7 +43,7 @@ FILL_CHUNK = 5_000
 #: reuse of the previous round's batches), "parallel" (the opt-in threaded gather), "stream" (the
 #: round as ``iter_trainers``, each batch dropped before the next is drawn, as a MADDPG learner
 #: consumes it), "per_agent" (``batch_layout="per_agent"``: contiguous per-agent arrays from the
-#: same gather), "nolock" (the buffer's lock replaced by a no-op: the cost of thread safety).
+#: same gather); the lock's cost is measured pairwise by the ``concurrency`` suite.
 #: Storage: "dense" (every row holds next_obs, float32: the 0.1 format), "lean" (observations
 #: stored once), "lean16" (stored once, float16 observations, float32 batches converted in the
 #: gather), "lean16s" (the same, batches in storage precision).
@@ -58,7 +58,6 @@ MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str, str]] = {
     "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel", "dense"),
     "interleaved+uniform+stream": ("interleaved", Uniform, "stream", "dense"),
     "interleaved+uniform+per_agent": ("interleaved", Uniform, "per_agent", "dense"),
-    "interleaved+uniform+nolock": ("interleaved", Uniform, "nolock", "dense"),
     "lean+uniform": ("interleaved", Uniform, "", "lean"),
     "lean+uniform+stream": ("interleaved", Uniform, "stream", "lean"),
     "lean16+uniform+stream": ("interleaved", Uniform, "stream", "lean16"),
@@ -125,24 +124,11 @@ def _share_storage(
     return other
 
 
-class _NoLock:
-    """A lock that does nothing (measures what the buffer's real lock costs)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def _variant(buf: MultiAgentReplayBuffer, variant: str) -> MultiAgentReplayBuffer:
-    """Give a shared-storage handle its own storage view (per_agent) or writer (nolock)."""
+    """Give a shared-storage handle its batch layout (per_agent)."""
     if variant == "per_agent":
         buf.storage.batch_layout = "per_agent"
         buf.storage._carvings = {}
-    if variant == "nolock":
-        buf.writer = copy.copy(buf.writer)
-        buf.writer.lock = _NoLock()  # type: ignore[assignment]
     return buf
 
 
@@ -359,8 +345,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "interleaved_per_agent_time_vs_uniform": by_case["interleaved+uniform+per_agent"][
                 "time_vs_interleaved_uniform"
             ],
-            "lock_cost_uniform_vs_nolock": by_case["interleaved+uniform"]["ms_median"]
-            / by_case["interleaved+uniform+nolock"]["ms_median"],
             "dense_round_vs_lean16_stream": by_case["interleaved+uniform"]["ms_median"]
             / by_case["lean16+uniform+stream"]["ms_median"],
             "dense_round_vs_lean16s_stream": by_case["interleaved+uniform"]["ms_median"]

@@ -121,4 +121,16 @@ def test_sampling_has_the_lean_and_streaming_cases(monkeypatch):
     assert {"lean16+uniform+stream", "lean16s+uniform+stream", "bare_row_gather"} <= cases
     summary = payload["summary"]["CN-3"]
     assert summary["dense_round_vs_lean16_stream"] > 0
-    assert summary["lock_cost_uniform_vs_nolock"] > 0
+
+
+def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
+    from marlbuf.bench import concurrency
+
+    monkeypatch.setattr(
+        concurrency, "QUICK", dict(concurrency.QUICK, capacity=2_000, repeats=2, writes=50)
+    )
+    payload = concurrency.run(quick=True, progress=False)
+    check_schema(payload)
+    assert {r["format"] for r in payload["rows"]} == {"dense", "lean16"}
+    for row in payload["rows"]:
+        assert row["lock_cost"] > 0 and row["threaded_vs_sequential"] > 0
