@@ -103,12 +103,16 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for workload in cfg["workloads"]:
         bufs = _buffers(workload, cfg["capacity"])
-        fns = {}
+        timings: dict[str, Any] = {}
         for fmt, buf in bufs.items():
+            # one buffer at a time, its two cases alternating with the order rotated each
+            # round: both see the same warm memory, so the ratio is the lock's alone
             real = buf.writer.lock
-            fns[f"{fmt}+lock"] = _round(buf, True, real)
-            fns[f"{fmt}+nolock"] = _round(buf, False, real)
-        timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
+            pair = {
+                f"{fmt}+lock": _round(buf, True, real),
+                f"{fmt}+nolock": _round(buf, False, real),
+            }
+            timings |= time_interleaved(pair, repeats=2 * cfg["repeats"], warmup=2, rotate=True)
         for fmt, buf in bufs.items():
             locked = timings[f"{fmt}+lock"]["median"]
             free = timings[f"{fmt}+nolock"]["median"]
