@@ -69,8 +69,23 @@ def build_sampler(kind: str, capacity: int, run_length: int):
     return PrioritizedNeighbor(alpha=ALPHA, beta=beta, eps=EPS, run_lengths=lengths)
 
 
-def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
+#: storage formats: the default (observations stored once, float32 batches), and next_obs in
+#: every row with agent a0's observations stored in float16 (converted to float32 batches)
+STORAGES = {"once": ("once", False), "stored+half": ("stored", True)}
+
+
+def half_obs(specs: dict) -> dict:
+    out = dict(specs)
+    a0 = specs["a0"]
+    out["a0"] = AgentSpec(a0.obs_shape, a0.action_shape, obs_dtype=np.float16)
+    return out
+
+
+def make_machine(
+    layout: str, sampler_kind: str, storage: str = "once"
+) -> type[RuleBasedStateMachine]:
     weighted = sampler_kind.startswith("prioritized")
+    next_obs, half = STORAGES[storage]
 
     class BufferMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -89,6 +104,8 @@ def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
             self.capacity = capacity
             self.run_length = min(run_length, capacity)
             self.specs = dict(list(ALL_SPECS.items())[:n_agents])
+            if half:  # the model holds the stored (float16) values; batches are float32
+                self.specs = half_obs(self.specs)
             self.n_trainers = n_agents
             self.bufs = [self._new_buffer(seed)]
             self.prev_out: list[dict] = [{}]  # per buffer: batch size -> a batch to reuse
@@ -104,6 +121,7 @@ def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
                 layout=layout,
                 sampler=build_sampler(sampler_kind, self.capacity, self.run_length),
                 seed=seed,
+                next_obs=next_obs,
             )
 
         def teardown(self) -> None:
@@ -196,8 +214,11 @@ def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
                 for agent, spec in self.specs.items():
                     got = batch.field(f)[agent]
                     assert got.shape == (batch_size, *spec.shape(f)), (f, agent, got.shape)
-                    assert got.dtype == spec.dtype(f), (f, agent, got.dtype)
+                    stored = spec.dtype(f)
+                    batch_dt = np.dtype(np.float32) if stored == np.float16 else stored
+                    assert got.dtype == batch_dt, (f, agent, got.dtype)
                     want = np.stack([self.history[g][f][agent] for g in expected_gens])
+                    want = want.astype(batch_dt)  # float16 storage: exact in float32
                     assert np.ascontiguousarray(got).tobytes() == want.tobytes(), (
                         f"{f}[{agent!r}] differs from the model at indices {idx}"
                     )
@@ -456,3 +477,10 @@ def make_machine(layout: str, sampler_kind: str) -> type[RuleBasedStateMachine]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_buffer_state_machine(layout, sampler_kind):
     run_state_machine_as_test(make_machine(layout, sampler_kind), settings=SETTINGS)
+
+
+@pytest.mark.parametrize("sampler_kind", ["uniform", "prioritized_neighbor"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_buffer_state_machine_dense_half(layout, sampler_kind):
+    """next_obs stored in every row, float16 observations converted in the gather."""
+    run_state_machine_as_test(make_machine(layout, sampler_kind, "stored+half"), settings=SETTINGS)
