@@ -548,7 +548,8 @@ class MultiAgentReplayBuffer:
         ``stored("reward")["agent_0"]`` has shape ``(len(self),)``; slots are in ring order
         (slot 0 first, not oldest first: see :attr:`cursor`). The views see later writes; copy
         them to keep a snapshot. With the interleaved layout they are strided (one joint row
-        apart).
+        apart). ``next_obs`` of a buffer with observations stored once is not stored as such:
+        it is assembled by a gather of every filled slot (a read-only copy, O(len(self))).
         """
         if field not in FIELDS:
             raise ValueError(f"field must be one of {FIELDS}; got field={field!r}")
