@@ -60,6 +60,7 @@ CONFIG_FLAGS: dict[str, tuple[str, ...]] = {
     "threads": ("threads",),
     "device": ("device",),
     "buffer_device": ("buffer_device",),
+    "obs_dtype": ("obs_dtype",),
     "batch_size": ("batch_size",),
     "buffer_size": ("buffer_size",),
     "warmup": ("warmup_steps",),
@@ -140,6 +141,12 @@ def build_parser() -> ArgumentParser:
         help="keep the replay buffer on this device (the --device): the whole update round "
         "runs there without host round-trips (default: a host buffer, batches copied through "
         "pinned memory)",
+    )
+    p.add_argument(
+        "--obs-dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="observation storage in the replay buffer (float16: half the bytes, float32 batches)",
     )
     p.add_argument("--batch-size", type=int, default=1024, help="rows per trainer per update")
     p.add_argument("--buffer-size", type=int, default=1_000_000, help="replay capacity")
@@ -250,6 +257,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         threads=args.threads,
         device=args.device,
         buffer_device=args.buffer_device,
+        obs_dtype=args.obs_dtype,
     )
 
 

@@ -117,6 +117,10 @@ class TrainConfig:
     must be ``device``: the whole update round (index draws, gathers, learner, priority
     updates) then runs there without a host round-trip (batched formulation, interleaved
     layout)."""
+    obs_dtype: str = "float32"
+    """Storage dtype of observations in the replay buffer: ``"float32"``, or ``"float16"`` (half
+    the observation bytes; batches are converted back to float32 in the gather, so the
+    learner is unchanged). Host buffers only."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with checkpoints and logs (not used by the trainer)."""
 
@@ -134,6 +138,15 @@ class TrainConfig:
         return self.batch_size * 25 if self.warmup_steps is None else self.warmup_steps
 
     def validate(self) -> None:
+        if self.obs_dtype not in ("float32", "float16"):
+            raise ValueError(
+                f"obs_dtype must be 'float32' or 'float16'; got obs_dtype={self.obs_dtype!r}"
+            )
+        if self.obs_dtype != "float32" and self.buffer_device is not None:
+            raise ValueError(
+                "obs_dtype='float16' is a host-buffer format; drop buffer_device or keep "
+                "obs_dtype='float32'"
+            )
         """Raise ``ValueError``/``TypeError`` naming the first bad field; no side effects."""
         for name, allowed in (
             ("algo", ALGOS),

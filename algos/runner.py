@@ -43,6 +43,7 @@ from marlbuf.algos.stacking import RoundBlock
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
+from marlbuf.spec import AgentSpec
 from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, round_of
 
 #: Phase names, fixed; the profiler and every report use these.
@@ -204,8 +205,19 @@ class Runner:
         action_dims = set(getattr(self.env, "action_dims", [5] * self.n_trainers))
         if len(action_dims) != 1:
             raise ValueError(f"every agent needs the same action size; got {sorted(action_dims)}")
+        specs = self.env.specs()
+        if config.obs_dtype != "float32":  # half-precision storage, float32 batches
+            specs = {
+                a: AgentSpec(
+                    s.obs_shape,
+                    s.action_shape,
+                    obs_dtype=config.obs_dtype,
+                    n_discrete_actions=s.n_discrete_actions,
+                )
+                for a, s in specs.items()
+            }
         self.buffer = MultiAgentReplayBuffer(
-            self.env.specs(),
+            specs,
             capacity=config.buffer_size,
             layout=config.layout,
             sampler=build_sampler(config),

@@ -46,6 +46,8 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     "neighbor_64": {"sampler": "neighbor", "run_length": 64},
     "prioritized": {"sampler": "prioritized"},
     "prioritized_neighbor": {"sampler": "prioritized_neighbor"},
+    # uniform sampling from float16 observation storage (float32 batches)
+    "uniform_float16": {"sampler": "uniform", "obs_dtype": "float16"},
 }
 #: Labels ``neighbor_<n>`` for any other run length n are accepted too (see
 #: :func:`sampler_overrides`); the locality suite sweeps them.

@@ -358,3 +358,18 @@ def test_shared_index_batches_give_the_same_numbers_in_both_formulations() -> No
         a, b = loop.update(batches), batched.update(batches)
         np.testing.assert_allclose(a.critic_loss, b.critic_loss, rtol=1e-9)
     assert max_param_diff(loop, batched) <= 1e-10
+
+
+def test_float16_observation_storage_trains_on_float32_batches() -> None:
+    config = TrainConfig(batch_size=32, warmup_steps=100, buffer_size=500, obs_dtype="float16")
+    runner = Runner(config)
+    try:
+        assert all(s.obs_dtype == np.float16 for s in runner.buffer.specs.values())
+        runner.train(10)
+        assert runner.update_rounds > 0
+        batch = runner.buffer.sample(8)
+        assert all(x.dtype == np.float32 for x in batch.obs.values())
+    finally:
+        runner.close()
+    with pytest.raises(ValueError, match="obs_dtype must be 'float32' or 'float16'"):
+        TrainConfig(obs_dtype="float64").validate()
