@@ -39,12 +39,14 @@ SUITES: dict[str, str] = {
     "device": "marlbuf.bench.device",
     "distributed": "marlbuf.bench.distributed",
     "concurrency": "marlbuf.bench.concurrency",
+    "precision": "marlbuf.bench.precision",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
 #: (about 30 minutes on 2 cores), the locality sweep 30 more (reusing the reward study's runs
-#: where identical); name them to run them (``marlbuf bench rewards locality``)
-LONG_SUITES = ("rewards", "locality")
+#: where identical), the precision check 6 (float16 storage); name them to run them
+#: (``marlbuf bench rewards locality precision``)
+LONG_SUITES = ("rewards", "locality", "precision")
 
 
 def _load(name: str) -> Any:

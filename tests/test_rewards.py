@@ -91,3 +91,16 @@ def test_bad_names():
         rewards.run_spec("CN-9", "uniform", 0, 10, 5, {})
     with pytest.raises(ValueError, match="workers"):
         rewards.train_all([], workers=0)
+
+
+def test_precision_suite_compares_float16_storage_with_uniform(monkeypatch, tmp_path):
+    from marlbuf.bench import precision
+
+    tiny = dict(precision.QUICK, episodes=12, block=4)
+    tiny["settings"] = {"batch_size": 16, "warmup_steps": 100, "update_every": 25}
+    monkeypatch.setattr(precision, "QUICK", tiny)
+    payload = precision.run(quick=True, progress=False, workers=1, results_dir=tmp_path)
+    samplers = {r["sampler"] for r in payload["rows"]}
+    assert samplers == {"uniform", "uniform_float16"}
+    assert {t["sampler"] for t in payload["table"]} == samplers
+    assert payload["config"]["reused_float32_runs"] == 0
