@@ -327,17 +327,29 @@ class NaiveLRUCache:
 # ------------------------------------------------------------------ per-agent batches (issue 11)
 
 
-def gather_segments(
+def gather_plan(
     table: np.ndarray,
+    side: np.ndarray,
     indices: np.ndarray,
-    seg_src: np.ndarray,
-    seg_dst: np.ndarray,
-    seg_len: np.ndarray,
-    out_size: int,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    plan: np.ndarray,
+    out_bytes: int,
 ) -> np.ndarray:
-    """Each segment of each gathered row copied to its own contiguous output range."""
-    out = np.zeros(out_size, dtype=table.dtype)
+    """``gather_plan`` one element at a time: ``table`` and ``side`` are uint8 rows, ``plan`` the
+    (6, n_segments) kind/src/dst/len/step/next array; returns the uint8 output."""
+    unit = {0: (np.uint64, np.uint64), 1: (np.uint32, np.uint32), 2: (np.uint8, np.uint8)}
+    out = np.zeros(out_bytes, dtype=np.uint8)
     for i, slot in enumerate(indices):
-        for src, dst, length in zip(seg_src, seg_dst, seg_len):
-            out[dst + i * length : dst + (i + 1) * length] = table[slot, src : src + length]
+        for kind, src, dst, length, step, from_next in plan.T:
+            row = table[slot]
+            if from_next:
+                row = table[next_slot[slot]] if next_slot[slot] >= 0 else side[side_row[slot]]
+            if kind == 3:  # float16 -> float32
+                values = row.view(np.float16)[src : src + length].astype(np.float32)
+                out.view(np.float32)[dst + i * step : dst + i * step + length] = values
+                continue
+            src_t, dst_t = unit[int(kind)]
+            values = row.view(src_t)[src : src + length]
+            out.view(dst_t)[dst + i * step : dst + i * step + length] = values
     return out

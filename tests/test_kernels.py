@@ -77,17 +77,46 @@ def test_gather_rows_parallel_matches_naive(capacity, width, batch):
     np.testing.assert_array_equal(out, naive.gather_rows(table, idx))
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.uint64])
-def test_gather_segments_matches_naive(dtype):
-    from marlbuf._kernels import gather_segments
+@pytest.mark.parametrize("rows_output", [True, False])
+def test_gather_plan_matches_naive(rows_output):
+    """Every segment kind, from the row itself and from the successor or the side table."""
+    from marlbuf._kernels import HALF_TO_FLOAT_BITS, gather_plan
+    from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 
     rng = np.random.default_rng(0)
-    table = rng.integers(0, 200, size=(20, 12)).astype(dtype)
-    seg_src = np.array([0, 3, 7], dtype=np.int64)
-    seg_len = np.array([3, 4, 5], dtype=np.int64)
+    table = rng.integers(0, 256, size=(20, 64), dtype=np.uint8)
+    table.view(np.float16)[:, 20:28] = rng.standard_normal((20, 8)).astype(np.float16)
+    side = rng.integers(0, 256, size=(4, 64), dtype=np.uint8)
+    next_slot = np.where(rng.random(20) < 0.3, -1, (np.arange(20) + 1) % 20).astype(np.int64)
+    side_row = np.where(next_slot < 0, rng.integers(0, 4, 20), -1).astype(np.int64)
     idx = rng.integers(0, 20, size=9).astype(np.int64)
-    seg_dst = np.array([0, 3 * 9, 7 * 9], dtype=np.int64)
-    out = np.full(12 * 9, 255, dtype=dtype)
-    gather_segments(table, idx, seg_src, seg_dst, seg_len, out)
-    expected = naive.gather_segments(table, idx, seg_src, seg_dst, seg_len, 12 * 9)
+    n = idx.shape[0]
+    # (kind, src units, length units, unit bytes of the destination, from_next)
+    segments = [
+        (COPY64, 0, 2, 8, 0),
+        (COPY32, 5, 3, 4, 0),
+        (COPY8, 33, 5, 1, 0),
+        (HALF_TO_FLOAT, 20, 8, 4, 0),
+        (COPY64, 1, 3, 8, 1),
+        (HALF_TO_FLOAT, 22, 4, 4, 1),
+    ]
+    plan, offset, row_bytes = [], 0, 128
+    for kind, src, length, unit, nxt in segments:
+        nbytes = length * unit
+        if rows_output:  # one row of row_bytes per gathered row
+            plan.append((kind, src, offset // unit, length, row_bytes // unit, nxt))
+            offset += -(-nbytes // 8) * 8
+        else:  # per segment, n contiguous runs
+            plan.append((kind, src, offset // unit, length, length, nxt))
+            offset += -(-n * nbytes // 8) * 8
+    plan_arr = np.array(plan, dtype=np.int64).T.copy()
+    total = n * row_bytes if rows_output else offset
+    out = np.zeros(total, dtype=np.uint8)
+    gather_plan(
+        table.view(np.uint64), table.view(np.uint32), table.view(np.uint16), table,
+        side.view(np.uint64), side.view(np.uint32), side.view(np.uint16), side,
+        idx, next_slot, side_row, *plan_arr, HALF_TO_FLOAT_BITS,
+        out.view(np.uint64), out.view(np.uint32), out,
+    )  # fmt: skip
+    expected = naive.gather_plan(table, side, idx, next_slot, side_row, plan_arr, total)
     np.testing.assert_array_equal(out, expected)

@@ -7,8 +7,6 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 
 from marlbuf._kernels.once import (
     gather_next_field,
-    gather_once,
-    gather_segments_once,
     scatter_lean,
 )
 from marlbuf._kernels.plan import (
@@ -20,7 +18,6 @@ from marlbuf._kernels.rows import (
     first_nonfinite,
     gather_rows,
     gather_rows_parallel,
-    gather_segments,
     neighbor_indices,
     scatter_rows,
 )
@@ -42,12 +39,9 @@ __all__ = [
     "first_nonfinite",
     "first_nonfinite_half",
     "gather_next_field",
-    "gather_once",
     "gather_plan",
     "gather_rows",
     "gather_rows_parallel",
-    "gather_segments",
-    "gather_segments_once",
     "locality_sample",
     "neighbor_indices",
     "per_sample",

@@ -1,4 +1,5 @@
-"""Kernels of the observations-stored-once format.
+"""Kernels of the observations-stored-once format (the gather of lean rows into batches is
+:func:`marlbuf._kernels.plan.gather_plan`).
 
 A lean row holds a transition without its ``next_obs``. A slot's next observation is the
 ``obs`` section of its *successor* slot (``next_slot[slot] >= 0``) or, where they differ
@@ -57,58 +58,6 @@ def scatter_lean(
 
 
 @njit(cache=True, nogil=True)
-def gather_once(
-    table: np.ndarray,
-    side: np.ndarray,
-    indices: np.ndarray,
-    next_slot: np.ndarray,
-    side_row: np.ndarray,
-    head_words: int,
-    done_lean: int,
-    done_dense: int,
-    done_words: int,
-    next_obs_start: int,
-    obs_words: int,
-    out: np.ndarray,
-) -> None:
-    """Gather lean rows into dense rows, each ``next_obs`` from the successor or the side table.
-
-    Parameters
-    ----------
-    table : ndarray, shape (capacity, lean_row_words), uint64
-    side : ndarray, shape (side_rows, obs_words), uint64
-        Side table; a row holds a next_obs section.
-    indices : ndarray, shape (batch,), int64
-        Filled slots (checked by the caller).
-    next_slot, side_row : ndarray, shape (capacity,), int64
-        Per slot: the successor slot whose obs is this slot's next_obs, else -1 and the side
-        table row that holds it.
-    head_words, done_lean, done_dense, done_words : int
-        As in :func:`scatter_lean` (words).
-    next_obs_start, obs_words : int
-        Where the next_obs section starts in a dense row, and its length (= the obs
-        section's, rounded up to words), in words.
-    out : ndarray, shape (batch, dense_row_words), uint64
-        Destination dense rows; padding words are left unspecified.
-    """
-    for i in range(indices.shape[0]):
-        slot = indices[i]
-        src = table[slot]
-        dst = out[i]
-        for w in range(head_words):
-            dst[w] = src[w]
-        for w in range(done_words):
-            dst[done_dense + w] = src[done_lean + w]
-        successor = next_slot[slot]
-        if successor >= 0:
-            nxt = table[successor]  # the next step's obs section is this step's next_obs
-        else:
-            nxt = side[side_row[slot]]
-        for w in range(obs_words):
-            dst[next_obs_start + w] = nxt[w]
-
-
-@njit(cache=True, nogil=True)
 def gather_next_field(
     field: np.ndarray,
     side: np.ndarray,
@@ -129,7 +78,8 @@ def gather_next_field(
     side : ndarray, shape (side_rows, side_width), same word dtype
         Side table (next_obs sections).
     indices, next_slot, side_row : ndarray, int64
-        As in :func:`gather_once`.
+        Per slot: the successor slot whose obs is this slot's next_obs, else -1 and the side
+        table row that holds it.
     side_offset : int
         The agent's offset inside a next_obs section, in words.
     out : ndarray, shape (batch, width), same word dtype
@@ -147,52 +97,3 @@ def gather_next_field(
             row = side[side_row[slot]]
             for w in range(width):
                 dst[w] = row[side_offset + w]
-
-
-@njit(cache=True, nogil=True)
-def gather_segments_once(
-    table: np.ndarray,
-    side: np.ndarray,
-    indices: np.ndarray,
-    next_slot: np.ndarray,
-    side_row: np.ndarray,
-    seg_src: np.ndarray,
-    seg_dst: np.ndarray,
-    seg_len: np.ndarray,
-    seg_next: np.ndarray,
-    out: np.ndarray,
-) -> None:
-    """:func:`marlbuf._kernels.rows.gather_segments` for lean rows (``batch_layout="per_agent"``).
-
-    Segments with ``seg_next[s] == 1`` are next_obs segments: their source is the successor's
-    row (or the side row) at ``seg_src[s]``, an offset inside the obs section.
-
-    Parameters
-    ----------
-    table : ndarray, shape (capacity, lean_row_words), words
-    side : ndarray, shape (side_rows, side_row_words), same word dtype
-    indices, next_slot, side_row : ndarray, int64
-        As in :func:`gather_once`.
-    seg_src, seg_dst, seg_len, seg_next : ndarray, shape (n_segments,), int64
-        Source offset in a lean row (or in the obs section), destination offset in ``out``,
-        words per row, and whether the segment is a next_obs segment.
-    out : ndarray, shape (n_words,), same word dtype
-    """
-    for i in range(indices.shape[0]):
-        slot = indices[i]
-        row = table[slot]
-        successor = next_slot[slot]
-        if successor >= 0:
-            nxt = table[successor]
-        else:
-            nxt = side[side_row[slot]]
-        for s in range(seg_src.shape[0]):
-            length = seg_len[s]
-            src0 = seg_src[s]
-            dst0 = seg_dst[s] + i * length
-            if seg_next[s]:
-                for w in range(length):
-                    out[dst0 + w] = nxt[src0 + w]
-            else:
-                for w in range(length):
-                    out[dst0 + w] = row[src0 + w]

@@ -35,45 +35,6 @@ def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None
 
 
 @njit(cache=True, nogil=True)
-def gather_segments(
-    table: np.ndarray,
-    indices: np.ndarray,
-    seg_src: np.ndarray,
-    seg_dst: np.ndarray,
-    seg_len: np.ndarray,
-    out: np.ndarray,
-) -> None:
-    """Gather rows and split them into per-segment contiguous arrays in the same pass.
-
-    For every row ``i`` and segment ``s``, the bytes ``table[indices[i], seg_src[s] :
-    seg_src[s] + seg_len[s]]`` go to ``out[seg_dst[s] + i * seg_len[s] :]``: each segment (one
-    agent's field) ends up as its own C-contiguous ``(batch, ...)`` array inside ``out``. This is
-    the ``batch_layout="per_agent"`` gather of the interleaved layout.
-
-    Parameters
-    ----------
-    table : ndarray, shape (capacity, row_words), unsigned int words, C-contiguous
-        The interleaved table viewed as words of a size that divides every offset and length
-        (offsets and lengths below are in those words).
-    indices : ndarray, shape (batch,), int64
-        Row numbers in ``[0, capacity)`` (checked by the caller).
-    seg_src, seg_dst, seg_len : ndarray, shape (n_segments,), int64
-        Offset inside a row, offset of the segment's output array inside ``out``, and words
-        per row. Output arrays must not overlap (checked by the caller).
-    out : ndarray, shape (n_words,), same dtype as ``table``
-        Destination block; overwritten.
-    """
-    for i in range(indices.shape[0]):
-        row = table[indices[i]]
-        for s in range(seg_src.shape[0]):
-            length = seg_len[s]
-            src0 = seg_src[s]
-            dst0 = seg_dst[s] + i * length
-            for b in range(length):
-                out[dst0 + b] = row[src0 + b]
-
-
-@njit(cache=True, nogil=True)
 def scatter_rows(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
     """Copy ``rows[i]`` into ``table[slots[i]]`` for every ``i`` (the writer's commit).
 
