@@ -146,24 +146,9 @@ class MultiAgentReplayBuffer:
         self.specs = normalize_specs(specs)
         if next_obs not in NEXT_OBS_MODES:
             raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
-        capacity = _check_capacity(capacity)
-        if sampler is None:
-            sampler = Uniform()
-        if not isinstance(sampler, Sampler):
-            raise TypeError(
-                "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Neighbor(64)); "
-                f"got sampler={sampler!r}"
-            )
-        if n_trainers is None:
-            n_trainers = len(self.specs)
-        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-        if n_trainers < 1:
-            raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
-        if not isinstance(parallel_gather, (bool, np.bool_)):
-            raise TypeError(
-                f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}"
-            )
+        capacity, sampler, n_trainers = _check_arguments(
+            self.specs, capacity, sampler, n_trainers, parallel_gather
+        )
         self.capacity = capacity
         self.n_trainers = int(n_trainers)
         if layout not in ("interleaved", "agent_major"):
@@ -876,6 +861,34 @@ def _leading_length(obs: Any) -> int | None:
     if type(first) is np.ndarray and first.ndim and first.shape[0] > 0:
         return int(first.shape[0])
     return None
+
+
+def _check_arguments(
+    specs: Mapping[str, AgentSpec],
+    capacity: Any,
+    sampler: Any,
+    n_trainers: Any,
+    parallel_gather: Any,
+) -> tuple[int, Sampler, int]:
+    """The constructor arguments every backend shares, checked: ``(capacity, sampler,
+    n_trainers)`` with the defaults filled in (``Uniform()``, one trainer per agent)."""
+    capacity = _check_capacity(capacity)
+    if sampler is None:
+        sampler = Uniform()
+    if not isinstance(sampler, Sampler):
+        raise TypeError(
+            "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Neighbor(64)); "
+            f"got sampler={sampler!r}"
+        )
+    if n_trainers is None:
+        n_trainers = len(specs)
+    if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
+        raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
+    if n_trainers < 1:
+        raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
+    if not isinstance(parallel_gather, (bool, np.bool_)):
+        raise TypeError(f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}")
+    return capacity, sampler, int(n_trainers)
 
 
 def _check_stream(stream: Any) -> int:

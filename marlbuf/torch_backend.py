@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from marlbuf import _config, persistence
 from marlbuf.batch import Batch
-from marlbuf.buffer import MultiAgentReplayBuffer, _check_capacity, _check_header, make_rng
+from marlbuf.buffer import MultiAgentReplayBuffer, _check_arguments, _check_header, make_rng
 from marlbuf.memory import check_fits_in_memory
 from marlbuf.prioritized import LinearBeta
 from marlbuf.samplers import (
@@ -1030,24 +1030,9 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             )
         self.next_obs = "stored"
         self.links = None
-        capacity = _check_capacity(capacity)
-        if sampler is None:
-            sampler = Uniform()
-        if not isinstance(sampler, Sampler):
-            raise TypeError(
-                "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Neighbor(64)); "
-                f"got sampler={sampler!r}"
-            )
-        if n_trainers is None:
-            n_trainers = len(self.specs)
-        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-        if n_trainers < 1:
-            raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
-        if not isinstance(parallel_gather, (bool, np.bool_)):
-            raise TypeError(
-                f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}"
-            )
+        capacity, sampler, n_trainers = _check_arguments(
+            self.specs, capacity, sampler, n_trainers, parallel_gather
+        )
         if parallel_gather:
             raise ValueError(
                 "parallel_gather=True selects Numba threads of the NumPy gather; the torch "
