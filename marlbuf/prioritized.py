@@ -325,24 +325,9 @@ class PriorityTrees:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        shape = (self.n_trees, self.capacity)
-        keys = ("leaves", "priorities") if self.track_max else ("leaves",)
-        arrays = {}
-        for key in keys:
-            if key not in state:
-                raise ValueError(f"sampler state lacks {key!r}; was it saved by this sampler?")
-            arr = np.asarray(state[key], dtype=np.float64)
-            if arr.shape != shape:
-                raise ValueError(f"sampler state {key!r} has shape {arr.shape}; expected {shape}")
-            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-                raise ValueError(f"sampler state {key!r} holds negative or non-finite values")
-            arrays[key] = arr
-        max_priority = np.asarray(state.get("max_priority"), dtype=np.float64)
-        if max_priority.shape != (self.n_trees,):
-            raise ValueError(
-                f"sampler state 'max_priority' has shape {max_priority.shape}; "
-                f"expected {(self.n_trees,)}"
-            )
+        arrays, max_priority = checked_tree_state(
+            state, self.n_trees, self.capacity, self.track_max
+        )
         self.sums[:, self.leaf_offset : self.leaf_offset + self.capacity] = arrays["leaves"]
         for t in range(self.n_trees):
             rebuild(self.sums[t], self.leaf_offset, False)
@@ -353,6 +338,32 @@ class PriorityTrees:
             for t in range(self.n_trees):
                 rebuild(self.maxes[t], self.leaf_offset, True)
         self.max_priority[:] = max_priority
+
+
+def checked_tree_state(
+    state: Mapping[str, Any], n_trees: int, capacity: int, with_priorities: bool
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The arrays of a priority-tree state, checked: ``leaves`` (and ``priorities`` when
+    ``with_priorities``), shape (n_trees, capacity), finite and non-negative, float64; and
+    ``max_priority``, shape (n_trees,). A ``ValueError`` names what does not fit."""
+    shape = (n_trees, capacity)
+    keys = ("leaves", "priorities") if with_priorities else ("leaves",)
+    arrays = {}
+    for key in keys:
+        if key not in state:
+            raise ValueError(f"sampler state lacks {key!r}; was it saved by this sampler?")
+        arr = np.asarray(state[key], dtype=np.float64)
+        if arr.shape != shape:
+            raise ValueError(f"sampler state {key!r} has shape {arr.shape}; expected {shape}")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise ValueError(f"sampler state {key!r} holds negative or non-finite values")
+        arrays[key] = arr
+    max_priority = np.asarray(state.get("max_priority"), dtype=np.float64)
+    if max_priority.shape != (n_trees,):
+        raise ValueError(
+            f"sampler state 'max_priority' has shape {max_priority.shape}; expected {(n_trees,)}"
+        )
+    return arrays, max_priority
 
 
 #: how a TD error ``d`` becomes a priority: ``|d| + eps``, ``d**2 + eps``, or ``d + eps`` where the

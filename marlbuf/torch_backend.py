@@ -50,7 +50,7 @@ from marlbuf import _config, persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer, _check_arguments, _check_header, make_rng
 from marlbuf.memory import check_fits_in_memory
-from marlbuf.prioritized import LinearBeta
+from marlbuf.prioritized import LinearBeta, checked_tree_state
 from marlbuf.samplers import (
     Neighbor,
     Prioritized,
@@ -822,24 +822,9 @@ class _DevicePrioritized(_DeviceSampler):
                 f"sampler state 'batches_drawn' has shape {drawn.shape}; "
                 f"expected {(self.n_trainers,)}"
             )
-        shape = (self.n_trainers, self.capacity)
-        keys = ("leaves", "priorities") if self.locality else ("leaves",)
-        arrays = {}
-        for key in keys:
-            if key not in state:
-                raise ValueError(f"sampler state lacks {key!r}; was it saved by this sampler?")
-            arr = np.asarray(state[key], dtype=np.float64)
-            if arr.shape != shape:
-                raise ValueError(f"sampler state {key!r} has shape {arr.shape}; expected {shape}")
-            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-                raise ValueError(f"sampler state {key!r} holds negative or non-finite values")
-            arrays[key] = arr
-        max_priority = np.asarray(state.get("max_priority"), dtype=np.float64)
-        if max_priority.shape != (self.n_trainers,):
-            raise ValueError(
-                f"sampler state 'max_priority' has shape {max_priority.shape}; "
-                f"expected {(self.n_trainers,)}"
-            )
+        arrays, max_priority = checked_tree_state(
+            state, self.n_trainers, self.capacity, self.locality
+        )
         self.leaf_view().copy_(torch.from_numpy(arrays["leaves"]))
         if self.locality:
             self.priority_view().copy_(torch.from_numpy(arrays["priorities"]))
