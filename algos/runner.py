@@ -22,6 +22,7 @@ Example
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -43,7 +44,6 @@ from marlbuf.algos.stacking import RoundBlock
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
-from marlbuf.spec import AgentSpec
 from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, round_of
 
 #: Phase names, fixed; the profiler and every report use these.
@@ -207,15 +207,8 @@ class Runner:
             raise ValueError(f"every agent needs the same action size; got {sorted(action_dims)}")
         specs = self.env.specs()
         if config.obs_dtype != "float32":  # half-precision storage, float32 batches
-            specs = {
-                a: AgentSpec(
-                    s.obs_shape,
-                    s.action_shape,
-                    obs_dtype=config.obs_dtype,
-                    n_discrete_actions=s.n_discrete_actions,
-                )
-                for a, s in specs.items()
-            }
+            dtype = config.obs_dtype
+            specs = {a: dataclasses.replace(s, obs_dtype=dtype) for a, s in specs.items()}
         self.buffer = MultiAgentReplayBuffer(
             specs,
             capacity=config.buffer_size,

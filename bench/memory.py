@@ -17,6 +17,7 @@ Two parts:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from typing import Any
@@ -60,15 +61,7 @@ FULL: dict[str, Any] = {
 
 def half_specs(specs: dict[str, AgentSpec]) -> dict[str, AgentSpec]:
     """``specs`` with float16 observations."""
-    return {
-        a: AgentSpec(
-            s.obs_shape,
-            s.action_shape,
-            obs_dtype=np.float16,
-            n_discrete_actions=s.n_discrete_actions,
-        )
-        for a, s in specs.items()
-    }
+    return {a: dataclasses.replace(s, obs_dtype=np.float16) for a, s in specs.items()}
 
 
 def _specs(workload: Workload, fmt: str) -> dict[str, AgentSpec]:

@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf import MultiAgentReplayBuffer
 from marlbuf._kernels import gather_rows
 from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
 from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.memory import half_specs
 from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, episode_steps
 from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor, Sampler, Uniform
@@ -73,18 +74,6 @@ STORAGES: dict[str, tuple[str, bool, str]] = {
     "lean16": ("once", True, "float32"),
     "lean16s": ("once", True, "storage"),
 }
-
-
-def _half(specs: dict[str, AgentSpec]) -> dict[str, AgentSpec]:
-    return {
-        a: AgentSpec(
-            s.obs_shape,
-            s.action_shape,
-            obs_dtype=np.float16,
-            n_discrete_actions=s.n_discrete_actions,
-        )
-        for a, s in specs.items()
-    }
 
 
 QUICK: dict[str, Any] = {
@@ -142,7 +131,7 @@ def _fill(workload: Workload, capacity: int, seed: int) -> dict[str, Any]:
     for layout, storage in dict.fromkeys((c[0], c[3]) for c in MARLBUF_CASES.values()):
         next_obs, half, batch_dtype = STORAGES[storage]
         by_layout[(layout, storage)] = MultiAgentReplayBuffer(
-            _half(specs) if half else specs,
+            half_specs(specs) if half else specs,
             capacity,
             layout=layout,
             seed=seed,

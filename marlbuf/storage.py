@@ -11,6 +11,7 @@ Two layouts hold the same data and return the same batches, bit for bit:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import weakref
@@ -159,19 +160,13 @@ BATCH_DTYPES = ("float32", "storage")
 
 def _widened(spec: AgentSpec) -> AgentSpec:
     """``spec`` with every float16 field as float32 (the dtypes of float32 batches)."""
-
-    def wide(dt: np.dtype) -> np.dtype:
-        return np.dtype(np.float32) if dt == np.float16 else dt
-
-    return AgentSpec(
-        obs_shape=spec.obs_shape,
-        action_shape=spec.action_shape,
-        obs_dtype=wide(spec.obs_dtype),
-        action_dtype=wide(spec.action_dtype),
-        n_discrete_actions=spec.n_discrete_actions,
-        reward_dtype=wide(spec.reward_dtype),
-        done_dtype=wide(spec.done_dtype),
-    )
+    half = np.dtype(np.float16)
+    wide: dict[str, Any] = {
+        name: np.dtype(np.float32)
+        for name in ("obs_dtype", "action_dtype", "reward_dtype", "done_dtype")
+        if getattr(spec, name) == half
+    }
+    return dataclasses.replace(spec, **wide)
 
 
 def build_plan(
