@@ -289,6 +289,17 @@ CSV_FIELDS = [
 ]
 
 
+def log_episode(record: Any, jsonl_file: Any, writer: csv.DictWriter) -> None:
+    """One episode's line in ``episodes.jsonl`` and row in ``episodes.csv`` (per-agent returns
+    joined, phase times as ``t_<phase>``)."""
+    row = record.to_dict()
+    jsonl_file.write(json.dumps(row) + "\n")
+    flat = {k: row[k] for k in CSV_FIELDS if k != "agent_returns"}
+    flat["agent_returns"] = " ".join(f"{r:.4g}" for r in record.agent_returns)
+    flat.update({f"t_{k}": f"{v:.6f}" for k, v in record.phases.items()})
+    writer.writerow(flat)
+
+
 def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     """Reward curve (raw and a 100-episode moving mean) from ``episodes.csv``; ``False`` when
     matplotlib is missing."""
@@ -487,12 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         now = timer.snapshot()
         record.phases = {k: now[k] - last_phases.get(k, 0.0) for k in now}
         last_phases = now
-        row = record.to_dict()
-        jsonl_file.write(json.dumps(row) + "\n")
-        flat = {k: row[k] for k in CSV_FIELDS if k != "agent_returns"}
-        flat["agent_returns"] = " ".join(f"{r:.4g}" for r in record.agent_returns)
-        flat.update({f"t_{k}": f"{v:.6f}" for k, v in record.phases.items()})
-        writer.writerow(flat)
+        log_episode(record, jsonl_file, writer)
         recent.append(record.ret_original)
         if bar is not None:
             rate = (runner.total_steps - steps_at_start) / max(time.perf_counter() - start, 1e-9)

@@ -358,7 +358,7 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
     import json
     import sys
 
-    from marlbuf.algos.cli import CSV_FIELDS, PROG, _remove_run, plot_rewards
+    from marlbuf.algos.cli import CSV_FIELDS, PROG, _remove_run, log_episode, plot_rewards
     from marlbuf.algos.runner import PhaseTimer
     from marlbuf.cli import error
 
@@ -401,12 +401,7 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
             now = timer.snapshot()
             record.phases = {k: now[k] - last.get(k, 0.0) for k in now}
             last = now
-            row = record.to_dict()
-            jsonl_file.write(json.dumps(row) + "\n")
-            flat = {k: row[k] for k in CSV_FIELDS if k != "agent_returns"}
-            flat["agent_returns"] = " ".join(f"{r:.4g}" for r in record.agent_returns)
-            flat.update({f"t_{k}": f"{v:.6f}" for k, v in record.phases.items()})
-            writer.writerow(flat)
+            log_episode(record, jsonl_file, writer)
 
         try:
             runner.train(episodes, on_episode=on_episode)
