@@ -68,8 +68,7 @@ def run(
         specs, workers=workers, progress=progress, cache=cache, reuse=reused, desc=SUITE
     )
     table, summary = rewards.summarize(rows)
-    columns = ["env", "sampler", "metric", "seeds", "final_mean", "final_std"]
-    columns += ["diff_vs_uniform", "welch_t", "within_uniform_range", "verdict"]
+    columns = rewards.TABLE_COLUMNS
     return {
         "rows": rows,
         "table": table,

@@ -94,6 +94,19 @@ QUICK: dict[str, Any] = {
     "block": 10,
     "settings": {"batch_size": 64, "warmup_steps": 500, "update_every": 25},
 }
+#: Columns of the per-(env, sampler) table (see :func:`summarize`).
+TABLE_COLUMNS = [
+    "env",
+    "sampler",
+    "metric",
+    "seeds",
+    "final_mean",
+    "final_std",
+    "diff_vs_uniform",
+    "welch_t",
+    "within_uniform_range",
+    "verdict",
+]
 #: Processes training at once (one torch thread each).
 WORKERS = 2
 #: Share of the training episodes, at the end, whose mean return is the run's final return.
@@ -379,8 +392,7 @@ def run(
     wall = time.perf_counter() - start
     rows, extra_rows = all_rows[: len(specs)], all_rows[len(specs) :]
     table, summary = summarize(rows)
-    columns = ["env", "sampler", "metric", "seeds", "final_mean", "final_std"]
-    columns += ["diff_vs_uniform", "welch_t", "within_uniform_range", "verdict"]
+    columns = TABLE_COLUMNS
     extra: dict[str, Any] = {}
     if extra_rows:
         extra_table, extra_summary = summarize(extra_rows)
