@@ -335,13 +335,13 @@ class MultiAgentReplayBuffer:
         self._extend((obs, action, reward, next_obs, done), None, _check_stream(first_stream))
 
     def _extend(self, fields: tuple[Any, ...], stream: int | None, first_stream: int = 0) -> None:
-        named = dict(zip(FIELDS, fields))
         # the fast path checks every item's shape against the first observation's length, so
         # the complete length check (a loop over every item) runs only when it declines
         guess = _leading_length(fields[0])
         with self.writer.write_lock:
             rows = None if guess is None else self._codec.stage_fast(fields, guess)
             if rows is None:
+                named = dict(zip(FIELDS, fields))
                 steps = steps_of(self._codec, named)
                 rows, _ = self._codec.stage(named, steps)
             else:

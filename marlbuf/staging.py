@@ -89,6 +89,7 @@ class RowCodec:
         # one persistent staging row for add(): padding stays zero. Callers serialize staging
         # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
+        self._single_views = self.views(self._single)  # the complete path's, built once
         self._fast = self._fast_plan()
         single_raw = self._single.view(np.uint8)
         self._single_regions = (
@@ -256,9 +257,8 @@ class RowCodec:
         ``TypeError`` naming the field and agent on any bad value; nothing is stored either way.
         """
         if steps is None:
-            rows = self._single
-            rows[...] = 0  # a rejected fast attempt may have left values in the padding
-            views = self.views(rows)
+            rows, views = self._single, self._single_views
+            rows[...] = 0  # a rejected fast attempt may have left values behind
         else:
             rows = np.zeros((steps, self.row_words), dtype=np.uint64)
             views = self.views(rows)
