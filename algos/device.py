@@ -36,10 +36,9 @@ from marlbuf.algos.maddpg import (
     PhaseHook,
     RoundNoise,
     UpdateStats,
-    _net_keys,
     _no_phase,
 )
-from marlbuf.algos.nets import Tensor, gumbel_softmax, polyak_, torch
+from marlbuf.algos.nets import Tensor, torch
 from marlbuf.torch_backend import DeviceBatch, RowLayout, round_of, round_rows, stack_span
 
 
@@ -187,69 +186,30 @@ class DeviceBatchedLearner(BatchedLearner):
         """One update round of every trainer, trainer t on ``batches[t]`` (a round of a device
         buffer): the computation of :meth:`BatchedLearner.update`, with every input a view of
         the gathered rows and every output left on the device."""
-        cfg = self.config
-        n, act_dim = self.n_trainers, self.action_dim
-        batch_size = len(batches[0])
-        noise = self.draw_round_noise(batch_size)
-        actor_updates = self.actor_updates_now()
         rows = round_rows(batches)
-        with phase("target_q"), torch.no_grad():
-            next_obs = self._tensor(stack_span(batches, "next_obs"))  # (T, B, S)
-            logits = self._device_target_logits(batches, rows)  # (T, N, B, A)
-            target_act = gumbel_softmax(logits, noise.target_uniform)
-            if noise.smoothing is not None:
-                target_act = target_act + noise.smoothing
-            target_act = target_act.transpose(1, 2).reshape(n, batch_size, n * act_dim)
-            q_next = self._critic_split("target_critic", next_obs, target_act)
-            if cfg.twin_critics:
-                q_next = torch.minimum(
-                    q_next, self._critic_split("target_critic2", next_obs, target_act)
-                )
-            reward = self._own(batches, rows, "reward")
-            done = self._own(batches, rows, "done")
-            y = reward + cfg.gamma * (1.0 - done) * q_next  # (T, B)
-        with phase("q_p_loss"):
-            critic_in = self._tensor(stack_span(batches, "obs", "action"))  # (T, B, S + N*A)
-            weights = None
-            if batches[0].weights is not None:
-                whole = round_of(batches)
-                stacked = whole.weights if whole is not None else None
-                if stacked is None:
-                    stacked = torch.stack([cast(Tensor, b.weights) for b in batches])
-                weights = self._tensor(stacked)
-            critic_loss = torch.zeros(n, device=self.device)
-            td_abs = torch.zeros((n, batch_size), device=self.device)
-            for net in self.online_names[1:]:
-                td = self._stacked_mlp(net, critic_in)[..., 0] - y
-                sq = td.square() if weights is None else weights * td.square()
-                per_trainer = sq.mean(dim=1)
-                self._step(net, per_trainer.sum())
-                if net == "critic":
-                    critic_loss = per_trainer.detach()
-                    td_abs = td.detach().abs()
-            actor_loss = torch.full((n,), math.nan, device=self.device)
-            if actor_updates:
-                groups = self._own_obs_groups(batches, rows)
-                logits = self._actor_groups("actor", cast(Any, groups))  # (T, B, A)
-                new_act = gumbel_softmax(logits, noise.actor_uniform)
-                old_act = critic_in[..., self.obs_total :].reshape(n, batch_size, n, act_dim)
-                mask = self.own_action_mask
-                joint = old_act * (1.0 - mask) + new_act[:, :, None, :] * mask
-                q = self._critic_split(
-                    "critic", critic_in[..., : self.obs_total], joint.view(n, batch_size, -1)
-                )
-                per_trainer = -q.mean(dim=1) + cfg.actor_reg * logits.square().mean(dim=(1, 2))
-                self._step("actor", per_trainer.sum())
-                actor_loss = per_trainer.detach()
-                for net in self.online_names:
-                    keys = _net_keys(self.stacked, net)
-                    polyak_(
-                        [self.stacked[f"target_{k}"] for k in keys],
-                        [self.stacked[k] for k in keys],
-                        cfg.tau,
-                    )
-        self.rounds += 1
-        return DeviceUpdateStats(critic_loss, actor_loss, td_abs, actor_updates)
+
+        def weights() -> Tensor | None:
+            if batches[0].weights is None:
+                return None
+            whole = round_of(batches)
+            stacked = whole.weights if whole is not None else None
+            if stacked is None:
+                stacked = torch.stack([cast(Tensor, b.weights) for b in batches])
+            return self._tensor(stacked)
+
+        critic_loss, td, actor_loss, actor_updates = self._round(
+            len(batches[0]),
+            phase,
+            next_obs=lambda: self._tensor(stack_span(batches, "next_obs")),
+            target_logits=lambda: self._device_target_logits(batches, rows),
+            own=lambda name: self._own(batches, rows, name),
+            critic_in=lambda: self._tensor(stack_span(batches, "obs", "action")),
+            weights=weights,
+            own_obs_groups=lambda: self._own_obs_groups(batches, rows),
+        )
+        if actor_loss is None:
+            actor_loss = torch.full((self.n_trainers,), math.nan, device=self.device)
+        return DeviceUpdateStats(critic_loss, actor_loss, td.abs(), actor_updates)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

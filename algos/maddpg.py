@@ -575,58 +575,97 @@ class BatchedLearner(Learner):
 
     # ------------------------------------------------------------------ one round
     def update(self, batches: Sequence[Batch], phase: PhaseHook = _no_phase) -> UpdateStats:
+        agents = batches[0].agents
+
+        def own(name: str) -> Tensor:  # trainer t's own agent's field in batch t: (T, B)
+            return self._tensor(np.stack([b.field(name)[a] for b, a in zip(batches, agents)]))
+
+        def weights() -> Tensor | None:
+            if batches[0].weights is None:
+                return None
+            return self._tensor(np.stack([b.weights for b in batches]))  # type: ignore[misc]
+
+        def own_obs_groups() -> list[Any]:
+            obs = [b.obs[a] for b, a in zip(batches, agents)]
+            return [stack_or_copy(obs[start:stop]) for start, stop, _ in self.obs_groups]
+
+        critic_loss, td, actor_loss, actor_updates = self._round(
+            len(batches[0]),
+            phase,
+            next_obs=lambda: self._tensor(stack_fields(batches, "next_obs")),
+            target_logits=lambda: self._target_logits(batches, agents),
+            own=own,
+            critic_in=lambda: self._tensor(stack_fields(batches, "obs", "action")),
+            weights=weights,
+            own_obs_groups=own_obs_groups,
+        )
+        return UpdateStats(
+            critic_loss.double().cpu().numpy(),
+            np.full(self.n_trainers, np.nan)
+            if actor_loss is None
+            else actor_loss.double().cpu().numpy(),
+            list(td.abs().float().cpu().numpy()),
+            actor_updates,
+        )
+
+    def _round(
+        self,
+        batch_size: int,
+        phase: PhaseHook,
+        next_obs: Callable[[], Tensor],
+        target_logits: Callable[[], Tensor],
+        own: Callable[[str], Tensor],
+        critic_in: Callable[[], Tensor],
+        weights: Callable[[], Tensor | None],
+        own_obs_groups: Callable[[], list[Any]],
+    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+        """One update round of every trainer on inputs the caller provides (each asked for
+        inside its phase): every trainer's next observations (T, B, S), target-actor logits
+        (T, N, B, A), own reward/done (T, B), critic input (T, B, S + N*A), importance weights
+        (T, B) or None, own observations grouped by size. Returns the critic loss (T,), the TD
+        errors (T, B), the actor loss (T,) or None, and whether actors were updated; all
+        detached, on the learner's device."""
         cfg = self.config
         n, act_dim = self.n_trainers, self.action_dim
-        batch_size = len(batches[0])
         noise = self.draw_round_noise(batch_size)
-        agents = batches[0].agents
         actor_updates = self.actor_updates_now()
         with phase("target_q"), torch.no_grad():
-            next_obs = self._tensor(stack_fields(batches, "next_obs"))  # (T, B, S)
-            logits = self._target_logits(batches, agents)  # (T, N, B, A)
+            next_in = next_obs()  # (T, B, S)
+            logits = target_logits()  # (T, N, B, A)
             target_act = gumbel_softmax(logits, noise.target_uniform)
             if noise.smoothing is not None:
                 target_act = target_act + noise.smoothing
             target_act = target_act.transpose(1, 2).reshape(n, batch_size, n * act_dim)
-            q_next = self._critic_split("target_critic", next_obs, target_act)
+            q_next = self._critic_split("target_critic", next_in, target_act)
             if cfg.twin_critics:
                 q_next = torch.minimum(
-                    q_next, self._critic_split("target_critic2", next_obs, target_act)
+                    q_next, self._critic_split("target_critic2", next_in, target_act)
                 )
-            reward = self._tensor(np.stack([b.reward[a] for b, a in zip(batches, agents)]))
-            done = self._tensor(np.stack([b.done[a] for b, a in zip(batches, agents)]))
-            y = reward + cfg.gamma * (1.0 - done) * q_next  # (T, B)
+            y = own("reward") + cfg.gamma * (1.0 - own("done")) * q_next  # (T, B)
         with phase("q_p_loss"):
-            critic_in = self._tensor(stack_fields(batches, "obs", "action"))  # (T, B, S + N*A)
-            weights = None
-            if batches[0].weights is not None:
-                weights = self._tensor(np.stack([b.weights for b in batches]))  # type: ignore[misc]
-            critic_loss = np.zeros(n)
-            td_abs: list[np.ndarray] = []
+            joint_in = critic_in()  # (T, B, S + N*A)
+            w = weights()
+            critic_loss = td_errors = None
             for net in self.online_names[1:]:
-                td = self._stacked_mlp(net, critic_in)[..., 0] - y
-                sq = td.square() if weights is None else weights * td.square()
+                td = self._stacked_mlp(net, joint_in)[..., 0] - y
+                sq = td.square() if w is None else w * td.square()
                 per_trainer = sq.mean(dim=1)
                 self._step(net, per_trainer.sum())
                 if net == "critic":
-                    critic_loss = per_trainer.detach().double().cpu().numpy()
-                    td_abs = list(td.detach().abs().float().cpu().numpy())
-            actor_loss = np.full(n, np.nan)
+                    critic_loss, td_errors = per_trainer.detach(), td.detach()
+            actor_loss = None
             if actor_updates:
-                own = [b.obs[a] for b, a in zip(batches, agents)]
-                groups = [stack_or_copy(own[start:stop]) for start, stop, _ in self.obs_groups]
-                logits = self._actor_groups("actor", groups)  # (T, B, A)
+                logits = self._actor_groups("actor", own_obs_groups())  # (T, B, A)
                 new_act = gumbel_softmax(logits, noise.actor_uniform)
-                old_act = critic_in[..., self.obs_total :].view(n, batch_size, n, act_dim)
+                old_act = joint_in[..., self.obs_total :].reshape(n, batch_size, n, act_dim)
                 mask = self.own_action_mask
                 joint = old_act * (1.0 - mask) + new_act[:, :, None, :] * mask
                 q = self._critic_split(
-                    "critic", critic_in[..., : self.obs_total], joint.view(n, batch_size, -1)
+                    "critic", joint_in[..., : self.obs_total], joint.view(n, batch_size, -1)
                 )
                 per_trainer = -q.mean(dim=1) + cfg.actor_reg * logits.square().mean(dim=(1, 2))
                 self._step("actor", per_trainer.sum())
-                actor_loss = per_trainer.detach().double().cpu().numpy()
-            if actor_updates:
+                actor_loss = per_trainer.detach()
                 for net in self.online_names:
                     keys = _net_keys(self.stacked, net)
                     polyak_(
@@ -635,7 +674,8 @@ class BatchedLearner(Learner):
                         cfg.tau,
                     )
         self.rounds += 1
-        return UpdateStats(critic_loss, actor_loss, td_abs, actor_updates)
+        assert critic_loss is not None and td_errors is not None  # "critic" is always online
+        return critic_loss, td_errors, actor_loss, actor_updates
 
     def _step(self, net: str, loss: Tensor) -> None:
         keys = _net_keys(self.stacked, net)
