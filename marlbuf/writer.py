@@ -318,7 +318,14 @@ class NextObsLinks:
                 f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
                 f"expected (rows, {self.side.shape[1]}) uint8"
             )
-        if side_row.max(initial=-1) >= side.shape[0] or next_slot.max(initial=-1) >= self.capacity:
+        # the gather kernels index with these without bounds checks: every value must be -1 or
+        # a valid row
+        if (
+            side_row.max(initial=-1) >= side.shape[0]
+            or next_slot.max(initial=-1) >= self.capacity
+            or side_row.min(initial=-1) < -1
+            or next_slot.min(initial=-1) < -1
+        ):
             raise ValueError("state's next_obs links point outside the table (corrupt state)")
 
     def load_state_dict(self, state: Mapping[str, Any], adopt: bool = False) -> None:

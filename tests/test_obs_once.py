@@ -190,3 +190,20 @@ def test_version_1_files_load_as_dense_when_the_layout_is_unchanged(tmp_path):
     old["version"] = 1
     with pytest.raises(ValueError, match="row layout this marlbuf no longer has"):
         MultiAgentReplayBuffer(mixed, 4, next_obs="stored").load_state_dict(old)
+
+
+@pytest.mark.parametrize("key", ["next_slot", "side_row"])
+@pytest.mark.parametrize("value", [-7, 10**6])
+def test_corrupt_links_are_refused_before_any_gather(key, value):
+    """The gather kernels index without bounds checks: out-of-range links must never load."""
+    buf = MultiAgentReplayBuffer(SPECS, 8, seed=0)
+    streams = Streams(np.random.default_rng(2))
+    for _ in range(10):
+        buf.add(**streams.step(0, 0.3))
+    state = buf.state_dict()
+    state["links"][key] = state["links"][key].copy()
+    state["links"][key][3] = value
+    fresh = MultiAgentReplayBuffer(SPECS, 8, seed=0)
+    with pytest.raises(ValueError, match="point outside the table"):
+        fresh.load_state_dict(state)
+    assert len(fresh) == 0
