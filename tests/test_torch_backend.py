@@ -945,18 +945,29 @@ def test_cuda_training_round_never_waits_for_the_device():
 
 
 # --------------------------------------------------------------------------- benchmarks
-def test_device_suite_runs_tiny(monkeypatch):
-    from marlbuf.bench import common
+def _tiny_device_suite(monkeypatch):
     from marlbuf.bench import device as suite
     from marlbuf.bench.workloads import Workload
 
     tiny = {
+        **suite.QUICK,
         "workloads": [Workload("cooperative_navigation", 3)],
         "cpu_workload": Workload("cooperative_navigation", 3),
         "capacity": 2_000,
         "repeats": 1,
+        "per_capacity": 3_000,
+        "e2e_capacity": 1_000,
+        "e2e_batch": 64,
+        "e2e_repeats": 1,
     }
     monkeypatch.setattr(suite, "QUICK", tiny)
+    return suite
+
+
+def test_device_suite_runs_tiny(monkeypatch):
+    from marlbuf.bench import common
+
+    suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False)
     cpu = [r for r in payload["rows"] if r["part"] == "cpu"]
     assert {r["case"] for r in cpu} >= {"numpy buffer", "torch backend (cpu)"}
@@ -964,10 +975,29 @@ def test_device_suite_runs_tiny(monkeypatch):
     assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
     gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
     assert {r["case"] for r in gpu} == set(suite.GPU_CASES)
+    per = {r["case"] for r in payload["rows"] if r["part"] == "per"}
+    e2e = {r["case"] for r in payload["rows"] if r["part"] == "e2e"}
+    assert per == set(suite.PER_CASES) and e2e == set(suite.E2E_CONFIGS)
     if not HAS_CUDA:
-        assert all(r["status"].startswith("not measured: no CUDA device") for r in gpu)
+        parts = [r for r in payload["rows"] if r["part"] != "cpu"]
+        assert all(r["status"].startswith("not measured: no CUDA device") for r in parts)
     json_text = common.json.dumps(payload, default=common._json_default)
     assert "torch_cpu_vs_numpy" in json_text
+
+
+def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
+    # the GPU cases' code paths, run on the CPU: every marlbuf case is measured
+    suite = _tiny_device_suite(monkeypatch)
+    payload = suite.run(quick=True, progress=False, device="cpu")
+    rows = {(r["part"], r["case"]): r for r in payload["rows"]}
+    for case in ("device buffer", "device buffer+out", "device buffer+prioritized"):
+        assert rows["gpu", case]["status"] == "measured" and rows["gpu", case]["ms_median"] > 0
+    assert rows["per", "device buffer prioritized"]["status"] == "measured"
+    for case in suite.E2E_CONFIGS:
+        assert rows["e2e", case]["status"] == "measured", rows["e2e", case]
+        assert rows["e2e", case]["ms_median"] > 0
+    assert payload["summary"]["e2e_speedup_vs_faithful"]["faithful"] == 1.0
+    assert "not a GPU figure" in payload["config"]["gpu"]
 
 
 def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
@@ -985,6 +1015,7 @@ def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
         "PYTHON": sys.executable,
         "PYTHONPATH": str(blocked),
         "DEVICE_CHECK_QUICK": "1",
+        "WHEELS": str(tmp_path / "no-wheels"),
     }
     done = subprocess.run(
         ["bash", str(root / "bench" / "device_check.sh")],
