@@ -1164,8 +1164,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         self.batch_dtype = batch_dtype
         self._codec = RowCodec(self.specs)  # staging (dense rows), as in the NumPy buffer
         once = next_obs == "once"
-        #: observations stored once: the host links (the writer's own), mirrored on the device
-        self.links = NextObsLinks(capacity, self._codec.obs_bytes) if once else None
+        self.links: NextObsLinks | None = None  # made once the memory check has passed
         batch_specs = (
             {a: _widened(s) for a, s in self.specs.items()}
             if batch_dtype == "float32"
@@ -1181,7 +1180,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         self.table_row_words = self.table_layout.row_words
         self.table_row_bytes = self.table_layout.row_bytes
         self._batch_layout = batch_layout
-        self._segments = self._gather_segments(batch_codec)
+        self._segments = self._gather_segments(batch_codec, once)
         # Neighbor runs of plain rows are gathered as blocks of `run` rows: the first run - 1
         # rows are mirrored after the last slot so that a run that wraps is one block too
         plain = self._segments is None
@@ -1199,15 +1198,16 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         )
         self._side_words = -(-self._codec.obs_bytes // 8)
         self._side_base = capacity + self._mirror
-        self._side_rows = 0
-        if self.links is not None:
-            reserve = needed.side_table_bytes // (8 * self._side_words)
-            self._side_rows = max(reserve, self.links.side.shape[0])
-        rows = self._side_base + self._side_rows
+        self._side_rows = needed.side_table_bytes // (8 * self._side_words)
         self._check_memory(
-            rows * self.table_row_bytes + needed.metadata_bytes,
+            (self._side_base + self._side_rows) * self.table_row_bytes + needed.metadata_bytes,
             f"interleaved storage for capacity={capacity}",
         )
+        if once:
+            #: the host links (the NumPy buffer's own writer part), mirrored on the device
+            self.links = NextObsLinks(capacity, self._codec.obs_bytes)
+            self._side_rows = max(self._side_rows, self.links.side.shape[0])
+        rows = self._side_base + self._side_rows
         self.table = torch.zeros(
             (rows, self.table_row_words), dtype=torch.int64, device=self.device
         )
@@ -1239,7 +1239,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         self._pending_one = True  # whether it came from update_priorities (one trainer)
 
     def _gather_segments(
-        self, batch_codec: RowCodec
+        self, batch_codec: RowCodec, once: bool
     ) -> list[tuple[torch.dtype, torch.dtype, int, int, int, bool]] | None:
         """How a table row becomes a batch row: ``None`` when they are the same (one
         ``index_select`` of whole rows), else segments ``(source unit dtype, destination unit
@@ -1247,7 +1247,6 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         dtypes, from the NumPy buffer's gather plan (:func:`marlbuf.storage.build_plan`);
         ``from_next`` segments read the row holding the next observation (the successor slot
         or a side row), at the obs offsets."""
-        once = self.links is not None
         if not once and batch_codec is self._codec:
             return None
         stored = self._codec.lean_slots if once else self._codec.slots
