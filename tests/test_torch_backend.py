@@ -883,13 +883,16 @@ def test_cuda_round_never_waits_for_the_device(mixed_specs):
 
 
 # --------------------------------------------------------------------------- trainers
-def _learner_pair(algo, sampler, device="cpu"):
+def _learner_pair(algo, sampler, device="cpu", half=False):
     from marlbuf.algos import BatchedLearner, TrainConfig
     from marlbuf.algos.device import DeviceBatchedLearner
     from marlbuf.bench.workloads import Workload
 
     workload = Workload("predator_prey", 3)
     specs = workload.specs()
+    if half:  # float16 observations, float32 batches (what --obs-dtype float16 stores)
+        specs = {a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16")
+                 for a, s in specs.items()}  # fmt: skip
     cfg = TrainConfig(algo=algo, batch_size=32, buffer_size=500, warmup_steps=32, device=device)
     dims = workload.obs_dims()
     host_learner = BatchedLearner(cfg, dims, 5, seed=3)
@@ -902,9 +905,12 @@ def _learner_pair(algo, sampler, device="cpu"):
     return host_learner, device_learner, a, b
 
 
-@pytest.mark.parametrize(("algo", "sampler"), [("maddpg", Uniform), ("matd3", PrioritizedNeighbor)])
-def test_device_learner_gives_the_batched_learners_numbers(algo, sampler):
-    host_learner, device_learner, a, b = _learner_pair(algo, sampler)
+@pytest.mark.parametrize(
+    ("algo", "sampler", "half"),
+    [("maddpg", Uniform, False), ("matd3", PrioritizedNeighbor, False), ("maddpg", Uniform, True)],
+)
+def test_device_learner_gives_the_batched_learners_numbers(algo, sampler, half):
+    host_learner, device_learner, a, b = _learner_pair(algo, sampler, half=half)
     for _ in range(2):
         batches = b.sample_for_trainers(32)
         host_batches = []
@@ -947,6 +953,45 @@ def test_train_with_a_device_buffer_resumes_exactly(tmp_path):
     read = [(p / "episodes.csv").read_text().splitlines() for p in (straight, split)]
     returns = [[line.split(",")[2] for line in lines[1:]] for lines in read]
     assert len(returns[0]) == 10 and returns[0] == returns[1]
+
+
+def test_training_with_observations_stored_once_gives_the_dense_numbers(monkeypatch):
+    """A short run with a device buffer on the CPU in its default format (observations stored
+    once) and with next_obs in every row: the same batches, so the same returns, losses and
+    networks (same seeds). float16 observations train on a device buffer too."""
+    pytest.importorskip("mpe2")
+    from marlbuf.algos import TrainConfig
+    from marlbuf.algos import runner as runner_module
+
+    config = {"batch_size": 32, "buffer_size": 3000, "warmup_steps": 100, "algo": "matd3"}
+    config |= {"buffer_device": "cpu", "sampler": "prioritized_neighbor"}
+    results = []
+    for next_obs in ("once", "stored"):
+        make = MultiAgentReplayBuffer
+        if next_obs == "stored":
+
+            def make(*args, **kwargs):
+                return MultiAgentReplayBuffer(*args, next_obs="stored", **kwargs)
+
+        monkeypatch.setattr(runner_module, "MultiAgentReplayBuffer", make)
+        runner = runner_module.Runner(TrainConfig(**config))
+        assert runner.buffer.next_obs == next_obs
+        returns = [r.ret for r in runner.train(8)]
+        stats = runner.last_stats.to_host()
+        results.append((returns, stats, runner.learner.get_params()))
+        runner.close()
+    (ret_a, stats_a, params_a), (ret_b, stats_b, params_b) = results
+    assert ret_a == ret_b
+    np.testing.assert_array_equal(stats_a.critic_loss, stats_b.critic_loss)
+    for p, q in zip(params_a, params_b):
+        for key in p:
+            assert torch.equal(p[key], q[key]), key
+    monkeypatch.undo()
+    half = runner_module.Runner(TrainConfig(**config, obs_dtype="float16"))
+    half.train(4)
+    assert half.buffer.specs[half.agents[0]].obs_dtype == np.float16
+    assert np.isfinite(half.last_stats.to_host().critic_loss).all()
+    half.close()
 
 
 @pytest.mark.parametrize(
@@ -1017,7 +1062,11 @@ def test_device_suite_runs_tiny(monkeypatch):
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False)
     cpu = [r for r in payload["rows"] if r["part"] == "cpu"]
-    assert {r["case"] for r in cpu} >= {"numpy buffer", "torch backend (cpu)"}
+    assert {r["case"] for r in cpu} >= {
+        "numpy buffer",
+        "torch backend (cpu)",
+        "torch backend (cpu) lean",
+    }
     assert all(r["ms_median"] > 0 for r in cpu)
     assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
     gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
@@ -1038,7 +1087,8 @@ def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False, device="cpu")
     rows = {(r["part"], r["case"]): r for r in payload["rows"]}
-    for case in ("device buffer", "device buffer+out", "device buffer+prioritized"):
+    for case in ("device buffer", "device buffer+out", "device buffer+prioritized",
+                 "device buffer+obs once"):  # fmt: skip
         assert rows["gpu", case]["status"] == "measured" and rows["gpu", case]["ms_median"] > 0
     assert rows["per", "device buffer prioritized"]["status"] == "measured"
     for case in suite.E2E_CONFIGS:
