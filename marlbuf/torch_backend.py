@@ -4,12 +4,19 @@
 :class:`TorchReplayBuffer` (``device="cpu"`` runs the same code on the host). It has the public
 API of the NumPy buffer; what differs is where the data lives and what a batch holds:
 
-* **Storage** - one ``int64`` tensor ``[capacity (+ run_length - 1), row_words]`` on the device,
-  holding rows in exactly the interleaved format of :class:`marlbuf.staging.RowCodec` (the bits
-  of the NumPy buffer's ``uint64`` table). ``add``/``extend``/``add_envs`` validate and stage on
-  the host with the same ``RowCodec`` (same checks, same messages); the staged rows then travel
+* **Storage** - one ``int64`` tensor on the device holding rows in exactly the interleaved
+  format of the NumPy buffer's table (the bits of its ``uint64`` table): lean rows without
+  next_obs when observations are stored once (``next_obs="once"``, the default, as in the NumPy
+  buffer), dense rows with ``next_obs="stored"``; float16 fields stay float16.
+  ``add``/``extend``/``add_envs`` validate and stage on the host with the same
+  :class:`marlbuf.staging.RowCodec` (same checks, same messages); the staged rows then travel
   to the device through two pinned host buffers with ``non_blocking=True`` copies (a CUDA event
   per buffer keeps a buffer from being refilled before its copy has run).
+* **Observations stored once** - the links (successor slot or side row per slot) are kept on
+  the host by the NumPy buffer's own :class:`marlbuf.writer.NextObsLinks` and mirrored to the
+  device at each commit (the changed entries only, through the same pinned buffers); the side
+  rows live in table rows after the ring. A gather reads every next_obs with one
+  ``index_select`` from the successor's row or the side row (``torch.where`` of the links).
 * **Sampling** - indices are drawn on the device from a seeded ``torch.Generator``: ``Uniform``
   by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (each run is then one
   contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from float64 prefix sums
@@ -20,7 +27,8 @@ API of the NumPy buffer; what differs is where the data lives and what a batch h
   with ``eps ** alpha == 0``, which checks for an all-zero total on the host).
 * **Batches** - :class:`DeviceBatch`: the structure of :class:`marlbuf.batch.Batch` with torch
   tensors (per-agent tensors are views of the gathered rows; ``indices``, ``generations`` and
-  ``weights`` are device tensors).
+  ``weights`` are device tensors). Batch rows are the NumPy buffer's: dense, with float16
+  fields converted to float32 in the gather unless ``batch_dtype="storage"``.
 
 Files written by :meth:`TorchReplayBuffer.save` are the NumPy buffer's files (same format, plus
 the torch generator's state): a buffer saved on one device loads on another, and
@@ -1090,6 +1098,13 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     ----------
     layout : {"interleaved"}
         The torch backend keeps the interleaved row table only.
+    next_obs : {"once", "stored"}, default "once"
+        As in the NumPy buffer: ``"once"`` stores lean rows and the next-observation links
+        (mirrored on the device, with the side rows after the ring in the table); batches are
+        the same, bit for bit.
+    batch_dtype : {"float32", "storage"}, default "float32"
+        As in the NumPy buffer: float16 fields arrive as float32 (converted in the gather,
+        exactly) or, with ``"storage"``, as float16.
     sampler : Uniform, Neighbor, Prioritized or PrioritizedNeighbor
         Used for its configuration; the state (priorities, β schedule position) lives in
         :attr:`device_sampler` on the device (the sampler's NumPy trees are never allocated).
