@@ -1228,11 +1228,10 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         )
         self._windows: Tensor | None = None
         self._make_windows()
-        self._next_slot: Tensor | None = None
-        self._side_row: Tensor | None = None
+        #: the device mirror of the links: per slot, (next_slot, side_row) of the host links
+        self._links: Tensor | None = None
         if self.links is not None:
-            self._next_slot = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
-            self._side_row = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
+            self._links = torch.full((capacity, 2), -1, dtype=torch.int64, device=self.device)
         self._links_stale = False  # the device links await a full upload (a failed growth)
         self._gens = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self._handed: Tensor | None = None  # type: ignore[assignment]
@@ -1310,7 +1309,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     def nbytes(self) -> int:
         """Bytes held on the device by the row table (with the side rows of observations
         stored once) and the next-observation links."""
-        links = 0 if self._next_slot is None else 2 * self._next_slot.numel() * 8
+        links = 0 if self._links is None else self._links.numel() * 8
         return int(self.table.numel() * 8) + links
 
     def __repr__(self) -> str:
@@ -1413,9 +1412,9 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     def _mirror_links(self, changed: np.ndarray, written: np.ndarray) -> None:
         """Copy the link entries of ``changed`` slots, and the side rows the ``written`` slots
         hold, from the host links to the device: one packed array through the pinned staging
-        buffers (side rows in chunks when many), then ``index_copy_`` on the device."""
+        buffers (side rows in more when many), then ``index_copy_`` on the device."""
         links = self.links
-        assert links is not None and self._next_slot is not None and self._side_row is not None
+        assert links is not None and self._links is not None
         try:
             self._grow_side(links.side.shape[0])
         except BaseException:
@@ -1425,43 +1424,44 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             self._upload_links()
             return
         k = changed.shape[0]
-        head = np.concatenate([changed, links.next_slot[changed], links.side_row[changed]])
+        entries = np.empty((3, k), dtype=np.int64)  # slots, then (next_slot, side_row) pairs
+        entries[0] = changed
+        pairs = entries[1:].reshape(k, 2)
+        pairs[:, 0] = links.next_slot[changed]
+        pairs[:, 1] = links.side_row[changed]
         held = links.side_row[written]
         held = held[held >= 0]
         side = links.side.view(np.int64)
         width = self._side_words
-        # side rows per transfer: what fits in one staging buffer (the first also carries head)
+        # side rows per transfer: what fits in one staging buffer (the first also carries the
+        # link entries)
         per_chunk = max(1, self._uploader.chunk_words // (width + 1))
-        first = max(0, (self._uploader.chunk_words - head.shape[0]) // (width + 1))
-        stops = [min(first, held.shape[0]), *range(first + per_chunk, held.shape[0], per_chunk)]
-        stops = sorted({*stops, held.shape[0]})
-        table_obs = self.table[:, :width]
-        start = 0
-        for stop in stops:
-            ids = held[start:stop]
-            parts = [head] if start == 0 else []
-            packed = np.concatenate([*parts, ids + self._side_base, side[ids].reshape(-1)])
-            values = self._uploader.to_device(packed)
-            offset = 0
-            if start == 0:
-                where = values[:k]
-                self._next_slot.index_copy_(0, where, values[k : 2 * k])
-                self._side_row.index_copy_(0, where, values[2 * k : 3 * k])
-                offset = 3 * k
-            count = ids.shape[0]
-            if count:
-                rows_at = values[offset : offset + count]
-                contents = values[offset + count :].view(count, width)
-                table_obs.index_copy_(0, rows_at, contents)
-            start = stop
+        first = max(0, (self._uploader.chunk_words - 3 * k) // (width + 1))
+        stop = min(first, held.shape[0])
+        ids = held[:stop]
+        packed = np.concatenate([entries.reshape(-1), ids + self._side_base, side[ids].reshape(-1)])
+        values = self._uploader.to_device(packed)
+        self._links.index_copy_(0, values[:k], values[k : 3 * k].view(k, 2))
+        self._copy_side_rows(values[3 * k :], stop)
+        for start in range(stop, held.shape[0], per_chunk):
+            ids = held[start : start + per_chunk]
+            packed = np.concatenate([ids + self._side_base, side[ids].reshape(-1)])
+            self._copy_side_rows(self._uploader.to_device(packed), ids.shape[0])
+
+    def _copy_side_rows(self, values: Tensor, count: int) -> None:
+        """``values`` on the device: ``count`` table rows, then their side-row contents."""
+        if count:
+            width = self._side_words
+            contents = values[count:].view(count, width)
+            self.table[:, :width].index_copy_(0, values[:count], contents)
 
     def _upload_links(self) -> None:
         """Copy the host links, whole, to the device (after a load, or a failed growth)."""
         links = self.links
-        assert links is not None and self._next_slot is not None and self._side_row is not None
+        assert links is not None and self._links is not None
         self._grow_side(links.side.shape[0])
-        self._uploader.upload(self._next_slot.view(-1, 1), links.next_slot.reshape(-1, 1))
-        self._uploader.upload(self._side_row.view(-1, 1), links.side_row.reshape(-1, 1))
+        both = np.stack([links.next_slot, links.side_row], axis=1)
+        self._uploader.upload(self._links, both)
         side = links.side.view(np.int64)
         base = self._side_base
         self._uploader.upload(self.table[base : base + side.shape[0], : self._side_words], side)
@@ -1494,11 +1494,10 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             return
         slots = draw.indices[first:stop].reshape(-1)
         sources = slots
-        if self._next_slot is not None and self._side_row is not None:
+        if self._links is not None:
             # the row holding each next observation: the successor slot, or the slot's side row
-            successor = self._next_slot.index_select(0, slots)
-            side_row = self._side_row.index_select(0, slots) + self._side_base
-            sources = torch.where(successor >= 0, successor, side_row)
+            successor, side_row = self._links.index_select(0, slots).unbind(1)
+            sources = torch.where(successor >= 0, successor, side_row + self._side_base)
         for src_dtype, dst_dtype, src, dst_at, length, from_next in self._segments:
             rows = sources if from_next else slots
             part = self.table.view(src_dtype)[:, src : src + length]

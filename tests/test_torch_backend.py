@@ -42,6 +42,14 @@ SAMPLERS = [
     PrioritizedNeighbor,
 ]
 SPECS2 = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
+#: half-precision fields (float16 obs of two agents, one float16 action)
+HALF = {
+    "p": AgentSpec(obs_shape=(5,), action_shape=(3,), obs_dtype=np.float16),
+    "q": AgentSpec(
+        obs_shape=(2, 3), action_shape=(2,), obs_dtype=np.float16, action_dtype=np.float16
+    ),
+    "r": AgentSpec(obs_shape=(4,), action_shape=(4,), n_discrete_actions=4),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +86,8 @@ def assert_same_links(a, b):
     np.testing.assert_array_equal(b.links.next_slot, a.links.next_slot)
     np.testing.assert_array_equal(b.links.side_row, a.links.side_row)
     assert b.links.pending == a.links.pending
-    np.testing.assert_array_equal(host(b._next_slot), b.links.next_slot)
-    np.testing.assert_array_equal(host(b._side_row), b.links.side_row)
+    np.testing.assert_array_equal(host(b._links[:, 0]), b.links.next_slot)
+    np.testing.assert_array_equal(host(b._links[:, 1]), b.links.side_row)
     used = b.links.side_row[b.links.side_row >= 0]
     side = host(b.table[b._side_base + used, : b._side_words]).view(np.uint8)
     assert side.tobytes() == b.links.side[used].tobytes()
@@ -866,11 +874,11 @@ def _device_waits_raise() -> Iterator[None]:
 # --------------------------------------------------------------------------- CUDA specifics
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_cuda_round_never_waits_for_the_device(mixed_specs):
-    buf = MultiAgentReplayBuffer(
-        mixed_specs, 256, sampler=PrioritizedNeighbor(), seed=0, device="cuda"
-    )
-    buf.extend(**random_step_data(mixed_specs, 300, np.random.default_rng(0)))
+@pytest.mark.parametrize("half", [False, True])  # observations stored once (the default)
+def test_cuda_round_never_waits_for_the_device(mixed_specs, half):
+    specs = HALF if half else mixed_specs
+    buf = MultiAgentReplayBuffer(specs, 256, sampler=PrioritizedNeighbor(), seed=0, device="cuda")
+    buf.extend(**random_step_data(specs, 300, np.random.default_rng(0)))
     buf.sample_for_trainers(64)  # warm-up (prefix sums, lazy CUDA state)
     with _device_waits_raise():
         for _ in range(3):
@@ -1330,15 +1338,6 @@ def test_states_of_the_other_mode_are_converted(mixed_specs, layout, source):
 
 
 # --------------------------------------------------------------------------- half precision
-HALF = {
-    "p": AgentSpec(obs_shape=(5,), action_shape=(3,), obs_dtype=np.float16),
-    "q": AgentSpec(
-        obs_shape=(2, 3), action_shape=(2,), obs_dtype=np.float16, action_dtype=np.float16
-    ),
-    "r": AgentSpec(obs_shape=(4,), action_shape=(4,), n_discrete_actions=4),
-}
-
-
 def _half_data(steps, seed):
     data = random_step_data(HALF, steps, np.random.default_rng(seed))  # in the spec dtypes
     for agent in HALF:  # linked steps: each obs is the previous step's next_obs
