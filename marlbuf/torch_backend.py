@@ -18,13 +18,15 @@ API of the NumPy buffer; what differs is where the data lives and what a batch h
   rows live in table rows after the ring. A gather reads every next_obs with one
   ``index_select`` from the successor's row or the side row (``torch.where`` of the links).
 * **Sampling** - indices are drawn on the device from a seeded ``torch.Generator``: ``Uniform``
-  by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (each run is then one
-  contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from float64 prefix sums
-  (see :class:`_DevicePrioritized`). A batch is one ``index_select`` of whole rows into a
-  preallocated output (a whole MADDPG round is one ``index_select`` into one ``(T * B, row)``
-  block). Nothing in ``sample``, ``sample_for_trainers`` or
-  ``update_priorities(..., sync=False)`` waits for the device (except a prioritized sampler
-  with ``eps ** alpha == 0``, which checks for an all-zero total on the host).
+  by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (with dense float32 rows
+  each run is then one contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from
+  float64 prefix sums (see :class:`_DevicePrioritized`). With dense float32 rows a batch is one
+  ``index_select`` of whole rows into a preallocated output (a whole MADDPG round is one
+  ``index_select`` into one ``(T * B, row)`` block); other formats take one per merged segment
+  of the NumPy buffer's gather plan (three for lean float32 rows). Nothing in ``sample``,
+  ``sample_for_trainers`` or ``update_priorities(..., sync=False)`` waits for the device
+  (except a prioritized sampler with ``eps ** alpha == 0``, which checks for an all-zero total
+  on the host).
 * **Batches** - :class:`DeviceBatch`: the structure of :class:`marlbuf.batch.Batch` with torch
   tensors (per-agent tensors are views of the gathered rows; ``indices``, ``generations`` and
   ``weights`` are device tensors). Batch rows are the NumPy buffer's: dense, with float16
