@@ -120,7 +120,7 @@ class TrainConfig:
     obs_dtype: str = "float32"
     """Storage dtype of observations in the replay buffer: ``"float32"``, or ``"float16"`` (half
     the observation bytes; batches are converted back to float32 in the gather, so the
-    learner is unchanged). Host buffers only."""
+    learner is unchanged), in the host buffer and in a device buffer (``buffer_device``)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes stored with checkpoints and logs (not used by the trainer)."""
 
@@ -141,11 +141,6 @@ class TrainConfig:
         if self.obs_dtype not in ("float32", "float16"):
             raise ValueError(
                 f"obs_dtype must be 'float32' or 'float16'; got obs_dtype={self.obs_dtype!r}"
-            )
-        if self.obs_dtype != "float32" and self.buffer_device is not None:
-            raise ValueError(
-                "obs_dtype='float16' is a host-buffer format; drop buffer_device or keep "
-                "obs_dtype='float32'"
             )
         """Raise ``ValueError``/``TypeError`` naming the first bad field; no side effects."""
         for name, allowed in (

@@ -5,9 +5,11 @@ as not measured, with the reason). Per workload (CN-24 and PP-24+8 at B = 1024),
 N trainers x one batch of every agent's fields, delivered as tensors on the GPU; each timed
 round ends with ``torch.cuda.synchronize()``:
 
-* ``device buffer`` - ``MultiAgentReplayBuffer(..., device="cuda")``, ``sample_for_trainers``
-  (indices drawn and the round gathered on the GPU); ``+out`` reuses the previous round's block;
-  ``+prioritized`` with the ``Prioritized`` sampler;
+* ``device buffer`` - ``MultiAgentReplayBuffer(..., device="cuda", next_obs="stored")``,
+  ``sample_for_trainers`` (indices drawn and the round gathered on the GPU); ``+out`` reuses the
+  previous round's block; ``+prioritized`` with the ``Prioritized`` sampler; ``+obs once`` in
+  the default format, observations stored once (lean rows; each next_obs gathered from its
+  successor's row or a side row);
 * ``host buffer + to_torch`` - the NumPy buffer's round, each batch sent with
   ``to_torch(device, pin_memory=True, non_blocking=True)``;
 * ``torchrl`` - TorchRL's ``LazyTensorStorage(device="cuda")`` holding a nested TensorDict
@@ -29,7 +31,9 @@ original trainers run), ``baseline`` (the same on marlbuf's vectorized environme
 
 CPU part (always measured): the torch backend with ``device="cpu"`` against the NumPy buffer on
 the CN-24 round (uniform, serial NumPy kernels, one torch thread; both with their default batch
-memory recycling and with ``out=`` reuse). The target is a ratio of at most 1.3.
+memory recycling and with ``out=`` reuse). The target is a ratio of at most 1.3. The NumPy
+buffer stores observations once (its default); ``torch backend (cpu)`` keeps next_obs in every
+row, ``torch backend (cpu) lean`` stores observations once as well.
 
 Times are medians of interleaved repeats (``bench/common.py``); only ratios measured in the same
 process are compared.
@@ -92,6 +96,7 @@ GPU_CASES = (
     "device buffer",
     "device buffer+out",
     "device buffer+prioritized",
+    "device buffer+obs once",
     "host buffer + to_torch(pinned, non_blocking)",
     "torchrl LazyTensorStorage(device)",
     "torchrl prioritized",
@@ -188,11 +193,16 @@ def _gpu_rounds(
     device = torch.device(where)
     specs = workload.specs()
     n, capacity = workload.n_trainers, cfg["capacity"]
-    uniform = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device=where)
-    per = MultiAgentReplayBuffer(specs, capacity, sampler=Prioritized(), seed=0, device=where)
+    uniform = MultiAgentReplayBuffer(
+        specs, capacity, sampler=Uniform(), seed=0, device=where, next_obs="stored"
+    )
+    per = MultiAgentReplayBuffer(
+        specs, capacity, sampler=Prioritized(), seed=0, device=where, next_obs="stored"
+    )
+    lean = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device=where)
     host = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0)
     peers, skipped = _torchrl_buffers(capacity, device)
-    _fill([uniform, per, host], list(peers.values()), workload, capacity)
+    _fill([uniform, per, lean, host], list(peers.values()), workload, capacity)
     sync = _sync(where)
     previous: list[Any] = []
 
@@ -209,6 +219,10 @@ def _gpu_rounds(
         per.sample_for_trainers(BATCH)
         sync()
 
+    def lean_round() -> None:
+        lean.sample_for_trainers(BATCH)
+        sync()
+
     def host_round() -> None:
         for batch in host.sample_for_trainers(BATCH):
             batch.to_torch(device, pin_memory=device.type == "cuda", non_blocking=True)
@@ -218,6 +232,7 @@ def _gpu_rounds(
         "device buffer": device_round,
         "device buffer+out": device_round_out,
         "device buffer+prioritized": prioritized_round,
+        "device buffer+obs once": lean_round,
         "host buffer + to_torch(pinned, non_blocking)": host_round,
     }
     for name, rb in peers.items():
@@ -328,8 +343,11 @@ def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
     specs = workload.specs()
     capacity = cfg["capacity"]
     numpy_buf = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0)
-    torch_buf = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device="cpu")
-    _fill([numpy_buf, torch_buf], [], workload, capacity)
+    torch_buf = MultiAgentReplayBuffer(
+        specs, capacity, sampler=Uniform(), seed=0, device="cpu", next_obs="stored"
+    )
+    torch_lean = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device="cpu")
+    _fill([numpy_buf, torch_buf, torch_lean], [], workload, capacity)
     kept: dict[str, list[Any]] = {"numpy": [], "torch": []}
 
     def with_out(buf: Any, key: str) -> Callable[[], Any]:
@@ -344,6 +362,7 @@ def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
         "torch backend (cpu)": lambda: torch_buf.sample_for_trainers(BATCH),
         "numpy buffer+out": with_out(numpy_buf, "numpy"),
         "torch backend (cpu)+out": with_out(torch_buf, "torch"),
+        "torch backend (cpu) lean": lambda: torch_lean.sample_for_trainers(BATCH),
     }
     timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=1)
     return {"workload": workload.label, "timings": timings}
@@ -386,7 +405,11 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         )
     ratio = cpu["timings"]["torch backend (cpu)"]["median"] / base
     ratio_out = cpu["timings"]["torch backend (cpu)+out"]["median"] / base_out
-    say(f"[device] torch backend (cpu) / numpy buffer: {ratio:.2f} ({ratio_out:.2f} with out=)")
+    ratio_lean = cpu["timings"]["torch backend (cpu) lean"]["median"] / base
+    say(
+        f"[device] torch backend (cpu) / numpy buffer: {ratio:.2f} ({ratio_out:.2f} with out=, "
+        f"{ratio_lean:.2f} lean)"
+    )
     gpu: dict[str, Any] = {}
     for workload in cfg["workloads"]:
         if status is not None:
@@ -490,6 +513,7 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             "workload": cpu["workload"],
             "torch_cpu_vs_numpy": round(ratio, 3),
             "torch_cpu_vs_numpy_with_out": round(ratio_out, 3),
+            "torch_cpu_lean_vs_numpy": round(ratio_lean, 3),
             "target": CPU_TARGET,
             "meets_target": bool(ratio <= CPU_TARGET),
         },

@@ -4,23 +4,33 @@
 :class:`TorchReplayBuffer` (``device="cpu"`` runs the same code on the host). It has the public
 API of the NumPy buffer; what differs is where the data lives and what a batch holds:
 
-* **Storage** - one ``int64`` tensor ``[capacity (+ run_length - 1), row_words]`` on the device,
-  holding rows in exactly the interleaved format of :class:`marlbuf.staging.RowCodec` (the bits
-  of the NumPy buffer's ``uint64`` table). ``add``/``extend``/``add_envs`` validate and stage on
-  the host with the same ``RowCodec`` (same checks, same messages); the staged rows then travel
+* **Storage** - one ``int64`` tensor on the device holding rows in exactly the interleaved
+  format of the NumPy buffer's table (the bits of its ``uint64`` table): lean rows without
+  next_obs when observations are stored once (``next_obs="once"``, the default, as in the NumPy
+  buffer), dense rows with ``next_obs="stored"``; float16 fields stay float16.
+  ``add``/``extend``/``add_envs`` validate and stage on the host with the same
+  :class:`marlbuf.staging.RowCodec` (same checks, same messages); the staged rows then travel
   to the device through two pinned host buffers with ``non_blocking=True`` copies (a CUDA event
   per buffer keeps a buffer from being refilled before its copy has run).
+* **Observations stored once** - the links (successor slot or side row per slot) are kept on
+  the host by the NumPy buffer's own :class:`marlbuf.writer.NextObsLinks` and mirrored to the
+  device at each commit (the changed entries only, through the same pinned buffers); the side
+  rows live in table rows after the ring. A gather reads every next_obs with one
+  ``index_select`` from the successor's row or the side row (``torch.where`` of the links).
 * **Sampling** - indices are drawn on the device from a seeded ``torch.Generator``: ``Uniform``
-  by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (each run is then one
-  contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from float64 prefix sums
-  (see :class:`_DevicePrioritized`). A batch is one ``index_select`` of whole rows into a
-  preallocated output (a whole MADDPG round is one ``index_select`` into one ``(T * B, row)``
-  block). Nothing in ``sample``, ``sample_for_trainers`` or
-  ``update_priorities(..., sync=False)`` waits for the device (except a prioritized sampler
-  with ``eps ** alpha == 0``, which checks for an all-zero total on the host).
+  by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (with dense float32 rows
+  each run is then one contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from
+  float64 prefix sums (see :class:`_DevicePrioritized`). With dense float32 rows a batch is one
+  ``index_select`` of whole rows into a preallocated output (a whole MADDPG round is one
+  ``index_select`` into one ``(T * B, row)`` block); other formats take one per merged segment
+  of the NumPy buffer's gather plan (three for lean float32 rows). Nothing in ``sample``,
+  ``sample_for_trainers`` or ``update_priorities(..., sync=False)`` waits for the device
+  (except a prioritized sampler with ``eps ** alpha == 0``, which checks for an all-zero total
+  on the host).
 * **Batches** - :class:`DeviceBatch`: the structure of :class:`marlbuf.batch.Batch` with torch
   tensors (per-agent tensors are views of the gathered rows; ``indices``, ``generations`` and
-  ``weights`` are device tensors).
+  ``weights`` are device tensors). Batch rows are the NumPy buffer's: dense, with float16
+  fields converted to float32 in the gather unless ``batch_dtype="storage"``.
 
 Files written by :meth:`TorchReplayBuffer.save` are the NumPy buffer's files (same format, plus
 the torch generator's state): a buffer saved on one device loads on another, and
@@ -47,9 +57,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from marlbuf import _config, persistence
+from marlbuf._kernels import scatter_lean
+from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 from marlbuf.batch import Batch
-from marlbuf.buffer import MultiAgentReplayBuffer, _check_arguments, _check_header, make_rng
-from marlbuf.memory import check_fits_in_memory
+from marlbuf.buffer import (
+    NEXT_OBS_MODES,
+    MultiAgentReplayBuffer,
+    _check_arguments,
+    _check_header,
+    make_rng,
+)
+from marlbuf.memory import check_fits_in_memory, estimate
 from marlbuf.prioritized import LinearBeta, checked_tree_state
 from marlbuf.samplers import (
     Neighbor,
@@ -62,12 +80,15 @@ from marlbuf.samplers import (
 from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
 from marlbuf.staging import RowCodec
 from marlbuf.storage import (
+    BATCH_DTYPES,
     BATCH_LAYOUTS,
     LAYOUTS,
     BlockPool,
     _ring_ranges,
+    _widened,
+    build_plan,
 )
-from marlbuf.writer import RingWriter
+from marlbuf.writer import NextObsLinks, RingWriter
 
 Tensor = torch.Tensor
 
@@ -132,16 +153,19 @@ class RowLayout:
     ----------
     codec : RowCodec
         The buffer's row format (offsets of every (field, agent) in a row).
+    lean : bool, default False
+        Describe the codec's lean rows (observations stored once: no ``next_obs`` section)
+        instead of its dense rows.
     """
 
-    def __init__(self, codec: RowCodec) -> None:
+    def __init__(self, codec: RowCodec, lean: bool = False) -> None:
         self.codec = codec
         self.agents = list(codec.agents)
-        self.row_words = codec.row_words
-        self.row_bytes = codec.row_bytes
+        self.row_bytes = codec.lean_row_bytes if lean else codec.row_bytes
+        self.row_words = self.row_bytes // 8
         # (field, agent, element offset in its dtype, element count, shape, torch dtype)
         self.slots: list[tuple[str, str, int, int, tuple[int, ...], torch.dtype]] = []
-        for s in codec.slots:
+        for s in codec.lean_slots if lean else codec.slots:
             dt = torch_dtype(s.dtype)
             itemsize = s.dtype.itemsize
             self.slots.append(
@@ -890,48 +914,69 @@ def _device_sampler(
 
 # --------------------------------------------------------------------------------- uploads
 class _Uploader:
-    """Copies staged host rows into rows of the device table.
+    """Copies host arrays (staged rows, link updates) to the device.
 
-    On a CUDA device the rows go through two pinned host buffers used in turn: each chunk is
+    On a CUDA device the data go through two pinned host buffers used in turn: each chunk is
     copied into a pinned buffer, sent with ``copy_(..., non_blocking=True)`` on the device's
     current stream, and an event recorded after it; before a pinned buffer is refilled its
-    event is waited for (normally long done). On the CPU the rows are copied directly.
+    event is waited for (normally long done). On the CPU the data are copied directly.
     """
 
-    def __init__(self, row_words: int, device: torch.device) -> None:
-        self.row_words = row_words
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.chunk_rows = max(1, _config.DEVICE_STAGING_BYTES // (8 * row_words))
-        self._pinned: list[Tensor] = []
+        self.chunk_words = max(1, _config.DEVICE_STAGING_BYTES // 8)
+        self._pinned: list[Tensor] = []  # flat int64
         self._host: list[np.ndarray] = []
         self._events: list[Any] = []
         self._turn = 0
 
-    def upload(self, dst: Tensor, rows: np.ndarray) -> None:
-        """``dst[:] = rows`` (``dst`` (n, row_words) int64 on the device, ``rows`` (n,
-        row_words) uint64 on the host)."""
-        src = rows.view(np.int64)
+    def _buffers(self, words: int) -> None:
+        """Pinned buffers of at least ``words`` int64 each (a row wider than the staging size
+        gets buffers of its own width)."""
+        if self._pinned and self._pinned[0].shape[0] >= words:
+            return
+        for event in self._events:
+            event.synchronize()  # copies out of the old buffers have finished
+        size = max(self.chunk_words, words)
+        self._pinned, self._host, self._events = [], [], []
+        for _ in range(2):
+            pinned = torch.empty(size, dtype=torch.int64).pin_memory()
+            self._pinned.append(pinned)
+            self._host.append(pinned.numpy())
+            self._events.append(torch.cuda.Event())
+
+    def upload(self, dst: Tensor, src: np.ndarray) -> None:
+        """``dst[:] = src``: ``dst`` a (n, w) int64 tensor on the device (any strides),
+        ``src`` (n, w) int64 or uint64 on the host (C-contiguous)."""
+        src = src.view(np.int64)
         if self.device.type != "cuda":
             dst.copy_(torch.from_numpy(src))
             return
-        if not self._pinned:
-            for _ in range(2):
-                pinned = torch.empty((self.chunk_rows, self.row_words), dtype=torch.int64)
-                pinned = pinned.pin_memory()
-                self._pinned.append(pinned)
-                self._host.append(pinned.numpy())
-                self._events.append(torch.cuda.Event())
+        total, width = src.shape
+        self._buffers(width)
+        chunk_rows = max(1, self._pinned[0].shape[0] // width)
         stream = torch.cuda.current_stream(self.device)
-        done, total = 0, src.shape[0]
+        done = 0
         while done < total:
             k = self._turn
             self._turn ^= 1
-            count = min(self.chunk_rows, total - done)
+            count = min(chunk_rows, total - done)
             self._events[k].synchronize()  # the previous copy out of this buffer has finished
-            np.copyto(self._host[k][:count], src[done : done + count])
-            dst[done : done + count].copy_(self._pinned[k][:count], non_blocking=True)
+            host = self._host[k][: count * width].reshape(count, width)
+            np.copyto(host, src[done : done + count])
+            pinned = self._pinned[k][: count * width].view(count, width)
+            dst[done : done + count].copy_(pinned, non_blocking=True)
             self._events[k].record(stream)
             done += count
+
+    def to_device(self, src: np.ndarray) -> Tensor:
+        """A device copy of the 1-D int64 host array ``src`` (on the CPU: ``src`` itself as a
+        tensor; the caller uses it at once and never writes ``src`` again)."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(src)
+        out = torch.empty(src.shape[0], dtype=torch.int64, device=self.device)
+        self.upload(out.view(-1, 1), src.reshape(-1, 1))
+        return out
 
 
 class _TableStorage:
@@ -952,7 +997,7 @@ class _TableStorage:
 
     @property
     def nbytes(self) -> int:
-        return self._buffer.capacity * self._buffer.row_bytes
+        return self._buffer.capacity * self._buffer.table_row_bytes
 
     def arrays(self) -> dict[str, np.ndarray]:
         buf = self._buffer
@@ -974,6 +1019,7 @@ def _dense_state(state: Mapping[str, Any]) -> dict[str, Any]:
         sampler=Sampler.from_config(sampler["type"], sampler["config"]),
         n_trainers=int(state["n_trainers"]),
         next_obs="once",
+        batch_dtype="storage",  # rows in the stored dtypes
     )
     host.load_state_dict(state)
     size = host.size
@@ -983,6 +1029,69 @@ def _dense_state(state: Mapping[str, Any]) -> dict[str, Any]:
     else:
         storage = {f"{f}/{a}": batch.field(f)[a] for f in FIELDS for a in host.specs}
     return {**state, "next_obs": "stored", "links": {}, "storage": storage}
+
+
+def _dense_rows(codec: RowCodec, state: Mapping[str, Any]) -> np.ndarray:
+    """The stored rows of a state with next_obs in every row, as dense interleaved rows
+    (shape (size, row_words), uint64; an ``agent_major`` state is interleaved on the host)."""
+    size = int(state["size"])
+    storage = state["storage"]
+    if state["layout"] == "interleaved":
+        return np.ascontiguousarray(storage["table"], dtype=np.uint64)
+    rows = np.zeros((size, codec.row_words), dtype=np.uint64)
+    views = codec.views(rows)
+    for f in FIELDS:
+        for a in codec.agents:
+            views[f][a][...] = np.asarray(storage[f"{f}/{a}"])
+    return rows
+
+
+def _lean_state(codec: RowCodec, state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state with next_obs in every row as the same state with observations stored once:
+    lean rows, and links built by the writer's own comparison over the stored transitions in
+    write order (as one stream: a transition links to the next one written when its next_obs
+    equals that one's obs, byte for byte, so every batch stays the same)."""
+    dense = _dense_rows(codec, state)
+    size = dense.shape[0]
+    lean = np.zeros((size, codec.lean_row_bytes // 8), dtype=np.uint64)
+    if size:
+        scatter_lean(lean, np.arange(size, dtype=np.int64), dense, *_lean_words(codec))
+    capacity = int(state["capacity"])
+    links = NextObsLinks(capacity, codec.obs_bytes)
+    generations = np.asarray(state["write_generation"], dtype=np.int64)
+    if size:
+        order = np.argsort(generations, kind="stable")  # oldest first: write order
+        links.commit(
+            order,
+            dense[order].view(np.uint8),
+            0,
+            generations[order],
+            codec.next_obs_start,
+            np.full(capacity, -1, dtype=np.int64),
+        )
+    storage = {"table": lean}
+    return {
+        **state,
+        "layout": "interleaved",
+        "next_obs": "once",
+        "storage": storage,
+        "links": links.state_dict(copy=False),
+    }
+
+
+def _lean_words(codec: RowCodec) -> tuple[int, int, int, int]:
+    """:func:`marlbuf._kernels.scatter_lean`'s section arguments for ``codec``'s rows."""
+    done_lean, done_dense, done_bytes = codec.done_span
+    return -(-codec.head_bytes // 8), done_lean // 8, done_dense // 8, -(-done_bytes // 8)
+
+
+#: torch dtypes of the gather plan's segment kinds (source and destination units)
+_UNIT_DTYPES = {
+    COPY64: (torch.int64, torch.int64),
+    COPY32: (torch.int32, torch.int32),
+    COPY8: (torch.uint8, torch.uint8),
+    HALF_TO_FLOAT: (torch.float16, torch.float32),
+}
 
 
 class TorchReplayBuffer(MultiAgentReplayBuffer):
@@ -996,6 +1105,13 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     ----------
     layout : {"interleaved"}
         The torch backend keeps the interleaved row table only.
+    next_obs : {"once", "stored"}, default "once"
+        As in the NumPy buffer: ``"once"`` stores lean rows and the next-observation links
+        (mirrored on the device, with the side rows after the ring in the table); batches are
+        the same, bit for bit.
+    batch_dtype : {"float32", "storage"}, default "float32"
+        As in the NumPy buffer: float16 fields arrive as float32 (converted in the gather,
+        exactly) or, with ``"storage"``, as float16.
     sampler : Uniform, Neighbor, Prioritized or PrioritizedNeighbor
         Used for its configuration; the state (priorities, β schedule position) lives in
         :attr:`device_sampler` on the device (the sampler's NumPy trees are never allocated).
@@ -1026,25 +1142,18 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         n_trainers: int | None = None,
         parallel_gather: bool = False,
         batch_layout: str = "rows",
-        next_obs: str = "stored",
+        next_obs: str = "once",
         batch_dtype: str = "float32",
         *,
         device: Any = "cpu",
     ) -> None:
         self.specs = normalize_specs(specs)
-        if next_obs != "stored":
+        if next_obs not in NEXT_OBS_MODES:
+            raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
+        if batch_dtype not in BATCH_DTYPES:
             raise ValueError(
-                f"the torch backend (device={str(device)!r}) stores next_obs in every row; got "
-                f"next_obs={next_obs!r}: pass next_obs='stored' (observations stored once are "
-                "a host-buffer format for now)"
+                f"batch_dtype must be one of {BATCH_DTYPES}; got batch_dtype={batch_dtype!r}"
             )
-        if any(spec.dtype(f) == np.float16 for spec in self.specs.values() for f in FIELDS):
-            raise ValueError(
-                "the torch backend stores float32 rows; half-precision specs "
-                "(AgentSpec(obs_dtype=np.float16)) are a host-buffer format for now"
-            )
-        self.next_obs = "stored"
-        self.links = None
         capacity, sampler, n_trainers = _check_arguments(
             self.specs, capacity, sampler, n_trainers, parallel_gather
         )
@@ -1065,28 +1174,72 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             raise ValueError(
                 f"batch_layout must be one of {BATCH_LAYOUTS}; got batch_layout={batch_layout!r}"
             )
+        for spec in self.specs.values():
+            for f in FIELDS:
+                torch_dtype(spec.dtype(f))  # a dtype torch has, or a clear error
         self.device = check_device(device)
         self.capacity = capacity
         self.n_trainers = int(n_trainers)
         self.sampler = sampler
         self.device_sampler = _device_sampler(sampler, capacity, self.n_trainers, self.device)
-        self._codec = RowCodec(self.specs)
-        self.row_layout = RowLayout(self._codec)
-        self.row_words = self._codec.row_words
-        self.row_bytes = self._codec.row_bytes
+        self.next_obs = next_obs
+        self.batch_dtype = batch_dtype
+        self._codec = RowCodec(self.specs)  # staging (dense rows), as in the NumPy buffer
+        once = next_obs == "once"
+        self.links: NextObsLinks | None = None  # made once the memory check has passed
+        batch_specs = (
+            {a: _widened(s) for a, s in self.specs.items()}
+            if batch_dtype == "float32"
+            else dict(self.specs)
+        )
+        batch_codec = self._codec if batch_specs == self.specs else RowCodec(batch_specs)
+        #: the rows of gathered batches (dense, in the batch dtypes: the NumPy buffer's)
+        self.row_layout = RowLayout(batch_codec)
+        self.row_words = batch_codec.row_words
+        self.row_bytes = batch_codec.row_bytes
+        #: the rows of the table (lean when observations are stored once)
+        self.table_layout = RowLayout(self._codec, lean=once)
+        self.table_row_words = self.table_layout.row_words
+        self.table_row_bytes = self.table_layout.row_bytes
         self._batch_layout = batch_layout
-        # Neighbor runs are gathered as blocks of `run` rows: the first run - 1 rows are
-        # mirrored after the last slot so that a run that wraps is one block too
-        self._mirror = max(0, self.device_sampler.run_length - 1)
-        rows = capacity + self._mirror
-        self._check_memory(rows * self.row_bytes, f"interleaved storage for capacity={capacity}")
-        self.table = torch.zeros((rows, self.row_words), dtype=torch.int64, device=self.device)
+        self._segments = self._gather_segments(batch_codec, once)
+        # Neighbor runs of plain rows are gathered as blocks of `run` rows: the first run - 1
+        # rows are mirrored after the last slot so that a run that wraps is one block too
+        plain = self._segments is None
+        self._mirror = max(0, self.device_sampler.run_length - 1) if plain else 0
+        # the side table of observations stored once lives in table rows after the ring, so
+        # that every next_obs is gathered by one index_select; its reserve is the memory
+        # estimate's (one row per expected episode end and stream), grown when exceeded
+        needed = estimate(
+            self.specs,
+            capacity,
+            "interleaved",
+            next_obs,
+            prioritized=self.device_sampler.weighted,
+            n_trainers=self.n_trainers,
+        )
+        self._side_words = -(-self._codec.obs_bytes // 8)
+        self._side_base = capacity + self._mirror
+        self._side_rows = needed.side_table_bytes // (8 * self._side_words)
+        self._check_memory(
+            (self._side_base + self._side_rows) * self.table_row_bytes + needed.metadata_bytes,
+            f"interleaved storage for capacity={capacity}",
+        )
+        if once:
+            #: the host links (the NumPy buffer's own writer part), mirrored on the device
+            self.links = NextObsLinks(capacity, self._codec.obs_bytes)
+            self._side_rows = max(self._side_rows, self.links.side.shape[0])
+        rows = self._side_base + self._side_rows
+        self.table = torch.zeros(
+            (rows, self.table_row_words), dtype=torch.int64, device=self.device
+        )
         self._windows: Tensor | None = None
-        if self.device_sampler.run_length > 1:
-            run = self.device_sampler.run_length
-            self._windows = self.table.as_strided(
-                (capacity, run * self.row_words), (self.row_words, 1)
-            )
+        self._make_windows()
+        #: the device mirror of the links: per slot, (next_slot, side_row) of the host links
+        self._links: Tensor | None = None
+        if self.links is not None:
+            self._links = torch.full((capacity, 2), -1, dtype=torch.int64, device=self.device)
+        self._links_stale = False  # the device links await a full upload (a failed growth)
         self._gens = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self._handed: Tensor | None = None  # type: ignore[assignment]
         if self.device_sampler.weighted:
@@ -1094,7 +1247,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                 (self.n_trainers, capacity), -1, dtype=torch.int64, device=self.device
             )
         self.storage = _TableStorage(self)  # type: ignore[assignment]
-        self._uploader = _Uploader(self.row_words, self.device)
+        self._uploader = _Uploader(self.device)
         # batch memory on the host is recycled by the NumPy buffer's block pool (a fresh 29 MB
         # block costs more in page faults than the gather); on a GPU the caching allocator
         # does that job
@@ -1105,6 +1258,35 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         self.writer = RingWriter(self.capacity)
         self._pending: Tensor | None = None  # first deferred priority-update error
         self._pending_one = True  # whether it came from update_priorities (one trainer)
+
+    def _gather_segments(
+        self, batch_codec: RowCodec, once: bool
+    ) -> list[tuple[torch.dtype, torch.dtype, int, int, int, bool]] | None:
+        """How a table row becomes a batch row: ``None`` when they are the same (one
+        ``index_select`` of whole rows), else segments ``(source unit dtype, destination unit
+        dtype, source offset, destination offset, length, from_next)`` in units of their
+        dtypes, from the NumPy buffer's gather plan (:func:`marlbuf.storage.build_plan`);
+        ``from_next`` segments read the row holding the next observation (the successor slot
+        or a side row), at the obs offsets."""
+        if not once and batch_codec is self._codec:
+            return None
+        stored = self._codec.lean_slots if once else self._codec.slots
+        obs_slots = {fs.agent: fs for fs in self._codec.slots if fs.field == "obs"}
+        step = batch_codec.row_bytes
+        targets = [(fs.field, fs.agent, fs.offset, step, fs.dtype) for fs in batch_codec.slots]
+        kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, once)
+        return [
+            (*_UNIT_DTYPES[int(k)], int(s), int(d), int(n), bool(x))
+            for k, s, d, n, x in zip(kind, src, dst, length, from_next)
+        ]
+
+    def _make_windows(self) -> None:
+        """The view whose "rows" are runs of ``run`` table rows (Neighbor block gathers)."""
+        run = self.device_sampler.run_length
+        if run > 1 and self._segments is None:
+            self._windows = self.table.as_strided(
+                (self.capacity, run * self.table_row_words), (self.table_row_words, 1)
+            )
 
     def _check_memory(self, nbytes: int, what: str) -> None:
         if self.device.type == "cpu":
@@ -1132,8 +1314,10 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the row table (on the device)."""
-        return int(self.table.numel() * 8)
+        """Bytes held on the device by the row table (with the side rows of observations
+        stored once) and the next-observation links."""
+        links = 0 if self._links is None else self._links.numel() * 8
+        return int(self.table.numel() * 8) + links
 
     def __repr__(self) -> str:
         return (
@@ -1151,16 +1335,51 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     ) -> None:
         """Write validated staging rows (host) into the device table, and the metadata.
 
-        ``streams`` and ``truncated`` are accepted for the NumPy buffer's signature: rows here
-        hold their next_obs and no sampler reads episodes, so no stream bookkeeping is needed."""
+        ``truncated`` is accepted for the NumPy buffer's signature (no sampler here reads
+        episodes). With observations stored once the links are updated on the host by the NumPy
+        buffer's own :class:`~marlbuf.writer.NextObsLinks` (the same calls, so the same links),
+        the rows are stored lean, and the entries the commit changed are mirrored to the device."""
         writer = self.writer
+        links = self.links
         with writer.lock:
             skip, slots = writer.plan(steps)
             src = rows[skip:] if skip else rows
+            if skip and not isinstance(streams, int):
+                streams = streams[skip:]  # those environments' steps are overwritten at once
             first = writer.total_writes + skip  # write generation of src[0]
+            previous = None
+            if links is not None:
+                previous = self._previous_slots(streams)
+                if steps == 1 and isinstance(streams, int):
+                    links.commit_one(
+                        writer.cursor,
+                        src.view(np.uint8)[0],
+                        streams,
+                        writer.total_writes,
+                        self._codec.next_obs_start,
+                        writer.write_generation,
+                    )
+                else:
+                    links.commit(
+                        slots,
+                        src.view(np.uint8),
+                        streams,
+                        first + np.arange(slots.shape[0]),
+                        self._codec.next_obs_start,
+                        writer.write_generation,
+                    )
+                table_rows = np.empty((src.shape[0], self.table_row_words), dtype=np.uint64)
+                scatter_lean(
+                    table_rows,
+                    np.arange(src.shape[0], dtype=np.int64),
+                    src,
+                    *_lean_words(self._codec),
+                )
+            else:
+                table_rows = src
             ranges = _ring_ranges(slots)
             for lo, hi, s0 in ranges:
-                self._uploader.upload(self.table[lo:hi], src[s0 : s0 + hi - lo])
+                self._uploader.upload(self.table[lo:hi], table_rows[s0 : s0 + hi - lo])
                 if hi - lo == 1:
                     self._gens[lo].fill_(first + s0)
                 else:
@@ -1168,16 +1387,103 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                     self._gens[lo:hi] = torch.arange(start, start + hi - lo, device=self.device)
             if self._mirror and any(lo < self._mirror for lo, _, _ in ranges):
                 self._refresh_mirror()
+            changed = slots if previous is None else np.concatenate([previous, slots])
             writer.advance(slots, steps, skip)
             self.device_sampler.on_write(ranges)
+            if links is not None:
+                self._mirror_links(changed, slots)
+
+    def _previous_slots(self, streams: int | np.ndarray) -> np.ndarray:
+        """The slots of the writing streams' newest transitions (those a commit may link)."""
+        assert self.links is not None
+        pending = self.links.pending
+        ids = [int(streams)] if isinstance(streams, (int, np.integer)) else streams.tolist()
+        slots = [pending[s][0] for s in ids if s in pending]
+        return np.array(slots, dtype=np.int64)
 
     def _refresh_mirror(self) -> None:
         cap, m = self.capacity, self._mirror
         self.table[cap : cap + m].copy_(self.table[:m])
 
+    # ----------------------------------------------------------------------------- links
+    def _grow_side(self, needed: int) -> None:
+        """Make room for ``needed`` side rows in the table (a new table, the rows copied on the
+        device: the reserve is exceeded only by unusually many episode ends)."""
+        if needed <= self._side_rows:
+            return
+        rows = max(needed, 2 * self._side_rows)
+        total = self._side_base + rows
+        self._check_memory(
+            total * self.table_row_bytes,
+            f"the side table of observations stored once ({rows} rows)",
+        )
+        table = torch.zeros((total, self.table_row_words), dtype=torch.int64, device=self.device)
+        table[: self.table.shape[0]].copy_(self.table)
+        self.table = table
+        self._side_rows = rows
+        self._make_windows()
+
+    def _mirror_links(self, changed: np.ndarray, written: np.ndarray) -> None:
+        """Copy the link entries of ``changed`` slots, and the side rows the ``written`` slots
+        hold, from the host links to the device: one packed array through the pinned staging
+        buffers (side rows in more when many), then ``index_copy_`` on the device."""
+        links = self.links
+        assert links is not None and self._links is not None
+        try:
+            self._grow_side(links.side.shape[0])
+        except BaseException:
+            self._links_stale = True  # the host links are right; the next gather uploads them
+            raise
+        if self._links_stale:
+            self._upload_links()
+            return
+        k = changed.shape[0]
+        entries = np.empty((3, k), dtype=np.int64)  # slots, then (next_slot, side_row) pairs
+        entries[0] = changed
+        pairs = entries[1:].reshape(k, 2)
+        pairs[:, 0] = links.next_slot[changed]
+        pairs[:, 1] = links.side_row[changed]
+        held = links.side_row[written]
+        held = held[held >= 0]
+        side = links.side.view(np.int64)
+        width = self._side_words
+        # side rows per transfer: what fits in one staging buffer (the first also carries the
+        # link entries)
+        per_chunk = max(1, self._uploader.chunk_words // (width + 1))
+        first = max(0, (self._uploader.chunk_words - 3 * k) // (width + 1))
+        stop = min(first, held.shape[0])
+        ids = held[:stop]
+        packed = np.concatenate([entries.reshape(-1), ids + self._side_base, side[ids].reshape(-1)])
+        values = self._uploader.to_device(packed)
+        self._links.index_copy_(0, values[:k], values[k : 3 * k].view(k, 2))
+        self._copy_side_rows(values[3 * k :], stop)
+        for start in range(stop, held.shape[0], per_chunk):
+            ids = held[start : start + per_chunk]
+            packed = np.concatenate([ids + self._side_base, side[ids].reshape(-1)])
+            self._copy_side_rows(self._uploader.to_device(packed), ids.shape[0])
+
+    def _copy_side_rows(self, values: Tensor, count: int) -> None:
+        """``values`` on the device: ``count`` table rows, then their side-row contents."""
+        if count:
+            width = self._side_words
+            contents = values[count:].view(count, width)
+            self.table[:, :width].index_copy_(0, values[:count], contents)
+
+    def _upload_links(self) -> None:
+        """Copy the host links, whole, to the device (after a load, or a failed growth)."""
+        links = self.links
+        assert links is not None and self._links is not None
+        self._grow_side(links.side.shape[0])
+        both = np.stack([links.next_slot, links.side_row], axis=1)
+        self._uploader.upload(self._links, both)
+        side = links.side.view(np.int64)
+        base = self._side_base
+        self._uploader.upload(self.table[base : base + side.shape[0], : self._side_words], side)
+        self._links_stale = False
+
     # ----------------------------------------------------------------------------- sampling
     def _new_rows(self, n: int) -> Tensor:
-        """Fresh (n, row_words) int64 memory for gathered rows."""
+        """Fresh (n, row_words) int64 memory for gathered (batch) rows."""
         if self._pool is not None:
             raw = self._pool.acquire(n * self.row_bytes)
             return torch.from_numpy(raw.view(np.int64).reshape(n, self.row_words))
@@ -1189,14 +1495,31 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def _gather_into(self, dst: Tensor, draw: _Draw, first: int, stop: int) -> None:
-        """Rows of trainers ``first .. stop - 1`` of ``draw`` into ``dst`` ((stop - first) * B
-        rows): one ``index_select`` of whole rows, or of whole runs for neighbor draws."""
-        if draw.refs is not None and self._windows is not None:
-            refs = draw.refs[first:stop].reshape(-1)
-            out = dst.view(refs.shape[0], -1)
-            torch.index_select(self._windows, 0, refs, out=out)
-        else:
-            torch.index_select(self.table, 0, draw.indices[first:stop].reshape(-1), out=dst)
+        """Batch rows of trainers ``first .. stop - 1`` of ``draw`` into ``dst`` ((stop -
+        first) * B rows): one ``index_select`` of whole rows (or of whole runs for neighbor
+        draws) when table rows are batch rows, else the segments of the gather plan."""
+        if self._segments is None:
+            if draw.refs is not None and self._windows is not None:
+                refs = draw.refs[first:stop].reshape(-1)
+                out = dst.view(refs.shape[0], -1)
+                torch.index_select(self._windows, 0, refs, out=out)
+            else:
+                torch.index_select(self.table, 0, draw.indices[first:stop].reshape(-1), out=dst)
+            return
+        slots = draw.indices[first:stop].reshape(-1)
+        sources = slots
+        if self._links is not None:
+            # the row holding each next observation: the successor slot, or the slot's side row
+            successor, side_row = self._links.index_select(0, slots).unbind(1)
+            sources = torch.where(successor >= 0, successor, side_row + self._side_base)
+        for src_dtype, dst_dtype, src, dst_at, length, from_next in self._segments:
+            rows = sources if from_next else slots
+            part = self.table.view(src_dtype)[:, src : src + length]
+            out = dst.view(dst_dtype)[:, dst_at : dst_at + length]
+            if src_dtype == dst_dtype:
+                torch.index_select(part, 0, rows, out=out)
+            else:  # float16 storage, float32 batch: exact
+                out.copy_(part.index_select(0, rows))
 
     def _batches(
         self,
@@ -1208,6 +1531,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         """The batches of ``draw`` (one per trainer of ``trainers``), gathered under the lock.
 
         ``out``: a ``(K * B, row_words)`` round block, per-trainer blocks, or None (fresh)."""
+        if self._links_stale:
+            self._upload_links()
         k, batch = draw.indices.shape
         flat = draw.indices.reshape(-1)
         generations = self._gens.index_select(0, flat).view(k, batch)
@@ -1446,11 +1771,17 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
 
     def stored(self, field: str) -> dict[str, Tensor]:  # type: ignore[override]
         """Views of one field over the filled slots, per agent (tensors on the device, in ring
-        order; treat them as read-only: they see later writes)."""
+        order, in the stored dtypes; treat them as read-only: they see later writes until the
+        side table of observations stored once outgrows its reserve). ``next_obs`` with
+        observations stored once is assembled by a gather of every filled slot (a copy in
+        the batch dtypes, as in the NumPy buffer)."""
         if field not in FIELDS:
             raise ValueError(f"field must be one of {FIELDS}; got field={field!r}")
         with self.writer.lock:
-            return self.row_layout.views(self.table[: self.size])[field]
+            if field == "next_obs" and self.links is not None:
+                # not stored as such: assembled by a gather of every filled slot (a copy)
+                return self.gather(np.arange(self.size, dtype=np.int64)).next_obs
+            return self.table_layout.views(self.table[: self.size])[field]
 
     def reward_stats(self) -> dict[str, tuple[float, float]]:
         """Mean and standard deviation of every stored reward, per agent, in float64 (waits
@@ -1717,7 +2048,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
     def _state(self, copy: bool) -> dict[str, Any]:
         """The NumPy buffer's state (same keys and arrays, host memory), plus the torch
         generator's state under ``"device_rng"``. On the CPU with ``copy=False`` the table is a
-        view of the tensor's memory; on a GPU it is copied to the host."""
+        view of the tensor's memory; on a GPU it is copied to the host. The links of
+        observations stored once are the host's own (the device holds a mirror)."""
         filled = self.size
         table = self.table[:filled]
         if self.device.type == "cpu":
@@ -1731,7 +2063,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             "specs": {a: s.to_dict() for a, s in self.specs.items()},
             "capacity": self.capacity,
             "layout": self.layout,
-            "next_obs": "stored",
+            "next_obs": self.next_obs,
             "n_trainers": self.n_trainers,
             "sampler": {
                 "type": type(self.sampler).__name__,
@@ -1745,21 +2077,23 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                 "state": self.generator.get_state().numpy().copy(),
             },
             "storage": {"table": host},
-            "links": {},
+            "links": {} if self.links is None else self.links.state_dict(copy=copy),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state of this buffer, of another device's, or of a NumPy buffer (either
-        layout) with the same specs, capacity and number of trainers.
+        layout, either next_obs mode) with the same specs, capacity and number of trainers.
 
         The torch generator continues exactly when the state comes from the same device type;
         otherwise it is reseeded from the restored NumPy generator state (deterministic).
-        A state with observations stored once (the NumPy buffer's default) is expanded to rows
-        that hold their next_obs on the host first (a temporary copy of the data).
+        A state in this buffer's next_obs mode loads as it is (observations stored once: the
+        lean rows and the links, which are then mirrored to the device). A state in the other
+        mode is converted on the host first (a temporary copy of the data): stored-once rows
+        are expanded to rows with their next_obs, or rows with their next_obs are made lean
+        with links built by the writer's comparison over the transitions in write order.
+        Every part is checked before anything changes.
         """
         _check_header(state)
-        if state.get("next_obs", "stored") != "stored":
-            state = _dense_state(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         mismatch = [
             (k, mine, theirs)
@@ -1776,37 +2110,28 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                 f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
                 "the state; build the buffer with TorchReplayBuffer.load instead"
             )
-        size = int(state["size"])
-        storage = state["storage"]
-        expected: dict[str, tuple[tuple[int, ...], np.dtype]]
-        if state["layout"] == "interleaved":
-            expected = {"table": ((size, self.row_words), np.dtype(np.uint64))}
-        elif state["layout"] == "agent_major":
-            expected = {
-                f"{f}/{a}": ((size, *s.shape(f)), s.dtype(f))
-                for f in FIELDS
-                for a, s in self.specs.items()
-            }
-        else:
+        if state["layout"] not in LAYOUTS:
             raise ValueError(
                 f"state_dict has layout {state['layout']!r}; expected 'interleaved' or "
                 "'agent_major'"
             )
-        if set(storage) != set(expected):
-            raise ValueError(
-                f"state_dict storage arrays {sorted(storage)} do not match the "
-                f"{state['layout']!r} layout's {sorted(expected)}"
-            )
-        for key, (shape, dtype) in expected.items():
-            src = np.asarray(storage[key])
-            if src.shape != shape or src.dtype != dtype:
-                raise ValueError(
-                    f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
-                    f"expected {shape} {dtype}"
-                )
+        self.writer.check_state(state)
+        mode = state.get("next_obs", "stored")
+        if mode not in NEXT_OBS_MODES:
+            raise ValueError(f"state_dict has next_obs={mode!r}; expected one of {NEXT_OBS_MODES}")
+        if mode != self.next_obs:
+            self._check_storage(state, mode)
+            state = _dense_state(state) if mode == "once" else _lean_state(self._codec, state)
+        self._check_storage(state, self.next_obs)
+        if self.links is not None:
+            self.links.check_state(state["links"])
+        size = int(state["size"])
         with self.writer.lock:
-            self._load_rows(state["layout"], storage, size)
+            self._load_rows(state["layout"], state["storage"], size)
             self.writer.load_state_dict(state)
+            if self.links is not None:
+                self.links.load_state_dict(state["links"])
+                self._upload_links()
             self._gens.fill_(-1)
             self._gens[:size] = torch.from_numpy(self.writer.write_generation[:size].copy()).to(
                 self.device
@@ -1828,27 +2153,58 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             self.device_sampler.load_state_dict(state["sampler"]["state"])
             self._pending = None
 
+    def _check_storage(self, state: Mapping[str, Any], mode: str) -> None:
+        """Raise ``ValueError`` unless ``state``'s storage arrays are those of its layout in
+        next_obs ``mode``, for its size."""
+        size = int(state["size"])
+        storage = state["storage"]
+        expected: dict[str, tuple[tuple[int, ...], np.dtype]]
+        if state["layout"] == "interleaved":
+            words = self._codec.lean_row_bytes // 8 if mode == "once" else self._codec.row_words
+            expected = {"table": ((size, words), np.dtype(np.uint64))}
+        else:
+            expected = {
+                f"{f}/{a}": ((size, *s.shape(f)), s.dtype(f))
+                for f in FIELDS
+                if not (mode == "once" and f == "next_obs")
+                for a, s in self.specs.items()
+            }
+        if set(storage) != set(expected):
+            raise ValueError(
+                f"state_dict storage arrays {sorted(storage)} do not match the "
+                f"{state['layout']!r} layout's {sorted(expected)}"
+            )
+        for key, (shape, dtype) in expected.items():
+            src = np.asarray(storage[key])
+            if src.shape != shape or src.dtype != dtype:
+                raise ValueError(
+                    f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
+                    f"expected {shape} {dtype}"
+                )
+
     def _load_rows(self, layout: str, storage: Mapping[str, Any], size: int) -> None:
         """Copy stored rows ``[0, size)`` into the table (chunks; agent_major states are turned
-        into rows on the host first)."""
+        into table rows on the host first)."""
+        chunk = max(1, _config.DEVICE_STAGING_BYTES // self.table_row_bytes)
         if layout == "interleaved":
             src = np.asarray(storage["table"])
             dst = self.table[:size]
             if self.device.type == "cpu" and src.size and dst.data_ptr() == src.ctypes.data:
                 return  # read straight into the table by persistence
-            chunk = max(1, _config.DEVICE_STAGING_BYTES // self.row_bytes)
             for start in range(0, size, chunk):
                 stop = min(size, start + chunk)
                 self._uploader.upload(self.table[start:stop], np.ascontiguousarray(src[start:stop]))
             return
-        chunk = max(1, _config.DEVICE_STAGING_BYTES // self.row_bytes)
+        raw_slots = self._codec.lean_slots if self.links is not None else self._codec.slots
         for start in range(0, size, chunk):
             stop = min(size, start + chunk)
-            rows = np.zeros((stop - start, self.row_words), dtype=np.uint64)
-            views = self._codec.views(rows)
-            for f in FIELDS:
-                for a in self.specs:
-                    views[f][a][...] = np.asarray(storage[f"{f}/{a}"])[start:stop]
+            rows = np.zeros((stop - start, self.table_row_words), dtype=np.uint64)
+            raw = rows.view(np.uint8)
+            for fs in raw_slots:
+                part = raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)
+                part[...] = np.asarray(storage[f"{fs.field}/{fs.agent}"])[start:stop].reshape(
+                    stop - start, -1
+                )
             self._uploader.upload(self.table[start:stop], rows)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -1870,6 +2226,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                 capacity=int(header["capacity"]),
                 sampler=Sampler.from_config(sampler["type"], sampler["config"]),
                 n_trainers=int(header["n_trainers"]),
+                next_obs=header.get("next_obs", "stored"),
                 device=device,
             )
             built.append(buf)

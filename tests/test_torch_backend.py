@@ -42,6 +42,14 @@ SAMPLERS = [
     PrioritizedNeighbor,
 ]
 SPECS2 = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
+#: half-precision fields (float16 obs of two agents, one float16 action)
+HALF = {
+    "p": AgentSpec(obs_shape=(5,), action_shape=(3,), obs_dtype=np.float16),
+    "q": AgentSpec(
+        obs_shape=(2, 3), action_shape=(2,), obs_dtype=np.float16, action_dtype=np.float16
+    ),
+    "r": AgentSpec(obs_shape=(4,), action_shape=(4,), n_discrete_actions=4),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -58,16 +66,31 @@ def host(x):
     return x.detach().cpu().numpy()
 
 
-def pair(specs, capacity, device="cpu", sampler=None, seed=1, **kw):
-    """A NumPy buffer and a torch buffer built alike (``sampler`` a factory); both keep
-    next_obs in every row, so their tables can be compared byte for byte."""
-    a = MultiAgentReplayBuffer(
-        specs, capacity, sampler=sampler() if sampler else None, seed=seed, next_obs="stored", **kw
-    )
+def pair(specs, capacity, device="cpu", sampler=None, seed=1, next_obs="stored", **kw):
+    """A NumPy buffer and a torch buffer built alike (``sampler`` a factory, the same
+    ``next_obs`` mode), so their tables can be compared byte for byte."""
+    kw = {"seed": seed, "next_obs": next_obs, **kw}
+    a = MultiAgentReplayBuffer(specs, capacity, sampler=sampler() if sampler else None, **kw)
     b = MultiAgentReplayBuffer(
-        specs, capacity, sampler=sampler() if sampler else None, seed=seed, device=device, **kw
+        specs, capacity, sampler=sampler() if sampler else None, device=device, **kw
     )
     return a, b
+
+
+def assert_same_links(a, b):
+    """The torch buffer ``b`` keeps the NumPy buffer ``a``'s links (observations stored once),
+    and its device mirror holds them: every link entry and every side row in use."""
+    if a.links is None:
+        assert b.links is None
+        return
+    np.testing.assert_array_equal(b.links.next_slot, a.links.next_slot)
+    np.testing.assert_array_equal(b.links.side_row, a.links.side_row)
+    assert b.links.pending == a.links.pending
+    np.testing.assert_array_equal(host(b._links[:, 0]), b.links.next_slot)
+    np.testing.assert_array_equal(host(b._links[:, 1]), b.links.side_row)
+    used = b.links.side_row[b.links.side_row >= 0]
+    side = host(b.table[b._side_base + used, : b._side_words]).view(np.uint8)
+    assert side.tobytes() == b.links.side[used].tobytes()
 
 
 def assert_same_batch(a, b, specs):
@@ -134,6 +157,8 @@ def test_import_marlbuf_does_not_import_torch():
         ({"device": "cpu", "sampler": Neighbor(64)}, ValueError, "longer than the buffer"),
         ({"device": "cpu", "sampler": PrioritizedNeighbor(run_lengths=(1, 2, 40))}, ValueError,
          "longest run"),
+        ({"device": "cpu", "next_obs": "dense"}, ValueError, "next_obs must be one of"),
+        ({"device": "cpu", "batch_dtype": "half"}, ValueError, "batch_dtype must be one of"),
     ],
 )  # fmt: skip
 def test_bad_constructor_arguments(mixed_specs, kwargs, exc, match):
@@ -184,9 +209,15 @@ def test_numpy_subclass_refuses_a_device(mixed_specs):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("capacity", "steps"), [(10, 3), (10, 10), (10, 23), (7, 50)])
 @pytest.mark.parametrize("one_by_one", [False, True])
-def test_same_table_and_gathers_as_numpy(mixed_specs, device, capacity, steps, one_by_one):
+@pytest.mark.parametrize("next_obs", ["once", "stored"])
+def test_same_table_and_gathers_as_numpy(mixed_specs, device, capacity, steps, one_by_one,
+                                         next_obs):  # fmt: skip
     data = random_step_data(mixed_specs, steps, np.random.default_rng(steps))
-    a, b = pair(mixed_specs, capacity, device)
+    if one_by_one:  # every third step continues the previous one: links as well as side rows
+        for t in range(1, steps, 3):
+            for agent in mixed_specs:
+                data["obs"][agent][t] = data["next_obs"][agent][t - 1]
+    a, b = pair(mixed_specs, capacity, device, next_obs=next_obs)
     for buf in (a, b):
         if one_by_one:
             for t in range(steps):
@@ -197,6 +228,7 @@ def test_same_table_and_gathers_as_numpy(mixed_specs, device, capacity, steps, o
     np.testing.assert_array_equal(b.write_generation, a.write_generation)
     filled = len(a)  # the NumPy table's unwritten rows are uninitialised memory
     assert host(b.table[:filled]).view(np.uint64).tobytes() == a.storage.table[:filled].tobytes()
+    assert_same_links(a, b)
     idx = np.random.default_rng(0).integers(0, len(a), 40)
     ga, gb = a.gather(idx), b.gather(idx)
     assert isinstance(gb, DeviceBatch) and gb.device.type == device
@@ -269,9 +301,14 @@ def test_bad_extend(mixed_specs):
 # --------------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_batches_hold_the_rows_of_their_indices(mixed_specs, device, sampler):
+@pytest.mark.parametrize("next_obs", ["once", "stored"])
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_batches_hold_the_rows_of_their_indices(mixed_specs, device, sampler, next_obs,
+                                                batch_layout):  # fmt: skip
     data = random_step_data(mixed_specs, 30, np.random.default_rng(0))
-    a, b = pair(mixed_specs, 24, device, sampler)
+    for agent in mixed_specs:  # one episode of linked steps, with boundaries
+        data["obs"][agent][1:20] = data["next_obs"][agent][:19]
+    a, b = pair(mixed_specs, 24, device, sampler, next_obs=next_obs, batch_layout=batch_layout)
     a.extend(**data)
     b.extend(**data)
     batches = [b.sample(16, trainer=1), *b.sample_for_trainers(16), *b.iter_trainers(16)]
@@ -837,11 +874,11 @@ def _device_waits_raise() -> Iterator[None]:
 # --------------------------------------------------------------------------- CUDA specifics
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_cuda_round_never_waits_for_the_device(mixed_specs):
-    buf = MultiAgentReplayBuffer(
-        mixed_specs, 256, sampler=PrioritizedNeighbor(), seed=0, device="cuda"
-    )
-    buf.extend(**random_step_data(mixed_specs, 300, np.random.default_rng(0)))
+@pytest.mark.parametrize("half", [False, True])  # observations stored once (the default)
+def test_cuda_round_never_waits_for_the_device(mixed_specs, half):
+    specs = HALF if half else mixed_specs
+    buf = MultiAgentReplayBuffer(specs, 256, sampler=PrioritizedNeighbor(), seed=0, device="cuda")
+    buf.extend(**random_step_data(specs, 300, np.random.default_rng(0)))
     buf.sample_for_trainers(64)  # warm-up (prefix sums, lazy CUDA state)
     with _device_waits_raise():
         for _ in range(3):
@@ -854,13 +891,16 @@ def test_cuda_round_never_waits_for_the_device(mixed_specs):
 
 
 # --------------------------------------------------------------------------- trainers
-def _learner_pair(algo, sampler, device="cpu"):
+def _learner_pair(algo, sampler, device="cpu", half=False):
     from marlbuf.algos import BatchedLearner, TrainConfig
     from marlbuf.algos.device import DeviceBatchedLearner
     from marlbuf.bench.workloads import Workload
 
     workload = Workload("predator_prey", 3)
     specs = workload.specs()
+    if half:  # float16 observations, float32 batches (what --obs-dtype float16 stores)
+        specs = {a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16")
+                 for a, s in specs.items()}  # fmt: skip
     cfg = TrainConfig(algo=algo, batch_size=32, buffer_size=500, warmup_steps=32, device=device)
     dims = workload.obs_dims()
     host_learner = BatchedLearner(cfg, dims, 5, seed=3)
@@ -873,9 +913,12 @@ def _learner_pair(algo, sampler, device="cpu"):
     return host_learner, device_learner, a, b
 
 
-@pytest.mark.parametrize(("algo", "sampler"), [("maddpg", Uniform), ("matd3", PrioritizedNeighbor)])
-def test_device_learner_gives_the_batched_learners_numbers(algo, sampler):
-    host_learner, device_learner, a, b = _learner_pair(algo, sampler)
+@pytest.mark.parametrize(
+    ("algo", "sampler", "half"),
+    [("maddpg", Uniform, False), ("matd3", PrioritizedNeighbor, False), ("maddpg", Uniform, True)],
+)
+def test_device_learner_gives_the_batched_learners_numbers(algo, sampler, half):
+    host_learner, device_learner, a, b = _learner_pair(algo, sampler, half=half)
     for _ in range(2):
         batches = b.sample_for_trainers(32)
         host_batches = []
@@ -918,6 +961,45 @@ def test_train_with_a_device_buffer_resumes_exactly(tmp_path):
     read = [(p / "episodes.csv").read_text().splitlines() for p in (straight, split)]
     returns = [[line.split(",")[2] for line in lines[1:]] for lines in read]
     assert len(returns[0]) == 10 and returns[0] == returns[1]
+
+
+def test_training_with_observations_stored_once_gives_the_dense_numbers(monkeypatch):
+    """A short run with a device buffer on the CPU in its default format (observations stored
+    once) and with next_obs in every row: the same batches, so the same returns, losses and
+    networks (same seeds). float16 observations train on a device buffer too."""
+    pytest.importorskip("mpe2")
+    from marlbuf.algos import TrainConfig
+    from marlbuf.algos import runner as runner_module
+
+    config = {"batch_size": 32, "buffer_size": 3000, "warmup_steps": 100, "algo": "matd3"}
+    config |= {"buffer_device": "cpu", "sampler": "prioritized_neighbor"}
+    results = []
+    for next_obs in ("once", "stored"):
+        make = MultiAgentReplayBuffer
+        if next_obs == "stored":
+
+            def make(*args, **kwargs):
+                return MultiAgentReplayBuffer(*args, next_obs="stored", **kwargs)
+
+        monkeypatch.setattr(runner_module, "MultiAgentReplayBuffer", make)
+        runner = runner_module.Runner(TrainConfig(**config))
+        assert runner.buffer.next_obs == next_obs
+        returns = [r.ret for r in runner.train(8)]
+        stats = runner.last_stats.to_host()
+        results.append((returns, stats, runner.learner.get_params()))
+        runner.close()
+    (ret_a, stats_a, params_a), (ret_b, stats_b, params_b) = results
+    assert ret_a == ret_b
+    np.testing.assert_array_equal(stats_a.critic_loss, stats_b.critic_loss)
+    for p, q in zip(params_a, params_b):
+        for key in p:
+            assert torch.equal(p[key], q[key]), key
+    monkeypatch.undo()
+    half = runner_module.Runner(TrainConfig(**config, obs_dtype="float16"))
+    half.train(4)
+    assert half.buffer.specs[half.agents[0]].obs_dtype == np.float16
+    assert np.isfinite(half.last_stats.to_host().critic_loss).all()
+    half.close()
 
 
 @pytest.mark.parametrize(
@@ -988,7 +1070,11 @@ def test_device_suite_runs_tiny(monkeypatch):
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False)
     cpu = [r for r in payload["rows"] if r["part"] == "cpu"]
-    assert {r["case"] for r in cpu} >= {"numpy buffer", "torch backend (cpu)"}
+    assert {r["case"] for r in cpu} >= {
+        "numpy buffer",
+        "torch backend (cpu)",
+        "torch backend (cpu) lean",
+    }
     assert all(r["ms_median"] > 0 for r in cpu)
     assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
     gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
@@ -1009,7 +1095,8 @@ def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False, device="cpu")
     rows = {(r["part"], r["case"]): r for r in payload["rows"]}
-    for case in ("device buffer", "device buffer+out", "device buffer+prioritized"):
+    for case in ("device buffer", "device buffer+out", "device buffer+prioritized",
+                 "device buffer+obs once"):  # fmt: skip
         assert rows["gpu", case]["status"] == "measured" and rows["gpu", case]["ms_median"] > 0
     assert rows["per", "device buffer prioritized"]["status"] == "measured"
     for case in suite.E2E_CONFIGS:
@@ -1055,20 +1142,261 @@ def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
     assert record["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
 
 
-def test_a_buffer_with_observations_stored_once_loads_on_the_torch_backend(mixed_specs, tmp_path):
-    data = random_step_data(mixed_specs, 30, np.random.default_rng(5))
-    lean = MultiAgentReplayBuffer(mixed_specs, 16, seed=0)  # next_obs="once", the default
+# --------------------------------------------------------------------------- stored once
+class Streams:
+    """Per stream, the next step's obs: a step's next_obs becomes the stream's next obs unless
+    the episode ends (then a reset, which may equal it by chance: few distinct values)."""
+
+    def __init__(self, specs, rng):
+        self.specs, self.rng = specs, rng
+        self.current = {}
+
+    def _obs(self):
+        return {
+            a: self.rng.integers(0, 2, s.obs_shape).astype(s.obs_dtype)
+            for a, s in self.specs.items()
+        }
+
+    def steps(self, stream, count, p_end=0.2):
+        out = []
+        for _ in range(count):
+            obs = self.current.get(stream) or self._obs()
+            nxt = self._obs()
+            end = self.rng.random() < p_end
+            self.current[stream] = self._obs() if end else nxt
+            out.append(
+                {
+                    "obs": obs,
+                    "action": {
+                        a: self.rng.standard_normal(s.action_shape).astype(s.action_dtype)
+                        for a, s in self.specs.items()
+                    },
+                    "reward": {a: float(self.rng.standard_normal()) for a in self.specs},
+                    "next_obs": nxt,
+                    "done": {a: float(end) for a in self.specs},
+                }
+            )
+        return out
+
+
+def stacked(steps):
+    return {f: {a: np.stack([np.asarray(x[f][a]) for x in steps]) for a in steps[0][f]}
+            for f in FIELDS}  # fmt: skip
+
+
+def assert_all_slots_equal(ref, buf, specs):
+    if len(ref):
+        every = np.arange(len(ref))
+        assert_same_batch(ref.gather(every), buf.gather(every), specs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+@pytest.mark.parametrize("seed", range(4))
+def test_stored_once_streams_equal_numpy(mixed_specs, device, batch_layout, seed):
+    """Random writes (add on several streams, extend, add_envs) past wraparound, samples and
+    state round trips: the torch buffer keeps the NumPy buffer's lean table and links, its
+    device mirror holds them, and every batch equals the dense reference's, bit for bit."""
+    rng = np.random.default_rng(seed)
+    streams = Streams(mixed_specs, rng)
+    capacity = int(rng.integers(5, 14))
+    kw = {"batch_layout": batch_layout, "sampler": Neighbor(2), "seed": seed}
+    lean = MultiAgentReplayBuffer(mixed_specs, capacity, **kw)
+    dense = MultiAgentReplayBuffer(mixed_specs, capacity, next_obs="stored", **kw)
+    dev = MultiAgentReplayBuffer(mixed_specs, capacity, device=device, **kw)
+    assert dev.next_obs == "once" and dev.links is not None  # the NumPy buffer's default
+    for _ in range(30):
+        op = rng.choice(["add", "add", "extend", "add_envs", "state"])
+        stream = int(rng.integers(0, 3))
+        if op == "add":
+            (step,) = streams.steps(stream, 1)
+            for buf in (lean, dense, dev):
+                buf.add(**step, stream=stream)
+        elif op == "extend":
+            data = stacked(streams.steps(stream, int(rng.integers(1, 2 * capacity))))
+            for buf in (lean, dense, dev):
+                buf.extend(**data, stream=stream)
+        elif op == "add_envs":
+            data = stacked([streams.steps(k, 1)[0] for k in range(stream + 1)])
+            for buf in (lean, dense, dev):
+                buf.add_envs(**data)
+        else:
+            fresh = MultiAgentReplayBuffer(mixed_specs, capacity, device=device, **kw)
+            fresh.load_state_dict(dev.state_dict())
+            dev = fresh
+        assert_same_links(lean, dev)
+        assert host(dev.table[: len(lean)]).tobytes() == lean.storage.table[: len(lean)].tobytes()
+        assert_all_slots_equal(dense, dev, mixed_specs)
+        if len(dense) >= 4:
+            batch = dev.sample(4)
+            assert_same_batch(dense.gather(host(batch.indices)), batch, mixed_specs)
+    for agent in mixed_specs:
+        np.testing.assert_array_equal(
+            host(dev.stored("next_obs")[agent]), lean.stored("next_obs")[agent]
+        )
+        np.testing.assert_array_equal(host(dev.stored("obs")[agent]), lean.stored("obs")[agent])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_side_table_outgrows_its_reserve(mixed_specs, device, sampler):
+    """Random steps are all episode ends: the side table holds a row per slot, far beyond the
+    reserve (about capacity / 25); the table grows on the device and batches stay exact."""
+    dense, dev = pair(mixed_specs, 300, device, sampler, seed=3, next_obs="once")
+    reserve = dev._side_rows
+    data = random_step_data(mixed_specs, 700, np.random.default_rng(0))
+    dense.extend(**data)
+    dev.extend(**data)
+    for t in range(40):
+        step = step_slice(random_step_data(mixed_specs, 1, np.random.default_rng(t)), 0)
+        dense.add(**step, stream=1)
+        dev.add(**step, stream=1)
+    assert dev.links.side_rows_used > reserve and dev._side_rows >= dev.links.side.shape[0]
+    assert_all_slots_equal(dense, dev, mixed_specs)
+    for batch in dev.sample_for_trainers(32):
+        assert_same_batch(dense.gather(host(batch.indices)), batch, mixed_specs)
+
+
+def test_a_failed_side_growth_is_mended_by_the_next_gather(mixed_specs, monkeypatch):
+    """The host links are committed before the device grows its side rows: if the growth
+    fails, the write stands (and says so), and the next gather uploads the links whole."""
+    lean, dev = pair(mixed_specs, 200, seed=0, next_obs="once")
+    reserve = dev._side_rows
+    data = random_step_data(mixed_specs, 200, np.random.default_rng(0))
+
+    def refuse(nbytes, what):
+        raise MemoryError(f"{what} needs more memory (test)")
+
+    monkeypatch.setattr(dev, "_check_memory", refuse)
+    with pytest.raises(MemoryError, match="side table of observations stored once"):
+        dev.extend(**data)
+    assert len(dev) == 200 and dev._links_stale and dev._side_rows == reserve
+    monkeypatch.undo()
     lean.extend(**data)
+    assert_all_slots_equal(lean, dev, mixed_specs)  # the gather uploaded the links first
+    assert not dev._links_stale
+    assert_same_links(lean, dev)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stored_once_states_load_natively_both_ways(mixed_specs, device, tmp_path, monkeypatch):
+    from marlbuf import torch_backend
+
+    def no_conversion(*args):
+        raise AssertionError("a state in the buffer's own format was converted")
+
+    monkeypatch.setattr(torch_backend, "_dense_state", no_conversion)
+    monkeypatch.setattr(torch_backend, "_lean_state", no_conversion)
+    streams = Streams(mixed_specs, np.random.default_rng(5))
+    first, more = stacked(streams.steps(0, 30)), stacked(streams.steps(0, 7))
+    lean = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, sampler=PrioritizedNeighbor())
+    lean.extend(**first)
+    dev = MultiAgentReplayBuffer(
+        mixed_specs, 16, seed=0, sampler=PrioritizedNeighbor(), device=device
+    )
+    dev.load_state_dict(lean.state_dict())  # NumPy -> device, lean rows and links as they are
+    assert host(dev.table[:16]).tobytes() == lean.storage.table.tobytes()
+    assert_same_links(lean, dev)
     lean.save(tmp_path / "lean.npz")
-    dev = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, device="cpu")
-    dev.load_state_dict(lean.state_dict())
-    idx = np.arange(16)
-    a, b = lean.gather(idx), dev.gather(idx)
-    for f in FIELDS:
-        for agent in mixed_specs:
-            np.testing.assert_array_equal(host(b.field(f)[agent]), a.field(f)[agent])
-    with pytest.raises(ValueError, match="next_obs='stored'"):
-        MultiAgentReplayBuffer(mixed_specs, 16, device="cpu", next_obs="once")
+    loaded = TorchReplayBuffer.load(tmp_path / "lean.npz", device=device)
+    assert loaded.next_obs == "once"
+    assert_same_links(lean, loaded)
+    for buf in (lean, dev, loaded):
+        buf.extend(**more)  # the stream continues: its pending step links across the load
+    assert_same_links(lean, dev)
+    assert_same_links(lean, loaded)
+    dev.save(tmp_path / "dev.npz")  # device -> NumPy
+    back = MultiAgentReplayBuffer.load(tmp_path / "dev.npz")
+    assert back.next_obs == "once" and back.storage.table.tobytes() == lean.storage.table.tobytes()
+    np.testing.assert_array_equal(back.links.side_row, lean.links.side_row)
+    assert_all_slots_equal(lean, loaded, mixed_specs)
+    assert_all_slots_equal(back, dev, mixed_specs)
+    for trainer in range(2):
+        x, y = dev.sample(8, trainer=trainer), loaded.sample(8, trainer=trainer)
+        assert torch.equal(x.indices, y.indices)  # the same device generator state
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
+@pytest.mark.parametrize("source", ["once", "stored"])
+def test_states_of_the_other_mode_are_converted(mixed_specs, layout, source):
+    streams = Streams(mixed_specs, np.random.default_rng(6))
+    data = stacked(streams.steps(0, 23))
+    ref = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, layout=layout, next_obs=source)
+    ref.extend(**data)
+    other = "stored" if source == "once" else "once"
+    dev = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, device="cpu", next_obs=other)
+    dev.load_state_dict(ref.state_dict())
+    assert (dev.cursor, dev.size, dev.total_writes) == (ref.cursor, ref.size, ref.total_writes)
+    assert_all_slots_equal(ref, dev, mixed_specs)
+    if other == "once":  # linked where consecutive, side rows at the episode ends
+        assert 0 < dev.links.side_rows_used < 16
+        more = stacked(streams.steps(0, 5))
+        ref.extend(**more)
+        dev.extend(**more)
+        assert_all_slots_equal(ref, dev, mixed_specs)
+        assert dev.links.side_rows_used < 16
+
+
+# --------------------------------------------------------------------------- half precision
+def _half_data(steps, seed):
+    data = random_step_data(HALF, steps, np.random.default_rng(seed))  # in the spec dtypes
+    for agent in HALF:  # linked steps: each obs is the previous step's next_obs
+        data["obs"][agent][3:9] = data["next_obs"][agent][2:8]
+    return data
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("next_obs", ["once", "stored"])
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+@pytest.mark.parametrize("batch_dtype", ["float32", "storage"])
+def test_half_storage_gives_the_numpy_buffers_batches(device, next_obs, batch_layout,
+                                                      batch_dtype):  # fmt: skip
+    data = _half_data(40, 0)
+    kw = {"next_obs": next_obs, "batch_layout": batch_layout, "batch_dtype": batch_dtype}
+    a, b = pair(HALF, 32, device, lambda: Neighbor(2), **kw)
+    a.extend(**data)
+    b.extend(**data)
+    assert host(b.table[:32]).tobytes() == a.storage.table.tobytes()  # float16 rows
+    wide = torch.float32 if batch_dtype == "float32" else torch.float16
+    batch = b.sample(16)
+    assert batch.obs["q"].dtype == wide and batch.action["q"].dtype == wide
+    assert batch.next_obs["p"].dtype == wide and batch.obs["r"].dtype == torch.float32
+    assert_same_batch(a.gather(host(batch.indices)), batch, HALF)
+    for batch in b.sample_for_trainers(8):
+        assert_same_batch(a.gather(host(batch.indices)), batch, HALF)
+    if batch_layout == "rows" and batch_dtype == "float32":
+        joint = batch.concat("obs")  # float32 obs side by side in the batch row: a view
+        assert joint.dtype == torch.float32 and joint.data_ptr() == batch.block.data_ptr()
+    assert_all_slots_equal(a, b, HALF)
+
+
+def test_half_range_and_nan_checks_are_the_numpy_buffers():
+    buf = MultiAgentReplayBuffer(HALF, 8, device="cpu")
+    data = random_step_data(HALF, 2, np.random.default_rng(2))
+    data["obs"]["q"] = data["obs"]["q"].astype(np.float32)
+    data["obs"]["q"][0, 1, 1] = 70000.0
+    with pytest.raises(ValueError, match=r"obs\['q'\] holds 70000, outside the range"):
+        buf.extend(**data)
+    step = step_slice(random_step_data(HALF, 1, np.random.default_rng(3)), 0)
+    step["next_obs"]["p"] = np.array([0, 0, np.inf, 0, 0], dtype=np.float16)
+    with pytest.raises(ValueError, match=r"next_obs\['p'\] contains NaN or inf"):
+        buf.add(**step)
+    assert len(buf) == 0 and not buf.table.any()
+
+
+def test_lean_half_rows_and_the_memory_estimate():
+    from marlbuf.memory import estimate
+
+    specs = {f"agent_{i}": AgentSpec(obs_shape=(144,), action_shape=(5,)) for i in range(24)}
+    half = {a: AgentSpec((144,), (5,), obs_dtype=np.float16) for a in specs}
+    dense = MultiAgentReplayBuffer(specs, 1000, next_obs="stored", device="cpu")
+    lean = MultiAgentReplayBuffer(specs, 1000, device="cpu")
+    lean_half = MultiAgentReplayBuffer(half, 1000, device="cpu")
+    assert lean.table_row_bytes == estimate(specs, 1000).table_row_bytes
+    assert dense.table_row_bytes == estimate(specs, 1000, next_obs="stored").table_row_bytes
+    assert lean.nbytes / dense.nbytes < 0.56  # lean rows and the side-table reserve
+    assert lean_half.nbytes / dense.nbytes < 0.3
+    assert lean.row_bytes == dense.row_bytes  # batches are dense rows either way
 
 
 @pytest.mark.parametrize("n", [1, 7, 4096, 4097, 5000, 1024 * 9, 1024 * 9 + 1, 100_003])
