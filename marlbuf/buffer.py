@@ -15,7 +15,6 @@ from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.spec import (
     ALIVE,
-    FIELDS,
     GLOBAL,
     AgentSpec,
     FieldSpec,
