@@ -95,6 +95,17 @@ class MultiAgentReplayBuffer:
         Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
         Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
         (keep torch at one thread) and is a runtime setting, not saved with the buffer.
+    global_fields : mapping of str to FieldSpec, optional
+        Fields stored once per step for all agents (e.g. a SMAC-style global ``state``:
+        ``{"state": FieldSpec((48,))}``), in the same rows. Writes take each as a keyword
+        argument holding one array of its shape (with the leading axis of ``extend`` /
+        ``add_envs``); batches hold them in ``batch.globals[name]``, shape ``(B, *shape)``.
+        Per-agent extra fields are declared in the specs (``AgentSpec(extras=...)``).
+    alive : bool, default False
+        Store an alive flag per agent per step (one byte each; ``batch.alive[agent]``, shape
+        ``(B,)``, bool). An agent missing from a step's ``obs`` is then stored **absent**
+        (zero-filled where not given, alive False) instead of being an error, and writes accept
+        ``alive={agent: bool}`` to set the flags explicitly.
     device : str, optional
         ``None`` (default): this NumPy buffer. ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: the
         constructor returns the torch backend instead, a

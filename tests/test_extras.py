@@ -529,14 +529,20 @@ def test_state_save_load_round_trip(tmp_path, layout, next_obs):
     assert len(plain) == 0
 
 
-def test_mapped_buffer_reopens_with_extras(tmp_path):
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "killed"])
+@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
+def test_mapped_buffer_reopens_with_extras(tmp_path, layout, closed):
     data, rng = run_episode_data(SPECS, GLOBALS, 7, 20)
     folder = tmp_path / "mapped"
     naive = NaiveFields(SPECS, 16, GLOBALS, True)
-    with MultiAgentReplayBuffer(
-        SPECS, 16, path=folder, global_fields=GLOBALS, alive=True, layout="agent_major"
-    ) as buf:
-        write(buf, naive, data, rng)
+    buf = MultiAgentReplayBuffer(
+        SPECS, 16, path=folder, global_fields=GLOBALS, alive=True, layout=layout
+    )
+    write(buf, naive, data, rng)
+    if closed:
+        buf.close()
+    else:
+        buf._mapped.release()  # as if the process had died: the log is replayed
     reopened = MultiAgentReplayBuffer.open(folder)
     try:
         assert reopened.global_fields == GLOBALS and reopened.alive
@@ -798,3 +804,32 @@ def test_uniform_sampler_with_absent_agents_full_round():
     for batch in buf.sample_for_trainers(10):
         check_batch(batch, naive, batch.indices)
         assert batch.globals == {}
+
+
+def test_pettingzoo_adapter_stores_departed_agents_absent():
+    from marlbuf.compat.pettingzoo import add_parallel_step
+
+    buf = MultiAgentReplayBuffer(
+        PACKED_SPECS, 4, global_fields={"state": FieldSpec((2,))}, alive=True
+    )
+    agents = list(PACKED_SPECS)
+    keep = agents[:2]  # agent_2 left the episode: gone from every dict of the step
+    ones = lambda *shape: {a: np.ones(shape, np.float32) for a in keep}  # noqa: E731
+    gone = add_parallel_step(
+        buf,
+        ones(4),
+        ones(2),
+        {a: 1.0 for a in keep},
+        ones(4),
+        {a: False for a in keep},
+        terminal="terminated",
+        hidden=ones(3),
+        avail={a: np.ones(2, bool) for a in agents},  # an entry for the absent agent: dropped
+        state=np.ones(2, np.float32),
+    )
+    assert gone == ["agent_2"]
+    batch = buf.gather([0])
+    assert [bool(batch.alive[a][0]) for a in agents] == [True, True, False]
+    assert not batch.obs["agent_2"].any() and not batch.avail["agent_2"].any()
+    assert batch.hidden["agent_0"][0].tolist() == [1.0] * 3
+    assert batch.state[0].tolist() == [1.0, 1.0]
