@@ -171,7 +171,7 @@ def add_parallel_step(
         unknown = sorted({a for d in dicts.values() for a in d if a not in buf.specs})
         if unknown:
             raise ValueError(f"agents {unknown} are not in the buffer (agents {agents})")
-        done = {
+        dones = {
             a: bool(terminations[a])
             or (or_truncated and truncations is not None and bool(truncations[a]))
             for a in keep
@@ -181,7 +181,7 @@ def add_parallel_step(
             {a: actions[a] for a in keep},
             {a: rewards[a] for a in keep},
             {a: next_obs[a] for a in keep},
-            done,
+            dones,
             **{
                 name: {a: v for a, v in value.items() if a in keep}
                 if isinstance(value, Mapping)
