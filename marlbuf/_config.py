@@ -21,6 +21,10 @@ SAVE_VERSION = 3
 #: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3)
 READABLE_SAVE_VERSIONS = (1, 2, 3)
 
+#: Sequence sampling: slots whose sequences are walked at once when the starts of a loaded
+#: state are recomputed (bounds the temporary slot matrix to this many entries).
+SEQUENCE_REBUILD_SLOTS = 1 << 22
+
 #: Batched MADDPG trainer: rows (trainers x batch) per chunk of the target-actor pass, so that
 #: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
 TARGET_CHUNK_ROWS = 4096
