@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marlbuf import _config
-from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout
+from marlbuf.spec import AgentSpec, FieldSpec, interleaved_row_layout, row_fields
 
 #: episode length assumed by :func:`estimate` for the side table of observations stored once
 #: (MPE's ``max_cycles``); every episode end keeps one next observation in the side table
@@ -80,6 +79,8 @@ def estimate(
     episode_length: int = DEFAULT_EPISODE_LENGTH,
     n_streams: int = 1,
     episodes: bool = False,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
 ) -> MemoryEstimate:
     """What a :class:`~marlbuf.MultiAgentReplayBuffer` with these options will hold.
 
@@ -102,18 +103,18 @@ def estimate(
         flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
         as one 0/1 tree, an upper bound: ``pad=True`` needs none), and prioritized sequences
         the valid training steps of each handed-out sequence (4 bytes per slot and trainer).
+    global_fields, alive
+        As for the buffer: global fields and the alive mask (one byte per agent) are stored in
+        every row, like the per-agent extra fields of the specs.
     """
     n_trainers = len(specs) if n_trainers is None else int(n_trainers)
     once = next_obs == "once"
-    fields = tuple(f for f in FIELDS if not (once and f == "next_obs"))
-    if layout == "interleaved":
-        _, row_bytes = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES, fields)
-    else:
-        row_bytes = sum(
-            math.prod(spec.shape(f)) * spec.dtype(f).itemsize
-            for spec in specs.values()
-            for f in fields
-        )
+    fields = row_fields(specs, lean=once)
+    slots, row_bytes = interleaved_row_layout(
+        specs, _config.ROW_ALIGN_BYTES, fields, global_fields=global_fields, alive=alive
+    )
+    if layout != "interleaved":  # one array per (field, agent): no padding
+        row_bytes = sum(s.nbytes for s in slots)
     side = 0
     metadata = capacity * 8  # write generation
     if once:
@@ -171,15 +172,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=1e6, help="transitions")
     parser.add_argument("--layout", choices=("interleaved", "agent_major"), default="interleaved")
     parser.add_argument("--episode-length", type=int, default=DEFAULT_EPISODE_LENGTH)
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=0,
+        help="a float32 extra field of this many values per agent (e.g. an RNN state)",
+    )
+    parser.add_argument(
+        "--state", type=int, default=0, help="a float32 global field of this many values"
+    )
+    parser.add_argument("--alive", action="store_true", help="an alive flag per agent per step")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.capacity < 1 or not float(args.capacity).is_integer():
         return error("marlbuf memory", "--agents and --capacity must be positive integers")
+    if args.hidden < 0 or args.state < 0:
+        return error("marlbuf memory", "--hidden and --state must be >= 0")
     from marlbuf.bench.workloads import Workload
 
     workload = Workload(args.env, args.agents)
-    specs = workload.specs()
+    extras = {"hidden": FieldSpec((args.hidden,))} if args.hidden else {}
+    specs = {a: replace(s, extras=extras) for a, s in workload.specs().items()}
+    global_fields = {"state": FieldSpec((args.state,))} if args.state else {}
     half = {
-        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16") for a, s in specs.items()
+        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16", extras=extras)
+        for a, s in specs.items()
     }
     capacity = int(args.capacity)
     print(f"{workload.label} ({workload.n_trainers} agents), capacity {capacity:,}:")
@@ -190,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         ("stored once + float16 obs", half, "once"),
     ):
         est = estimate(
-            fmt_specs, capacity, args.layout, next_obs, episode_length=args.episode_length
+            fmt_specs,
+            capacity,
+            args.layout,
+            next_obs,
+            episode_length=args.episode_length,
+            global_fields=global_fields,
+            alive=args.alive,
         )
         dense = dense or est
         ratio = est.bytes_per_transition / dense.bytes_per_transition

@@ -578,7 +578,8 @@ class Sequence(Sampler):
     ``s``, or ends before ``s + length - 1``), or that are no longer or not yet stored, are
     masked: their ``mask`` entry is False, ``slots`` is -1 and every field is zero. A sequence
     never mixes two episodes or two streams (see :class:`marlbuf.writer.EpisodeIndex`: an
-    episode ends where every agent is done or the step was written with ``truncated=True``).
+    episode ends where every (alive) agent is done or the step was written with
+    ``truncated=True``).
     Starts are drawn with replacement (independent draws), so the batch may be larger than the
     number of stored starts.
 

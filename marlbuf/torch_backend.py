@@ -66,6 +66,7 @@ from marlbuf.buffer import (
     _check_arguments,
     _check_header,
     make_rng,
+    row_options_of,
 )
 from marlbuf.memory import check_fits_in_memory, estimate
 from marlbuf.prioritized import LinearBeta, checked_tree_state
@@ -77,7 +78,7 @@ from marlbuf.samplers import (
     Uniform,
     _not_enough_data,
 )
-from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, extra_names, normalize_specs
 from marlbuf.staging import RowCodec
 from marlbuf.storage import (
     BATCH_DTYPES,
@@ -1145,9 +1146,28 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         next_obs: str = "once",
         batch_dtype: str = "float32",
         *,
+        global_fields: Mapping[str, Any] | None = None,
+        alive: bool = False,
         device: Any = "cpu",
     ) -> None:
         self.specs = normalize_specs(specs)
+        declared = [
+            what
+            for what, used in (
+                ("per-agent extra fields (AgentSpec(extras=...))", bool(extra_names(self.specs))),
+                ("global_fields=", bool(global_fields)),
+                ("alive=True", alive is not False),
+            )
+            if used
+        ]
+        if declared:
+            raise ValueError(
+                f"the torch backend (device={str(device)!r}) stores the five transition fields "
+                f"only; got {', '.join(declared)}: these are host-buffer features for now (build "
+                "the buffer with device=None and move batches with Batch.to_torch)"
+            )
+        self.global_fields: dict[str, FieldSpec] = {}
+        self.alive = False
         if next_obs not in NEXT_OBS_MODES:
             raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
         if batch_dtype not in BATCH_DTYPES:
@@ -2064,6 +2084,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             "capacity": self.capacity,
             "layout": self.layout,
             "next_obs": self.next_obs,
+            "global_fields": {},
+            "alive": False,
             "n_trainers": self.n_trainers,
             "sampler": {
                 "type": type(self.sampler).__name__,
@@ -2094,6 +2116,12 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         Every part is checked before anything changes.
         """
         _check_header(state)
+        global_fields, alive = row_options_of(state)
+        if global_fields or alive or any(s.get("extras") for s in state["specs"].values()):
+            raise ValueError(
+                "the state holds extra fields, global fields or an alive mask, which the torch "
+                "backend does not store; load it into a NumPy buffer (device=None)"
+            )
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         mismatch = [
             (k, mine, theirs)
