@@ -134,3 +134,31 @@ def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
     assert {r["format"] for r in payload["rows"]} == {"dense", "lean16"}
     for row in payload["rows"]:
         assert row["lock_cost"] > 0 and row["threaded_vs_sequential"] > 0
+
+
+def test_sequences_suite_runs_and_has_its_cases(monkeypatch):
+    from marlbuf.bench import sequences
+
+    tiny = dict(sequences.QUICK, capacity=7_500, scaling=[1_000, 2_500], memory_capacity=500)
+    tiny["repeats"] = 2
+    monkeypatch.setattr(sequences, "QUICK", tiny)
+    payload = sequences.run(quick=True, progress=False)
+    check_schema(payload)
+    by_part: dict[str, list[dict]] = {}
+    for row in payload["rows"]:
+        by_part.setdefault(row["part"], []).append(row)
+    sampled = {r["case"] for r in by_part["sampling"]}
+    assert {"padded_episodes/L=32", "padded_episodes/L=40", "padded_episodes_whole"} <= sampled
+    assert {"marlbuf/L=32", "marlbuf/L=40"} <= sampled or "marlbuf Sequence(burn_in=0)" in (
+        payload["summary"]["skipped"]
+    )
+    if "torchrl" not in payload["summary"]["skipped"]:
+        assert {"torchrl_pad/L=32", "torchrl_ragged/L=32", "torchrl_pad_cached/L=40"} <= sampled
+    for row in by_part["sampling"]:
+        assert row["ms_median"] > 0
+    assert {r["capacity"] for r in by_part["scaling"]} == {1_000, 2_500}
+    assert {r["episodes"] for r in by_part["memory"]} == {"length 25", "mixed 5-25"}
+    for row in by_part["memory"]:  # padding: more bytes per real step for shorter episodes
+        assert row["padded_bytes_per_step"] > 0
+    full, mixed = by_part["memory"]
+    assert mixed["padded_bytes_per_step"] > full["padded_bytes_per_step"]
