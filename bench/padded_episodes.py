@@ -152,28 +152,33 @@ class PaddedEpisodeBuffer:
         -------
         dict
             Every declared field ``(B, length, [n_agents,] *shape)``; ``next_obs`` (the
-            ``obs`` window shifted by one step, a view); ``mask`` ``(B, length)`` bool, True on
-            real transitions; ``terminated`` ``(B, length)`` uint8. Masked steps are zeros.
+            ``obs`` window shifted by one step); ``mask`` ``(B, length)`` bool, True on real
+            transitions; ``terminated`` ``(B, length)`` uint8. Masked steps are zeros.
         """
         episodes = self.sample_episodes(batch_size)  # the whole padded episodes, copied
-        ids_lengths = episodes["filled"][:, :, 0].sum(axis=1) - 1  # transitions per episode
-        starts = (self.rng.random(batch_size) * ids_lengths).astype(np.int64)
+        lengths = episodes["filled"][:, :, 0].sum(axis=1) - 1  # transitions per episode
+        starts = (self.rng.random(batch_size) * lengths).astype(np.int64)
         steps = starts[:, None] + np.arange(length + 1)  # length transitions + the next obs
-        valid = steps < (ids_lengths + 1)[:, None]  # real steps (the final obs included)
+        mask = steps[:, :length] < lengths[:, None]  # real transitions
         rows = np.arange(batch_size)[:, None]
         window = np.minimum(steps, self.max_t)  # clipped, then zeroed where masked
         out: dict[str, np.ndarray] = {}
         for name, array in episodes.items():
             if name == "filled":
                 continue
-            cut = array[rows, window]  # (B, length + 1, ...)
-            cut *= valid.reshape(valid.shape + (1,) * (cut.ndim - 2)).astype(cut.dtype)
-            out[name] = cut[:, :length]
-            if name == "obs":
-                out["next_obs"] = cut[:, 1:]
+            cut = array[rows, window if name == "obs" else window[:, :length]]
+            if name == "obs":  # next_obs of step t is the obs of step t + 1
+                out["next_obs"] = cut[:, 1:] * _expand(mask, cut.ndim)
+                cut = cut[:, :length]
+            out[name] = cut * _expand(mask, cut.ndim)
         out["terminated"] = out["terminated"][..., 0]
-        out["mask"] = steps[:, :length] < ids_lengths[:, None]
+        out["mask"] = mask
         return out
+
+
+def _expand(mask: np.ndarray, ndim: int) -> np.ndarray:
+    """``mask`` (B, T) with trailing axes of length 1 up to ``ndim`` axes."""
+    return mask.reshape(mask.shape + (1,) * (ndim - 2))
 
 
 def from_stream(
