@@ -160,25 +160,21 @@ class PaddedEpisodeBuffer:
         starts = (self.rng.random(batch_size) * lengths).astype(np.int64)
         steps = starts[:, None] + np.arange(length + 1)  # length transitions + the next obs
         mask = steps[:, :length] < lengths[:, None]  # real transitions
-        rows = np.arange(batch_size)[:, None]
-        window = np.minimum(steps, self.max_t)  # clipped, then zeroed where masked
+        # flat row of every window step in the gathered episodes, clipped to the episode slot
+        # (clipped steps are masked and zeroed below)
+        flat = np.arange(batch_size)[:, None] * (self.max_t + 1) + np.minimum(steps, self.max_t)
+        cuts = {"next_obs": ("obs", flat[:, 1:].ravel())}
+        cuts |= {name: (name, flat[:, :length].ravel()) for name in episodes if name != "filled"}
+        masked = ~mask.ravel()
         out: dict[str, np.ndarray] = {}
-        for name, array in episodes.items():
-            if name == "filled":
-                continue
-            cut = array[rows, window if name == "obs" else window[:, :length]]
-            if name == "obs":  # next_obs of step t is the obs of step t + 1
-                out["next_obs"] = cut[:, 1:] * _expand(mask, cut.ndim)
-                cut = cut[:, :length]
-            out[name] = cut * _expand(mask, cut.ndim)
+        for name, (source, rows) in cuts.items():
+            array = episodes[source]
+            cut = array.reshape((-1, *array.shape[2:])).take(rows, axis=0)
+            cut[masked] = 0  # steps past the episode end
+            out[name] = cut.reshape((batch_size, length, *array.shape[2:]))
         out["terminated"] = out["terminated"][..., 0]
         out["mask"] = mask
         return out
-
-
-def _expand(mask: np.ndarray, ndim: int) -> np.ndarray:
-    """``mask`` (B, T) with trailing axes of length 1 up to ``ndim`` axes."""
-    return mask.reshape(mask.shape + (1,) * (ndim - 2))
 
 
 def from_stream(
