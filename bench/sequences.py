@@ -58,6 +58,7 @@ times, carry over between machines):
 from __future__ import annotations
 
 import gc
+import inspect
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -376,7 +377,7 @@ def _scaling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]],
     rows = []
     for capacity in cfg["scaling"]:
         gc.collect()
-        ours_bytes = estimate(specs, capacity).total_bytes
+        ours_bytes = estimate(specs, capacity, **_sequence_estimate()).total_bytes
         theirs_bytes = int(torchrl_step * capacity)
         available = available_memory_bytes()
         record = {
@@ -566,6 +567,12 @@ def _memory(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]], 
     return rows, skipped
 
 
+def _sequence_estimate() -> dict[str, Any]:
+    """``estimate``'s option counting the episode index of the ``Sequence`` sampler, where
+    this build's estimate has one."""
+    return {"episodes": True} if "episodes" in inspect.signature(estimate).parameters else {}
+
+
 def _fields_kwargs(state_dim: int) -> dict[str, Any]:
     from marlbuf import FieldSpec  # type: ignore[attr-defined,unused-ignore]
 
@@ -575,8 +582,12 @@ def _fields_kwargs(state_dim: int) -> dict[str, Any]:
 def _marlbuf_estimate(
     specs: dict[str, AgentSpec], capacity: int, state_dim: int, episode_length: int
 ) -> int:
-    est = estimate(  # type: ignore[call-arg,unused-ignore]
-        specs, capacity, episode_length=episode_length, **_fields_kwargs(state_dim)
+    est = estimate(
+        specs,
+        capacity,
+        episode_length=episode_length,
+        **_sequence_estimate(),
+        **_fields_kwargs(state_dim),
     )
     return int(est.total_bytes)
 
