@@ -20,6 +20,10 @@ SAVE_VERSION = 2
 #: version 1 (marlbuf 0.1): next observations stored in every row, no word-aligned sections
 READABLE_SAVE_VERSIONS = (1, 2)
 
+#: Sequence sampling: slots whose sequences are walked at once when the starts of a loaded
+#: state are recomputed (bounds the temporary slot matrix to this many entries).
+SEQUENCE_REBUILD_SLOTS = 1 << 22
+
 #: Batched MADDPG trainer: rows (trainers x batch) per chunk of the target-actor pass, so that
 #: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
 TARGET_CHUNK_ROWS = 4096

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,120 @@ class Batch:
             _source=self,
             _convert=convert,
         )
+
+
+#: Batch attributes that describe the batch rather than hold one entry per gathered row
+_BATCH_META = frozenset({"indices", "generations", "weights", "trainer", "block"})
+
+
+@dataclass
+class SequenceBatch(Batch):
+    """``B`` sequences of ``L`` consecutive steps (:class:`marlbuf.samplers.Sequence`).
+
+    Every per-step array of :class:`Batch` (each agent's ``obs``, ``action``, ``reward``,
+    ``next_obs``, ``done``, and any other per-row field) has the leading axes ``(B, L)``:
+    ``obs[agent]`` is ``(B, L, *obs_shape)``, ``reward[agent]`` is ``(B, L)``. Steps at masked
+    positions are zero in every field.
+
+    Attributes
+    ----------
+    mask : ndarray, shape (B, L), bool
+        True where the step is a stored step of the sequence's episode.
+    burn_in : int
+        ``k``: positions ``[:, :k]`` are the burn-in steps (warm up a recurrent state), positions
+        ``[:, k:]`` the ``length`` training steps.
+    slots : ndarray, shape (B, L), int64
+        Storage slot of every step; -1 where masked.
+    indices : ndarray, shape (B,), int64
+        The slot of each sequence's first training step (``slots[:, burn_in]``): pass them to
+        ``update_priorities``.
+    generations : ndarray, shape (B,), int64
+        Write generations of ``indices`` when sampled.
+    weights : ndarray, shape (B,), float32, or None
+        Importance weights of prioritized sequences.
+
+    The arrays view one gathered block of ``B * L`` rows (as in :class:`Batch`).
+    """
+
+    mask: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+    burn_in: int = 0
+    slots: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int64))
+
+    def concat(self, *fields: str) -> np.ndarray:
+        """All agents' ``fields`` per step, flattened and concatenated: shape
+        ``(B, L, total_dim)`` (a zero-copy view where :meth:`Batch.concat` would be one)."""
+        if not fields:
+            raise ValueError("concat needs at least one field name, e.g. concat('obs')")
+        n, steps = self.mask.shape
+        parts = [arr.reshape(n * steps, -1) for name in fields for arr in self.field(name).values()]
+        view = _contiguous_span(parts)
+        joined = view if view is not None else np.concatenate(parts, axis=1)
+        return joined.reshape(n, steps, -1)
+
+    def to_torch(
+        self, device: Any = "cpu", pin_memory: bool = False, non_blocking: bool = False
+    ) -> TorchBatch:
+        """:meth:`Batch.to_torch`; the result also carries ``mask`` (a bool tensor),
+        ``burn_in`` and ``slots`` (NumPy)."""
+        converted = super().to_torch(device, pin_memory, non_blocking)
+        converted.mask = converted._convert(self.mask)  # type: ignore[attr-defined]
+        converted.burn_in = self.burn_in  # type: ignore[attr-defined]
+        converted.slots = self.slots  # type: ignore[attr-defined]
+        return converted
+
+
+def as_sequences(
+    flat: Batch,
+    mask: np.ndarray,
+    burn_in: int,
+    slots: np.ndarray,
+    indices: np.ndarray,
+    generations: np.ndarray,
+    weights: np.ndarray | None,
+    trainer: int | None,
+) -> SequenceBatch:
+    """The :class:`SequenceBatch` of a batch ``flat`` gathered at the ``B * L`` slots of a
+    sequence slot matrix, row-major (masked positions gathered from any valid slot).
+
+    Every array attribute of ``flat`` with ``B * L`` rows, directly or inside (nested) dicts,
+    is zeroed at the masked positions and reshaped to ``(B, L, ...)`` (views, no copy), so
+    fields a :class:`Batch` gains later come out per step without changes here.
+    """
+    n, steps = mask.shape
+    rows = n * steps
+    hidden = ~mask.reshape(-1)
+    any_hidden = bool(hidden.any())
+    block = flat.block
+    whole_rows = block is not None and block.ndim == 2 and block.shape[0] == rows
+    if any_hidden and whole_rows:
+        assert block is not None
+        block[hidden] = 0  # rows layout: every field of a masked step at once
+
+    def per_step(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: per_step(item) for key, item in value.items()}
+        if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == rows:
+            if any_hidden and not (whole_rows and np.may_share_memory(value, block)):
+                value[hidden] = 0
+            return value.reshape(n, steps, *value.shape[1:])
+        return value
+
+    fields = {
+        f.name: per_step(getattr(flat, f.name))
+        for f in dataclasses.fields(flat)
+        if f.name not in _BATCH_META
+    }
+    return SequenceBatch(
+        **fields,
+        indices=indices,
+        generations=generations,
+        weights=weights,
+        trainer=trainer,
+        block=block,
+        mask=mask,
+        burn_in=int(burn_in),
+        slots=slots,
+    )
 
 
 @dataclass

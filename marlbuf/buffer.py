@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -10,13 +11,14 @@ from typing import Any
 import numpy as np
 
 from marlbuf import _config, mapped, persistence
-from marlbuf.batch import Batch
+from marlbuf.batch import Batch, SequenceBatch, as_sequences
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
+from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout, normalize_specs
 from marlbuf.staging import RowCodec, steps_of
 from marlbuf.storage import Storage, available_memory_bytes, make_storage
-from marlbuf.writer import NextObsLinks, RingWriter
+from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
 #: how next observations are stored: once (from the successor's obs, a side table where they
 #: differ) or as a field of every row
@@ -111,6 +113,10 @@ class MultiAgentReplayBuffer:
     #: memory-mapped files of a ``path=`` buffer (``None``: in RAM; a class default so that
     #: backends with their own ``__init__`` need not set it)
     _mapped: mapped.MappedStore | None = None
+    #: episode bookkeeping, kept when the sampler samples sequences (``None`` otherwise)
+    episodes: EpisodeIndex | None = None
+    #: the sampler when it is a :class:`marlbuf.samplers.Sequence`
+    _sequence: SequenceSampler | None = None
 
     def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
         # device=...: the torch backend (imported only then, so marlbuf needs no torch)
@@ -162,8 +168,14 @@ class MultiAgentReplayBuffer:
             next_obs,
             prioritized=sampler.weighted,
             n_trainers=self.n_trainers,
+            episodes=sampler.needs_episodes,
         )
         in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
+        if in_files and sampler.needs_episodes:
+            raise ValueError(
+                f"sampler={sampler!r} needs the episode index, which memory-mapped buffers "
+                "(path=) do not keep; use an in-memory buffer for sequences"
+            )
         _check_memory(mapped.resident(needed) if in_files else needed, self.specs, layout, next_obs)
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
@@ -205,6 +217,14 @@ class MultiAgentReplayBuffer:
         self.storage.parallel_gather = bool(parallel_gather)
         self.rng = make_rng(seed)
         self.writer = RingWriter(self.capacity)
+        if sampler.needs_episodes:
+            self.episodes = EpisodeIndex(self.capacity)
+            if isinstance(sampler, SequenceSampler):
+                self._sequence = sampler
+            attach = getattr(sampler, "attach_episodes", None)
+            if attach is not None:
+                attach(self.episodes)
+        self._done_reader = _done_reader(self._codec)
         # per trainer, the write generation of each slot when that trainer was last handed it:
         # update_priorities(indices, td) without generations= uses it to drop updates for slots
         # overwritten since they were sampled (prioritized samplers only)
@@ -274,6 +294,7 @@ class MultiAgentReplayBuffer:
         next_obs: Any,
         done: Any,
         stream: Any = 0,
+        truncated: Any = False,
     ) -> None:
         """Store one timestep of every agent.
 
@@ -288,14 +309,21 @@ class MultiAgentReplayBuffer:
         ``stream`` names the environment copy the step comes from when several write into one
         buffer step by step (with observations stored once, a step's ``next_obs`` is matched
         with the next step *of the same stream*); ``add_envs`` numbers streams by environment.
+
+        ``truncated`` (a bool, or per agent a dict or a sequence in agent order; any True counts)
+        marks the step as the last of its episode without termination (a time limit). Episodes
+        matter to sequence sampling (:class:`marlbuf.samplers.Sequence`): an episode ends at a
+        step where every agent is done or that is truncated, and the stream's next step begins
+        a new one. Other samplers accept and ignore it.
         """
         fields = (obs, action, reward, next_obs, done)
         stream = _check_stream(stream)
+        cut = _check_truncated(truncated, self.agents, None)
         with self.writer.write_lock:
             rows = self._codec.stage_fast(fields, None)
             if rows is None:
                 rows, _ = self._codec.stage(dict(zip(FIELDS, fields)), None)
-            self._commit(rows, 1, stream)
+            self._commit(rows, 1, stream, cut)
 
     def extend(
         self,
@@ -305,15 +333,18 @@ class MultiAgentReplayBuffer:
         next_obs: Any,
         done: Any,
         stream: Any = 0,
+        truncated: Any = False,
     ) -> None:
         """Store ``T`` timesteps at once: like :meth:`add`, each item with a leading time axis
         (``obs[agent]`` of shape ``(T, *obs_shape)``, ``reward[agent]`` of shape ``(T,)``).
 
         The T steps are consecutive steps of one ``stream`` (see :meth:`add`). With
         ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by one.
-        Nothing is written unless every value is valid.
+        ``truncated`` marks truncated steps (see :meth:`add`): ``False`` (none), an array of
+        shape (T,), or per agent a dict or sequence of (T,) arrays. Nothing is written unless
+        every value is valid.
         """
-        self._extend((obs, action, reward, next_obs, done), _check_stream(stream))
+        self._extend((obs, action, reward, next_obs, done), _check_stream(stream), 0, truncated)
 
     def add_envs(
         self,
@@ -323,18 +354,29 @@ class MultiAgentReplayBuffer:
         next_obs: Any,
         done: Any,
         first_stream: Any = 0,
+        truncated: Any = False,
     ) -> None:
         """Store one step of ``K`` vectorized environments in one call.
 
         Like :meth:`add` with a leading environment axis on every item (``obs[agent]`` of shape
         ``(K, *obs_shape)``, ``reward[agent]`` of shape ``(K,)``); the K transitions are stored in
         environment order. Environment ``k`` is stream ``first_stream + k``: its next step's
-        ``obs`` is matched with this step's ``next_obs`` (observations stored once). Nothing is
-        written unless every value is valid.
+        ``obs`` is matched with this step's ``next_obs`` (observations stored once).
+        ``truncated`` marks truncated environments (see :meth:`add`): a bool for all, an array
+        of shape (K,), or per agent a dict or sequence of (K,) arrays. Nothing is written
+        unless every value is valid.
         """
-        self._extend((obs, action, reward, next_obs, done), None, _check_stream(first_stream))
+        self._extend(
+            (obs, action, reward, next_obs, done), None, _check_stream(first_stream), truncated
+        )
 
-    def _extend(self, fields: tuple[Any, ...], stream: int | None, first_stream: int = 0) -> None:
+    def _extend(
+        self,
+        fields: tuple[Any, ...],
+        stream: int | None,
+        first_stream: int = 0,
+        truncated: Any = False,
+    ) -> None:
         # the fast path checks every item's shape against the first observation's length, so
         # the complete length check (a loop over every item) runs only when it declines
         guess = _leading_length(fields[0])
@@ -349,16 +391,33 @@ class MultiAgentReplayBuffer:
             streams: int | np.ndarray = (
                 stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
             )
-            self._commit(rows, steps, streams)
+            cut = _check_truncated(truncated, self.agents, steps, per_env=stream is None)
+            self._commit(rows, steps, streams, cut)
 
-    def _commit(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
-        """Write validated staging rows; the only place storage and metadata change."""
+    def _commit(
+        self,
+        rows: np.ndarray,
+        steps: int,
+        streams: int | np.ndarray,
+        truncated: bool | np.ndarray | None = None,
+    ) -> None:
+        """Write validated staging rows; the only place storage and metadata change.
+
+        ``truncated`` (bool for one step, shape (steps,) bool, or ``None`` for none) marks
+        truncated steps for the episode index."""
         writer = self.writer
+        episodes = self.episodes
+        ends = None
+        if episodes is not None:  # before anything changes: a failure here changes nothing
+            ends = self._done_reader(rows)
+            if truncated is not None and truncated is not False:
+                ends = ends | truncated
         with writer.lock:
             if self._mapped is not None:  # the redo record first: a crash never sees half a write
                 self._mapped.log(rows, steps, streams)
             skip, slots = writer.plan(steps)
             kept = rows[skip:] if skip else rows
+            every_stream = streams  # the episode index counts the skipped steps too
             if skip and not isinstance(streams, int):
                 streams = streams[skip:]  # those environments' steps are overwritten at once
             if self.links is not None and steps == 1 and isinstance(streams, int):
@@ -380,6 +439,20 @@ class MultiAgentReplayBuffer:
                     self._codec.next_obs_start,
                     writer.write_generation,
                 )
+            if episodes is not None and ends is not None:
+                if steps == 1 and isinstance(streams, int):
+                    episodes.commit_one(
+                        writer.cursor,
+                        bool(ends[0]),
+                        streams,
+                        writer.total_writes,
+                        writer.write_generation,
+                    )
+                else:
+                    generation = writer.total_writes
+                    episodes.commit(
+                        slots, ends, every_stream, skip, generation, writer.write_generation
+                    )
             self.storage.write(slots, kept, None)
             writer.advance(slots, steps, skip)
             self.sampler.on_write(slots)
@@ -420,6 +493,8 @@ class MultiAgentReplayBuffer:
         with self.writer.lock:
             self._check_enough(batch_size)
             indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
+            if self._sequence is not None:
+                return self._gather_sequences(indices, weights, trainer, out_block)
             return self._gather(indices, weights, trainer, out_block)
 
     def _check_enough(self, batch_size: int) -> None:
@@ -430,6 +505,13 @@ class MultiAgentReplayBuffer:
             )
 
     def _out_block(self, out: Any, batch_size: int) -> np.ndarray:
+        if self._sequence is not None:  # a sequence batch is B * L gathered rows
+            if not isinstance(out, SequenceBatch):
+                raise TypeError(
+                    "out must be a SequenceBatch from this buffer's sample (it samples "
+                    f"sequences); got {type(out).__name__}"
+                )
+            return self.storage.check_out_block(out.block, batch_size * self._sequence.steps)
         if not isinstance(out, Batch):
             raise TypeError(f"out must be a Batch from this buffer; got {type(out).__name__}")
         return self.storage.check_out_block(out.block, batch_size)
@@ -592,6 +674,30 @@ class MultiAgentReplayBuffer:
             block=block,
         )
 
+    def _gather_sequences(
+        self,
+        starts: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+        out_block: np.ndarray | None,
+    ) -> SequenceBatch:
+        """The sequences around training ``starts`` (shape (B,), int64), under ``writer.lock``:
+        the (B, L) slot matrix from the episode links (O(B * L)), one gather of its B * L rows
+        (masked positions read the start's row and are zeroed), every array reshaped to
+        (B, L, ...)."""
+        sequence = self._sequence
+        assert sequence is not None and self.episodes is not None
+        burn_in = sequence.burn_in
+        slots = self.episodes.sequences(starts, burn_in, sequence.length - 1)
+        mask = slots >= 0
+        flat = np.where(mask, slots, starts[:, None]).reshape(-1)
+        gathered = self._gather(flat, None, None, out_block)
+        generations = self.writer.write_generation[starts]
+        if self._handed is not None and trainer is not None:
+            self._handed[trainer, starts] = generations
+            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
+        return as_sequences(gathered, mask, burn_in, slots, starts, generations, weights, trainer)
+
     def update_priorities(
         self,
         indices: Any,
@@ -609,6 +715,11 @@ class MultiAgentReplayBuffer:
           sample-then-update loop);
         * ``generations=batch.generations``: exact for any order, e.g. asynchronous learners
           that update an older batch after a newer one was drawn for the same trainer.
+
+        With a prioritized :class:`marlbuf.samplers.Sequence` sampler, ``indices`` are the
+        sequences' training starts (``batch.indices``) and ``td_errors`` one value per sequence
+        (shape (B,)) or the per-step errors of the training steps (shape (B, length)), mixed as
+        in R2D2 over the steps that were valid when the batch was drawn.
         """
         trainer = self._check_trainer(trainer)
         with self.writer.lock:
@@ -663,6 +774,9 @@ class MultiAgentReplayBuffer:
             "rng": self.rng.bit_generator.state,
             "storage": {k: part(v) for k, v in self.storage.arrays().items()},
             "links": {} if self.links is None else self.links.state_dict(copy=copy),
+            "episodes": {}
+            if self.episodes is None
+            else self.episodes.state_dict(filled, copy=copy),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -711,6 +825,9 @@ class MultiAgentReplayBuffer:
         self.writer.check_state(state)
         if self.links is not None:
             self.links.check_state(state["links"])
+        episodes_state = state.get("episodes") or {}
+        if self.episodes is not None and episodes_state:
+            self.episodes.check_state(episodes_state, size)
         rng = np.random.default_rng()
         try:
             rng.bit_generator.state = state["rng"]
@@ -732,11 +849,30 @@ class MultiAgentReplayBuffer:
             self.writer.load_state_dict(state)
             if self.links is not None:
                 self.links.load_state_dict(state["links"], adopt=adopt)
+            if self.episodes is not None:
+                if episodes_state:
+                    self.episodes.load_state_dict(episodes_state, size)
+                else:  # saved without an index: rebuilt from done flags and next_obs links
+                    self.episodes.reconstruct(
+                        size,
+                        self._stored_ends(size),
+                        None if self.links is None else self.links.next_slot,
+                    )
+                if self._sequence is not None:
+                    self._sequence.rebuild(size)
             if self._handed is not None:
                 self._handed[:] = -1
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)
+
+    def _stored_ends(self, size: int) -> np.ndarray:
+        """Per filled slot (shape (size,), bool), whether every agent's stored done is set."""
+        every = np.ones(size, dtype=bool)
+        for agent in self.specs:
+            done = self.storage.read_field("done", agent, size)
+            every &= np.asarray(done != 0).reshape(size, -1).all(axis=1)
+        return every
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
@@ -851,6 +987,106 @@ def _check_memory(
             ResourceWarning,
             stacklevel=3,
         )
+
+
+def _done_reader(codec: RowCodec) -> Any:
+    """A function of staged rows (shape (T, row_words), uint64) that returns, per row, whether
+    every agent's ``done`` is nonzero (shape (T,), bool): the termination of an episode."""
+    slots = [fs for fs in codec.slots if fs.field == "done"]
+    first, last = slots[0], slots[-1]
+    packed = all(fs.dtype == first.dtype and len(fs.shape) == 0 for fs in slots) and all(
+        a.offset + a.nbytes == b.offset for a, b in itertools.pairwise(slots)
+    )
+    if packed:  # one view of all agents' flags
+        lo, hi = first.offset, last.offset + last.nbytes
+
+        def read(rows: np.ndarray) -> np.ndarray:
+            flags = rows.view(np.uint8)[:, lo:hi].view(first.dtype)
+            return np.asarray((flags != 0).all(axis=1))
+
+        return read
+
+    def read_each(rows: np.ndarray) -> np.ndarray:
+        raw = rows.view(np.uint8)
+        every = np.ones(rows.shape[0], dtype=bool)
+        for fs in slots:
+            flags = raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)
+            every &= (flags != 0).all(axis=1)
+        return every
+
+    return read_each
+
+
+def _check_truncated(
+    truncated: Any, agents: list[str], steps: int | None, per_env: bool = False
+) -> bool | np.ndarray | None:
+    """``truncated`` of ``add`` (``steps=None``: a bool back) or of ``extend``/``add_envs``
+    (shape (steps,) bool back, or ``None`` when no step is truncated), checked.
+
+    Accepted: a bool; per agent, a dict (a subset of the agents; missing ones count as not
+    truncated) or a sequence in agent order, any True counting; with ``steps``, each value with
+    a leading axis of ``steps`` (a plain (steps,) array is per step, (n_agents, steps) per
+    agent). For ``add_envs`` (``per_env``) a bool applies to every environment; ``extend``
+    refuses ``True`` (it would end an episode at every step).
+    """
+    if truncated is False or truncated is None:
+        return None if steps is not None else False
+    if truncated is True and steps is None:
+        return True
+    where = "add" if steps is None else ("add_envs" if per_env else "extend")
+    lead = () if steps is None else (steps,)
+    if isinstance(truncated, Mapping):
+        unknown = [k for k in truncated if k not in agents]
+        if unknown:
+            raise ValueError(
+                f"truncated has unknown agent {unknown[0]!r}; {where} expects agents {agents}"
+            )
+        values = [_truncation_flags(v, lead, f"truncated[{a!r}]") for a, v in truncated.items()]
+        flags = np.zeros(lead, dtype=bool)
+        for value in values:
+            flags = flags | value
+    else:
+        array = _truncation_flags(truncated, None, "truncated")
+        if array.shape == () and steps is not None and array and not per_env:
+            raise ValueError(
+                f"truncated=True in extend would end an episode at each of its {steps} steps; "
+                f"pass an array of shape ({steps},) (e.g. True at the last step only)"
+            )
+        if array.shape == ():
+            flags = np.broadcast_to(array, lead).copy() if lead else array
+        elif lead and array.shape == lead:  # one flag per step (1-D is never per agent here)
+            flags = array
+        elif array.shape == (len(agents), *lead):  # per agent, in agent order
+            flags = np.asarray(array.any(axis=0))
+        else:
+            per_agent = (len(agents), *lead)
+            shapes = f"{lead} (per step) or {per_agent} (per agent)" if lead else f"{per_agent}"
+            raise ValueError(
+                f"truncated has shape {array.shape}; {where} expects a bool, a dict of agents, "
+                f"or an array of shape {shapes}"
+            )
+    if steps is None:
+        return bool(flags)
+    flags = np.asarray(flags, dtype=bool).reshape(steps)
+    return flags if flags.any() else None
+
+
+def _truncation_flags(value: Any, lead: tuple[int, ...] | None, name: str) -> np.ndarray:
+    """``value`` as a bool array (of shape ``lead`` unless ``lead`` is None), or a clear error:
+    bools, or numbers that are 0 or 1."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be bools; got {value!r:.80}") from exc
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be bools (or 0/1); got dtype {array.dtype} ({value!r:.80})")
+    if array.dtype.kind != "b":
+        if not np.all((array == 0) | (array == 1)):
+            raise ValueError(f"{name} must be bools (or 0/1); got {value!r:.80}")
+        array = array != 0
+    if lead is not None and array.shape != lead:
+        raise ValueError(f"{name} has shape {array.shape}; expected {lead}")
+    return array
 
 
 def _leading_length(obs: Any) -> int | None:

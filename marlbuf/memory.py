@@ -79,6 +79,7 @@ def estimate(
     n_trainers: int | None = None,
     episode_length: int = DEFAULT_EPISODE_LENGTH,
     n_streams: int = 1,
+    episodes: bool = False,
 ) -> MemoryEstimate:
     """What a :class:`~marlbuf.MultiAgentReplayBuffer` with these options will hold.
 
@@ -95,6 +96,12 @@ def estimate(
         worst case, no two consecutive observations equal, is one row per slot).
     n_streams : int
         Environment copies writing into the buffer.
+    episodes : bool
+        Whether the sampler samples sequences (:class:`marlbuf.samplers.Sequence`): the writer
+        then keeps the episode index (episode id, step, two links: 32 bytes per slot), a start
+        flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
+        as one 0/1 tree, an upper bound: ``pad=True`` needs none), and prioritized sequences
+        the valid training steps of each handed-out sequence (4 bytes per slot and trainer).
     """
     n_trainers = len(specs) if n_trainers is None else int(n_trainers)
     once = next_obs == "once"
@@ -115,9 +122,12 @@ def estimate(
         side_row = -(-(obs[-1].offset + obs[-1].nbytes) // 8) * 8
         side = side_row * (min(capacity, -(-capacity // max(1, episode_length))) + n_streams)
         metadata += capacity * 16  # successor slot and side row per slot
+    leaves = 1 << max(0, (capacity - 1).bit_length())
     if prioritized:
-        leaves = 1 << max(0, (capacity - 1).bit_length())
         metadata += n_trainers * (2 * 2 * leaves * 8 + capacity * 8)  # sum + max trees, hand-out
+    if episodes:
+        metadata += capacity * (4 * 8 + 1)  # episode, step, previous, next slot; start flag
+        metadata += n_trainers * capacity * 4 if prioritized else 2 * leaves * 8
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
 

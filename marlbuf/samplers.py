@@ -15,10 +15,12 @@ import numpy as np
 from marlbuf import _config
 from marlbuf._kernels import (
     apply_td_errors,
+    fill_new_slots,
     find_prefix,
     locality_sample,
     neighbor_indices,
     per_sample,
+    rebuild,
 )
 from marlbuf._kernels.sumtree import (
     MODE_ABS,
@@ -33,8 +35,10 @@ from marlbuf.prioritized import (
     PriorityTrees,
     RunLengthPredictor,
     ThresholdPredictor,
+    _finite_float,
     check_priority_args,
 )
+from marlbuf.writer import EpisodeIndex
 
 #: name -> class, for rebuilding a sampler from ``Sampler.config()`` when a buffer is loaded.
 SAMPLERS: dict[str, type[Sampler]] = {}
@@ -55,7 +59,10 @@ class Sampler(ABC):
     """
 
     #: whether ``sample`` returns importance weights (prioritized samplers)
-    weighted: ClassVar[bool] = False
+    weighted: bool = False
+    #: whether the sampler reads the writer's episode index (sequence samplers): the buffer
+    #: then keeps one (:class:`marlbuf.writer.EpisodeIndex`) and calls :meth:`attach_episodes`
+    needs_episodes: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -255,7 +262,7 @@ class Prioritized(Sampler):
     >>> buf.update_priorities(batch.indices, np.ones(8), trainer=1, generations=batch.generations)
     """
 
-    weighted: ClassVar[bool] = True
+    weighted: bool = True
     #: whether the trees also keep the maximum priority (needed for ``p / max p``)
     _track_max: ClassVar[bool] = False
 
@@ -557,3 +564,330 @@ class PrioritizedNeighbor(Prioritized):
             "weights": self.weights,
             "predictor": self.predictor.to_dict(),
         }
+
+
+class Sequence(Sampler):
+    """Sequences of consecutive steps of one episode, for recurrent learners (R2D2-style).
+
+    A batch holds ``B`` sequences of ``L = burn_in + length`` steps each. The *training start*
+    ``s`` of a sequence is drawn from the stored slots: every stored slot (``pad=True``), or
+    only slots whose episode has ``length - 1`` more steps stored (``pad=False``), uniformly
+    or (``prioritized=True``) in proportion to ``priority ** alpha``. Around it the sequence
+    holds the ``burn_in`` steps before ``s`` in its episode, ``s`` and the ``length - 1`` steps
+    after it. Steps the episode does not have (it begins less than ``burn_in`` steps before
+    ``s``, or ends before ``s + length - 1``), or that are no longer or not yet stored, are
+    masked: their ``mask`` entry is False, ``slots`` is -1 and every field is zero. A sequence
+    never mixes two episodes or two streams (see :class:`marlbuf.writer.EpisodeIndex`: an
+    episode ends where every agent is done or the step was written with ``truncated=True``).
+    Starts are drawn with replacement (independent draws), so the batch may be larger than the
+    number of stored starts.
+
+    Batches are :class:`marlbuf.batch.SequenceBatch`: every per-step array has the leading axes
+    ``(B, L)``, ``mask`` (B, L) bool, ``slots`` (B, L) int64, ``burn_in``, and ``indices`` (B,)
+    the training starts (column ``burn_in``), which ``update_priorities`` takes.
+
+    Prioritized sequences (Kapturowski et al., 2019, R2D2): one priority per start slot (new
+    starts get the trainer's running maximum, initially 1), one sum-tree per trainer,
+    importance weights ``(N P(i))^-beta`` divided by the batch maximum. ``update_priorities``
+    takes either one value per sequence, shape (B,), used as ``|td| + eps``, or the per-step TD
+    errors, shape (B, length) (the training part ``[:, burn_in:]``), mixed as
+    ``eta * max_t |td_t| + (1 - eta) * mean_t |td_t| + eps`` over the steps that were valid
+    (``mask``) when the batch was drawn; masked entries are ignored (they may be anything).
+
+    Parameters
+    ----------
+    length : int
+        Training steps per sequence (``>= 1``).
+    burn_in : int, default 0
+        Steps before the training start, to warm up a recurrent state (``>= 0``).
+    pad : bool, default True
+        ``True``: any stored step may start a sequence (the tail is masked where the episode
+        ends sooner). ``False``: only starts with ``length`` steps of their episode stored.
+    prioritized : bool, default False
+        Draw starts by priority (one tree per trainer) and return importance weights.
+    eta : float, default 0.9
+        R2D2's mix of the maximum and the mean of per-step TD errors, in ``[0, 1]``.
+    alpha, beta, eps
+        As in :class:`Prioritized` (``beta`` may be a :class:`marlbuf.prioritized.LinearBeta`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    >>> specs = {f"agent_{i}": AgentSpec(obs_shape=(4,), action_shape=(2,)) for i in range(2)}
+    >>> buf = MultiAgentReplayBuffer(specs, 100, sampler=Sequence(length=5, burn_in=2), seed=0)
+    >>> z = lambda *s: {a: np.zeros((30, *s), np.float32) for a in specs}
+    >>> buf.extend(obs=z(4), action=z(2), reward=z(), next_obs=z(4), done=z())
+    >>> batch = buf.sample(8)
+    >>> batch.obs["agent_0"].shape, batch.mask.shape, batch.burn_in
+    ((8, 7, 4), (8, 7), 2)
+    """
+
+    needs_episodes: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        length: int,
+        burn_in: int = 0,
+        pad: bool = True,
+        prioritized: bool = False,
+        eta: float = 0.9,
+        alpha: float = 0.6,
+        beta: float | LinearBeta | dict[str, Any] = 0.4,
+        eps: float = 1e-6,
+    ) -> None:
+        self.length = _positive_int("length", length)
+        if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
+            raise ValueError(f"burn_in must be an int >= 0; got burn_in={burn_in!r}")
+        self.burn_in = int(burn_in)
+        for name, flag in (("pad", pad), ("prioritized", prioritized)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool; got {name}={flag!r}")
+        self.pad = bool(pad)
+        self.prioritized = bool(prioritized)
+        self.weighted = self.prioritized
+        self.eta = _finite_float("eta", eta, 0.0, 1.0)
+        self.alpha, self.beta, self.eps, _ = check_priority_args(alpha, beta, eps, "abs")
+        self.episodes: EpisodeIndex | None = None
+
+    @property
+    def steps(self) -> int:
+        """``L = burn_in + length``: steps per sequence."""
+        return self.burn_in + self.length
+
+    def bind(self, capacity: int, n_trainers: int) -> None:
+        if self.steps > capacity:
+            raise ValueError(
+                f"a sequence of burn_in + length = {self.steps} steps does not fit a buffer of "
+                f"capacity={capacity}; use a larger buffer or shorter sequences"
+            )
+        super().bind(capacity, n_trainers)
+        #: per slot, whether it may start a sequence (pad=False: length steps stored)
+        self.startable = np.zeros(self.capacity if not self.pad else 0, dtype=bool)
+        self.trees: PriorityTrees | None = None
+        if self.prioritized:
+            self.trees = PriorityTrees(self.capacity, self.n_trainers, self.alpha, False)
+        elif not self.pad:  # one tree of 0/1 leaves: uniform draws over the valid starts
+            self.trees = PriorityTrees(self.capacity, 1, 1.0, False)
+        #: per trainer and start slot, the valid training steps when it was last handed out
+        self.valid_steps = np.zeros(
+            (self.n_trainers, self.capacity) if self.prioritized else (0, 0), dtype=np.int32
+        )
+        self.batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
+        self._fresh_priorities = False
+
+    def attach_episodes(self, episodes: EpisodeIndex) -> None:
+        """Read the buffer's episode index (called by the buffer at construction)."""
+        self.episodes = episodes
+
+    def _index(self) -> EpisodeIndex:
+        if self.episodes is None:
+            raise RuntimeError("Sequence is used by a buffer that keeps no episode index")
+        return self.episodes
+
+    def _set(self, slots: np.ndarray, valid: bool) -> None:
+        """Leaves of ``slots`` in every tree: the running max (valid starts) or 0."""
+        trees = self.trees
+        if trees is None or not slots.shape[0]:
+            return
+        if valid:
+            trees.fill_new(slots)
+        else:
+            zeros = np.zeros(trees.n_trees, dtype=np.float64)
+            fill_new_slots(trees.sums, trees.maxes, trees.leaf_offset, slots, zeros, zeros, False)
+
+    def on_write(self, slots: np.ndarray) -> None:
+        if self.pad or self.length == 1:
+            self._set(slots, True)
+            if not self.pad:
+                self.startable[slots] = True
+            return
+        # pad=False: a slot becomes a start once its episode's (length - 1)-th next step is
+        # written, i.e. when it is the (length - 1)-th predecessor of a new slot; it stops
+        # being one when overwritten (its successors are newer, so they outlive it)
+        self.startable[slots] = False
+        self._set(slots, False)
+        ancestors = self._index().sequences(slots, self.length - 1, 0)[:, 0]
+        ancestors = ancestors[ancestors >= 0]
+        self.startable[ancestors] = True
+        self._set(ancestors, True)
+
+    def _n_starts(self, trainer: int) -> float:
+        return self.trees.total(trainer if self.prioritized else 0) if self.trees else 1.0
+
+    def sample(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        if size < 1:
+            raise _not_enough_data(batch_size, size, 1, "sequences")
+        if self.trees is not None and not self._n_starts(trainer) > 0.0:
+            if not self.pad and not self.startable[:size].any():
+                raise ValueError(
+                    f"no stored episode has length={self.length} steps yet, so pad=False has no "
+                    "sequence start; add more data, use shorter sequences or pad=True"
+                )
+            raise ValueError(
+                f"every priority of trainer {trainer} is 0 (eps={self.eps} and all TD errors "
+                "were 0); use eps > 0 so that every start stays sampleable"
+            )
+        if self.trees is None:  # uniform, pad=True: every stored slot
+            return rng.integers(0, size, size=batch_size, dtype=np.int64), None
+        starts = np.empty(batch_size, dtype=np.int64)
+        if not self.prioritized:
+            targets = rng.random(batch_size) * self.trees.total(0)
+            find_prefix(self.trees.sums[0], self.trees.leaf_offset, targets, starts)
+            return starts, None
+        weights = np.empty(batch_size, dtype=np.float32)
+        beta = (
+            self.beta(int(self.batches_drawn[trainer]))
+            if isinstance(self.beta, LinearBeta)
+            else self.beta
+        )
+        per_sample(
+            self.trees.sums[trainer],
+            self.trees.leaf_offset,
+            rng.random(batch_size),
+            beta,
+            starts,
+            weights,
+        )
+        self.batches_drawn[trainer] += 1
+        return starts, weights
+
+    def handed(self, trainer: int, starts: np.ndarray, valid_steps: np.ndarray) -> None:
+        """Record the valid training steps (shape (B,)) of sequences handed to ``trainer``, for
+        the R2D2 mix of a later ``update_priorities`` with per-step errors."""
+        if self.prioritized:
+            self.valid_steps[trainer, starts] = valid_steps
+
+    def update_priorities(
+        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
+    ) -> None:
+        if not self.prioritized or self.trees is None:
+            super().update_priorities(indices, td_errors, trainer, stale)
+            return
+        td = np.asarray(td_errors)
+        n = indices.shape[0]
+        if td.dtype.kind not in "iuf":
+            raise TypeError(
+                f"td_errors must be a real numeric array; got dtype {td.dtype} ({td_errors!r:.80})"
+            )
+        if td.shape == (n, self.length):
+            td = self._r2d2_mix(indices, td.astype(np.float64, copy=False), trainer)
+        elif td.shape != (n,):
+            raise ValueError(
+                f"td_errors must have shape ({n},) (one priority per sequence) or "
+                f"({n}, {self.length}) (per training step, length={self.length}); got shape "
+                f"{td.shape}"
+            )
+        if not self.pad:  # a slot that cannot start a sequence never gets a priority
+            stale = stale | ~self.startable[indices]
+        td = np.ascontiguousarray(td, dtype=np.float64)
+        code, position, largest = apply_td_errors(
+            self.trees.sums[trainer],
+            self.trees.empty,
+            self.trees.leaf_offset,
+            np.ascontiguousarray(indices, dtype=np.int64),
+            td,
+            np.ascontiguousarray(stale, dtype=np.bool_),
+            MODE_ABS,
+            self.eps,
+            self.alpha,
+            False,
+        )
+        if code == TD_NOT_FINITE:
+            raise ValueError(
+                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
+                "critic's loss for divergence)"
+            )
+        if code == TD_OVERFLOW:
+            raise ValueError(
+                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
+                f"(alpha={self.alpha}); scale the TD errors down"
+            )
+        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
+
+    def _r2d2_mix(self, indices: np.ndarray, td: np.ndarray, trainer: int) -> np.ndarray:
+        """``eta * max + (1 - eta) * mean`` of ``|td|`` (shape (n, length)) over each row's
+        valid training steps (as recorded when the sequence was handed out; for slots never
+        handed to this trainer, the steps stored now)."""
+        counts = self.valid_steps[trainer, indices].astype(np.int64)
+        unknown = counts == 0
+        if unknown.any():
+            slots = self._index().sequences(indices[unknown], 0, self.length - 1)
+            counts[unknown] = (slots >= 0).sum(axis=1)
+        valid = np.arange(self.length) < counts[:, None]
+        bad = valid & ~np.isfinite(td)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise ValueError(
+                f"td_errors must be finite at valid steps; got td_errors[{row}, {col}]="
+                f"{td[row, col]} (check the critic's loss for divergence)"
+            )
+        magnitude = np.where(valid, np.abs(np.where(valid, td, 0.0)), 0.0)
+        largest = magnitude.max(axis=1)
+        mean = magnitude.sum(axis=1) / counts
+        mixed: np.ndarray = self.eta * largest + (1.0 - self.eta) * mean
+        return mixed
+
+    def rebuild(self, size: int) -> None:
+        """Recompute which slots may start a sequence from the episode index (after a state
+        was loaded) and keep the trees consistent with it: 0 for every other slot."""
+        index = self._index()
+        if not self.pad:
+            self.startable[:] = False
+            chunk = max(1, _config.SEQUENCE_REBUILD_SLOTS // self.length)
+            for lo in range(0, size, chunk):
+                starts = np.arange(lo, min(size, lo + chunk), dtype=np.int64)
+                self.startable[starts] = index.sequences(starts, 0, self.length - 1)[:, -1] >= 0
+        if self.trees is None:
+            return
+        trees = self.trees
+        valid = self.startable if not self.pad else np.arange(self.capacity) < size
+        for t in range(trees.n_trees):
+            leaves = trees.leaves(t)
+            if not self.prioritized or self._fresh_priorities:
+                leaves[:] = np.where(valid, trees.max_priority[t] ** trees.alpha, 0.0)
+            else:
+                leaves[~valid] = 0.0
+            rebuild(trees.sums[t], trees.leaf_offset, False)
+        self._fresh_priorities = False
+
+    def config(self) -> dict[str, Any]:
+        beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
+        return {
+            "length": self.length,
+            "burn_in": self.burn_in,
+            "pad": self.pad,
+            "prioritized": self.prioritized,
+            "eta": self.eta,
+            "alpha": self.alpha,
+            "beta": beta,
+            "eps": self.eps,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.prioritized or self.trees is None:
+            return {}  # the 0/1 tree of pad=False is rebuilt from the episode index
+        return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. A prioritized sequence sampler also accepts an
+        empty state (one saved by another sampler): every start then gets priority 1. The
+        buffer calls :meth:`rebuild` once the episode index is loaded."""
+        if not self.prioritized or self.trees is None:
+            return
+        if not state:
+            self.trees.max_priority[:] = 1.0
+            self.batches_drawn[:] = 0
+            self._fresh_priorities = True
+            return
+        drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
+        if drawn.shape != (self.n_trainers,):
+            raise ValueError(
+                f"sampler state 'batches_drawn' has shape {drawn.shape}; "
+                f"expected {(self.n_trainers,)}"
+            )
+        self.trees.load_state_dict(state)
+        self.batches_drawn[:] = drawn
+        self._fresh_priorities = False

@@ -852,6 +852,11 @@ def _device_sampler(
                 f"({sampler.predictor.max_run_length}); use a larger buffer or shorter runs"
             )
         return _DevicePrioritized(sampler, capacity, n_trainers, device)
+    if sampler.needs_episodes:
+        raise TypeError(
+            f"the torch backend does not sample sequences (sampler={sampler!r}); use "
+            "device=None for Sequence and move batches with batch.to_torch(device)"
+        )
     raise TypeError(
         "the torch backend implements the samplers Uniform, Neighbor, Prioritized and "
         f"PrioritizedNeighbor; got sampler={sampler!r} (use device=None for other samplers)"
@@ -1112,11 +1117,17 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         )
 
     # ----------------------------------------------------------------------------- writing
-    def _commit(self, rows: np.ndarray, steps: int, streams: int | np.ndarray = 0) -> None:
+    def _commit(
+        self,
+        rows: np.ndarray,
+        steps: int,
+        streams: int | np.ndarray = 0,
+        truncated: bool | np.ndarray | None = None,
+    ) -> None:
         """Write validated staging rows (host) into the device table, and the metadata.
 
-        ``streams`` is accepted for the NumPy buffer's signature: rows here hold their next_obs,
-        so no stream bookkeeping is needed."""
+        ``streams`` and ``truncated`` are accepted for the NumPy buffer's signature: rows here
+        hold their next_obs and no sampler reads episodes, so no stream bookkeeping is needed."""
         writer = self.writer
         with writer.lock:
             skip, slots = writer.plan(steps)

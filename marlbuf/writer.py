@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf._kernels import sequence_slots
+
 
 class RingWriter:
     """Ring bookkeeping for ``capacity`` slots.
@@ -349,4 +351,314 @@ class NextObsLinks:
         self.pending = {int(s): (int(slot), int(gen)) for s, slot, gen in pending}
 
 
-__all__ = ["NextObsLinks", "RingWriter"]
+class EpisodeIndex:
+    """Which stored steps form an episode, in order: the bookkeeping of sequence sampling.
+
+    Every step is written by a *stream* (an environment copy, as for :class:`NextObsLinks`).
+    A stream's steps belong to its *open* episode until one of them ends it: a step where every
+    agent's ``done`` is true (termination) or one passed with ``truncated=True`` (truncation).
+    The stream's next step begins a new episode. Episode ids are unique over the buffer's life
+    (a counter), so steps of two streams or two episodes never share one.
+
+    Per slot the index keeps the stored step's episode id, its step number in the episode and
+    links to the slots of the previous and next step of that episode. The ring overwrites the
+    oldest slot first, so links may point at slots overwritten since: a link counts only while
+    its target still holds the same episode at step -1 (``prev_slot``) / +1 (``next_slot``),
+    which :func:`marlbuf._kernels.sequence_slots` checks on every read. A sequence therefore
+    never contains an overwritten step, a step of another episode or of another stream.
+
+    Attributes
+    ----------
+    episode : ndarray, shape (capacity,), int64
+        Episode id of the step in each slot; -1 for never-written slots.
+    step : ndarray, shape (capacity,), int64
+        Position of that step in its episode (0 for the first).
+    prev_slot, next_slot : ndarray, shape (capacity,), int64
+        Slot of the previous / next step of the same episode, or -1 (none stored yet, or the
+        episode begins / ends here).
+    open : dict[int, tuple[int, int, int, int]]
+        Per stream with an unfinished episode: ``(episode id, step number of its newest step,
+        that step's slot or -1, its write generation)``.
+    next_episode : int
+        The id of the next episode to begin.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.episode = np.full(self.capacity, -1, dtype=np.int64)
+        self.step = np.zeros(self.capacity, dtype=np.int64)
+        self.prev_slot = np.full(self.capacity, -1, dtype=np.int64)
+        self.next_slot = np.full(self.capacity, -1, dtype=np.int64)
+        self.open: dict[int, tuple[int, int, int, int]] = {}
+        self.next_episode = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(
+            self.episode.nbytes + self.step.nbytes + self.prev_slot.nbytes + self.next_slot.nbytes
+        )
+
+    def _continue(
+        self, stream: int, write_generation: np.ndarray, overwritten: np.ndarray
+    ) -> tuple[int, int, int]:
+        """``(episode id, step number, previous slot or -1)`` of the next step of ``stream``
+        (a new episode if it has none open); links the open episode's newest slot forward is
+        left to the caller. ``overwritten`` are the slots this call writes."""
+        last = self.open.pop(stream, None)
+        if last is None:
+            episode = self.next_episode
+            self.next_episode += 1
+            return episode, 0, -1
+        episode, step, slot, generation = last
+        if slot < 0 or write_generation[slot] != generation or bool(np.any(overwritten == slot)):
+            slot = -1  # overwritten since (or by this very call): nothing to link back to
+        return episode, step + 1, slot
+
+    def commit_one(
+        self, slot: int, ends: bool, stream: int, generation: int, write_generation: np.ndarray
+    ) -> None:
+        """:meth:`commit` for one step (``add``), with scalars only. Call before the storage
+        write; ``write_generation`` is the pre-write state and ``generation`` the new step's."""
+        last = self.open.pop(stream, None)
+        prev = -1
+        if last is None:
+            episode, step = self.next_episode, 0
+            self.next_episode += 1
+        else:
+            episode, step, prev, gen = last
+            step += 1
+            if prev < 0 or prev == slot or write_generation[prev] != gen:
+                prev = -1
+            else:
+                self.next_slot[prev] = slot
+        self.episode[slot] = episode
+        self.step[slot] = step
+        self.prev_slot[slot] = prev
+        self.next_slot[slot] = -1
+        if not ends:
+            self.open[stream] = (episode, step, slot, generation)
+
+    def commit(
+        self,
+        slots: np.ndarray,
+        ends: np.ndarray,
+        streams: int | np.ndarray,
+        skip: int,
+        first_generation: int,
+        write_generation: np.ndarray,
+    ) -> None:
+        """Record the steps of one call about to be written (call before the storage write).
+
+        Parameters
+        ----------
+        slots : ndarray, shape (T - skip,), int64
+            Where the kept steps go (:meth:`RingWriter.plan`).
+        ends : ndarray, shape (T,), bool
+            Per step of the call (skipped ones included), whether it ends its episode.
+        streams : int or ndarray, shape (T,), int64
+            One stream for every step (``add``/``extend``: consecutive steps of it) or one
+            distinct stream per step (``add_envs``).
+        skip : int
+            Leading steps of the call overwritten by the call itself (``T > capacity``): they
+            still count for step numbers and episode ends, but are not stored.
+        first_generation : int
+            Write generation of the call's first step (``total_writes`` before the call).
+        write_generation : ndarray, shape (capacity,), int64
+            The pre-write generations (to tell whether a stream's newest slot is still stored).
+        """
+        total = int(ends.shape[0])
+        kept = total - skip
+        if isinstance(streams, (int, np.integer)):
+            self._commit_stream(slots, ends, int(streams), skip, first_generation, write_generation)
+            return
+        episode = np.empty(kept, dtype=np.int64)
+        step = np.empty(kept, dtype=np.int64)
+        prev = np.full(kept, -1, dtype=np.int64)
+        links: list[tuple[int, int]] = []  # (older slot, its new successor)
+        for k in range(total):
+            stream = int(streams[k])
+            ep, st, back = self._continue(stream, write_generation, slots)
+            slot = int(slots[k - skip]) if k >= skip else -1
+            if k >= skip:
+                episode[k - skip], step[k - skip] = ep, st
+                if back >= 0:
+                    prev[k - skip] = back
+                    links.append((back, slot))
+            if not ends[k]:
+                self.open[stream] = (ep, st, slot, first_generation + k)
+        for older, newer in links:
+            self.next_slot[older] = newer
+        self.episode[slots] = episode
+        self.step[slots] = step
+        self.prev_slot[slots] = prev
+        self.next_slot[slots] = -1
+
+    def _commit_stream(
+        self,
+        slots: np.ndarray,
+        ends: np.ndarray,
+        stream: int,
+        skip: int,
+        first_generation: int,
+        write_generation: np.ndarray,
+    ) -> None:
+        """:meth:`commit` for consecutive steps of one stream, vectorised."""
+        total = int(ends.shape[0])
+        position = np.arange(total, dtype=np.int64)
+        begins = np.ones(total, dtype=bool)  # the step begins a segment (episode or part of one)
+        begins[1:] = ends[:-1]
+        segment = np.cumsum(begins) - 1  # segment number of each step
+        segment_start = np.maximum.accumulate(np.where(begins, position, 0))
+        step = position - segment_start
+        episode = np.empty(total, dtype=np.int64)
+        last = self.open.get(stream)
+        if last is not None:  # the first segment continues the stream's open episode
+            ep, _, _, _ = last
+            episode[:] = self.next_episode - 1 + segment
+            episode[segment == 0] = ep
+            _, first_step, back = self._continue(stream, write_generation, slots)
+            step[segment == 0] += first_step
+            new_episodes = int(segment[-1])
+        else:
+            episode[:] = self.next_episode + segment
+            new_episodes = int(segment[-1]) + 1
+            back = -1
+        self.open.pop(stream, None)
+        self.next_episode += new_episodes
+        # the stored part (the last T - skip steps)
+        episode, step, begins_kept = episode[skip:], step[skip:], begins[skip:]
+        prev = np.empty(slots.shape[0], dtype=np.int64)
+        prev[1:] = np.where(begins_kept[1:], -1, slots[:-1])
+        prev[0] = back if (skip == 0 and not begins_kept[0]) else -1
+        nxt = np.empty(slots.shape[0], dtype=np.int64)
+        nxt[:-1] = np.where(begins_kept[1:], -1, slots[1:])
+        nxt[-1] = -1
+        if prev[0] >= 0:
+            self.next_slot[prev[0]] = slots[0]
+        self.episode[slots] = episode
+        self.step[slots] = step
+        self.prev_slot[slots] = prev
+        self.next_slot[slots] = nxt
+        if not ends[-1]:
+            gen = first_generation + total - 1
+            self.open[stream] = (int(episode[-1]), int(step[-1]), int(slots[-1]), gen)
+
+    def sequences(self, starts: np.ndarray, before: int, after: int) -> np.ndarray:
+        """The slot matrix of sequences around ``starts`` (shape (B,), int64, stored slots):
+        shape (B, before + 1 + after), int64, -1 where masked (see
+        :func:`marlbuf._kernels.sequence_slots`)."""
+        out = np.empty((starts.shape[0], before + 1 + after), dtype=np.int64)
+        sequence_slots(
+            np.ascontiguousarray(starts, dtype=np.int64),
+            int(before),
+            int(after),
+            self.episode,
+            self.step,
+            self.prev_slot,
+            self.next_slot,
+            out,
+        )
+        return out
+
+    def state_dict(self, size: int, copy: bool = True) -> dict[str, Any]:
+        """The filled part (slots ``[0, size)``) and the open episodes."""
+
+        def part(array: np.ndarray) -> np.ndarray:
+            return array[:size].copy() if copy else array[:size]
+
+        open_rows = np.array(
+            [[s, *entry] for s, entry in sorted(self.open.items())], dtype=np.int64
+        ).reshape(-1, 5)
+        return {
+            "episode": part(self.episode),
+            "step": part(self.step),
+            "prev_slot": part(self.prev_slot),
+            "next_slot": part(self.next_slot),
+            "open": open_rows,
+            "next_episode": int(self.next_episode),
+        }
+
+    def check_state(self, state: Mapping[str, Any], size: int) -> None:
+        """Raise ``ValueError`` unless :meth:`load_state_dict` would accept ``state``."""
+        keys = ("episode", "step", "prev_slot", "next_slot", "open", "next_episode")
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(f"state's episode index lacks {missing} (corrupt state)")
+        arrays = {k: np.asarray(state[k]) for k in keys[:4]}
+        for key, array in arrays.items():
+            if array.shape != (size,) or array.dtype.kind not in "iu":
+                raise ValueError(
+                    f"state's episode index {key!r} has shape {array.shape}, dtype "
+                    f"{array.dtype}; expected ({size},) integers"
+                )
+        # the kernels follow the links without bounds checks: -1 or a filled slot only
+        for key in ("prev_slot", "next_slot"):
+            links = arrays[key]
+            if links.size and (links.min() < -1 or links.max() >= size):
+                raise ValueError(f"state's episode links {key!r} point outside the filled slots")
+        open_rows = np.asarray(state["open"])
+        if open_rows.size and (open_rows.ndim != 2 or open_rows.shape[1] != 5):
+            raise ValueError(
+                f"state's open episodes have shape {open_rows.shape}; expected (streams, 5)"
+            )
+        if open_rows.size and (open_rows[:, 3].min() < -1 or open_rows[:, 3].max() >= size):
+            raise ValueError("state's open episodes point outside the filled slots")
+        next_episode = state["next_episode"]
+        if isinstance(next_episode, bool) or not isinstance(next_episode, (int, np.integer)):
+            raise ValueError(f"state's next_episode must be an int; got {next_episode!r}")
+        if arrays["episode"].size and int(arrays["episode"].max()) >= int(next_episode):
+            raise ValueError("state's episode ids reach its next_episode (corrupt state)")
+
+    def load_state_dict(self, state: Mapping[str, Any], size: int) -> None:
+        self.check_state(state, size)
+        for key in ("episode", "step", "prev_slot", "next_slot"):
+            target = getattr(self, key)
+            target[:] = -1 if key != "step" else 0
+            target[:size] = np.asarray(state[key], dtype=np.int64)
+        rows = np.asarray(state["open"], dtype=np.int64).reshape(-1, 5).tolist()
+        self.open = {int(s): (int(e), int(st), int(sl), int(g)) for s, e, st, sl, g in rows}
+        self.next_episode = int(state["next_episode"])
+
+    def reconstruct(self, size: int, ends: np.ndarray, successor: np.ndarray | None) -> None:
+        """Rebuild the index of a state saved without one (no stream or truncation record).
+
+        ``ends`` (shape (size,), bool) marks the stored steps where every agent is done.
+        ``successor`` (shape (capacity,), int64, or ``None``) is the next step of the same
+        stream where known (:attr:`NextObsLinks.next_slot`: exact within a stream); without it
+        every slot is its own one-step episode. Episodes are cut after every ``ends`` step; no
+        episode is left open (each stream's next write begins a new one).
+        """
+        prev = np.full(size, -1, dtype=np.int64)
+        nxt = np.full(size, -1, dtype=np.int64)
+        if successor is not None and size:
+            after = successor[:size]
+            linked = np.flatnonzero((after >= 0) & (after < size) & ~ends)
+            nxt[linked] = after[linked]
+            prev[after[linked]] = linked
+        # list ranking by pointer doubling: each slot's first step (head) and distance to it
+        head = np.where(prev >= 0, prev, np.arange(size, dtype=np.int64))
+        distance = (prev >= 0).astype(np.int64)
+        for _ in range(2 + int(size).bit_length()):  # enough rounds for any chain of size
+            if not np.any(head[head] != head):
+                break
+            distance = distance + distance[head]
+            head = head[head]
+        else:  # a cycle: links no stream could have written (corrupt state)
+            prev[:] = -1
+            nxt[:] = -1
+            head = np.arange(size, dtype=np.int64)
+            distance = np.zeros(size, dtype=np.int64)
+        _, episode = np.unique(head, return_inverse=True)
+        self.episode[:] = -1
+        self.step[:] = 0
+        self.prev_slot[:] = -1
+        self.next_slot[:] = -1
+        self.episode[:size] = episode.reshape(-1)
+        self.step[:size] = distance
+        self.prev_slot[:size] = prev
+        self.next_slot[:size] = nxt
+        self.open = {}
+        self.next_episode = int(episode.max()) + 1 if size else 0
+
+
+__all__ = ["EpisodeIndex", "NextObsLinks", "RingWriter"]

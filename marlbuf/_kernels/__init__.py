@@ -5,6 +5,7 @@ inputs: the public Python method that calls it validates shapes, dtypes and rang
 Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
+from marlbuf._kernels.episodes import sequence_slots
 from marlbuf._kernels.once import (
     gather_next_field,
     scatter_lean,
@@ -48,5 +49,6 @@ __all__ = [
     "rebuild",
     "scatter_lean",
     "scatter_rows",
+    "sequence_slots",
     "set_leaves",
 ]
