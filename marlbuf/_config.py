@@ -16,9 +16,10 @@ MEMORY_WARN_FRACTION = 0.8
 
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
-SAVE_VERSION = 2
-#: version 1 (marlbuf 0.1): next observations stored in every row, no word-aligned sections
-READABLE_SAVE_VERSIONS = (1, 2)
+SAVE_VERSION = 3
+#: version 1 (marlbuf 0.1): next observations stored in every row, no word-aligned sections;
+#: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3)
+READABLE_SAVE_VERSIONS = (1, 2, 3)
 
 #: Sequence sampling: slots whose sequences are walked at once when the starts of a loaded
 #: state are recomputed (bounds the temporary slot matrix to this many entries).

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,18 @@ class Batch:
         Importance weights (max-normalised) for prioritized samplers; ``None`` otherwise.
     trainer : int or None
         The trainer this batch was drawn for (``sample_for_trainers``), else ``None``.
+    extras : dict[str, dict[str, ndarray]]
+        Per-agent extra fields (``AgentSpec(extras=...)``): name -> agent -> ``(B, *shape)``
+        in the field's dtype (float16 as float32 unless ``batch_dtype="storage"``). Empty when
+        none are declared.
+    globals : dict[str, ndarray]
+        Global fields (``global_fields=``): name -> ``(B, *shape)``. Empty when none.
+    alive : dict[str, ndarray] or None
+        Per agent, ``(B,)`` bool: whether the agent was alive at that step (buffers built with
+        ``alive=True``; an absent agent's other fields are zeros unless given). ``None`` when
+        the buffer does not track it.
+
+    Extras and global fields are also attributes (``batch.hidden``, ``batch.state``).
 
     Every array views one gathered block of memory (``block``). With the ``interleaved``
     layout and ``batch_layout="rows"`` (the default) the block is ``B`` rows of the storage
@@ -53,9 +65,17 @@ class Batch:
     weights: np.ndarray | None = None
     trainer: int | None = None
     block: np.ndarray | None = None  # the memory every array views (see the class docstring)
+    extras: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    globals: dict[str, np.ndarray] = field(default_factory=dict)
+    alive: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    if not TYPE_CHECKING:  # a runtime convenience; typed code reads batch.extras / .globals
+
+        def __getattr__(self, name: str) -> Any:
+            return _extra_attribute(self, name)
 
     @property
     def agents(self) -> list[str]:
@@ -63,10 +83,19 @@ class Batch:
         return list(self.obs)
 
     def field(self, name: str) -> dict[str, np.ndarray]:
-        """The per-agent dict of one field (``"obs"``, ``"action"``, ...)."""
-        if name not in FIELDS:
-            raise ValueError(f"name must be one of {FIELDS}; got name={name!r}")
-        return getattr(self, name)  # type: ignore[no-any-return,unused-ignore]
+        """The per-agent dict of one field (``"obs"``, ``"action"``, ..., an extra field's
+        name, or ``"alive"``)."""
+        if name in FIELDS:
+            return getattr(self, name)  # type: ignore[no-any-return,unused-ignore]
+        if name in self.extras:
+            return self.extras[name]
+        if name == "alive" and self.alive is not None:
+            return self.alive
+        raise ValueError(
+            f"name must be one of {(*FIELDS, *self.extras)}"
+            f"{' or alive' if self.alive is not None else ''}; got name={name!r}"
+            + (f" (a global field: use batch.globals[{name!r}])" if name in self.globals else "")
+        )
 
     def as_lists(self) -> tuple[list[np.ndarray], ...]:
         """The classic MADDPG format: ``(obs_n, act_n, rew_n, next_obs_n, done_n)``, each a
@@ -126,6 +155,9 @@ class Batch:
             concat_cache={},
             _source=self,
             _convert=convert,
+            extras={n: {a: convert(x) for a, x in d.items()} for n, d in self.extras.items()},
+            globals={n: convert(x) for n, x in self.globals.items()},
+            alive=None if self.alive is None else {a: convert(x) for a, x in self.alive.items()},
         )
 
 
@@ -256,7 +288,11 @@ def as_sequences(
 
 @dataclass
 class TorchBatch:
-    """A :class:`Batch` as torch tensors; ``indices`` and ``generations`` stay NumPy."""
+    """A :class:`Batch` as torch tensors; ``indices`` and ``generations`` stay NumPy.
+
+    ``extras``, ``globals`` and ``alive`` are as in :class:`Batch`, as tensors (``alive`` a
+    bool tensor per agent).
+    """
 
     obs: dict[str, Any]
     action: dict[str, Any]
@@ -270,9 +306,17 @@ class TorchBatch:
     concat_cache: dict[tuple[str, ...], Any]
     _source: Batch
     _convert: Any
+    extras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    globals: dict[str, Any] = field(default_factory=dict)
+    alive: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            return _extra_attribute(self, name)
 
     def as_lists(self) -> tuple[list[Any], ...]:
         """``(obs_n, act_n, rew_n, next_obs_n, done_n)`` as lists of per-agent tensors."""
@@ -283,6 +327,21 @@ class TorchBatch:
         if fields not in self.concat_cache:
             self.concat_cache[fields] = self._convert(self._source.concat(*fields))
         return self.concat_cache[fields]
+
+
+def _extra_attribute(batch: Any, name: str) -> Any:
+    """``batch.<name>`` for an extra or global field (called only for unknown attributes)."""
+    # read through __dict__: during copy/pickle this runs before the fields exist
+    fields = batch.__dict__
+    extras, globals_ = fields.get("extras") or {}, fields.get("globals") or {}
+    if name in extras:
+        return extras[name]
+    if name in globals_:
+        return globals_[name]
+    raise AttributeError(
+        f"{type(batch).__name__!r} object has no attribute {name!r} (extra fields: "
+        f"{list(extras)}, global fields: {list(globals_)})"
+    )
 
 
 def _as_lists(batch: Batch | TorchBatch) -> tuple[list[Any], ...]:

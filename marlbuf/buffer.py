@@ -6,7 +6,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -15,7 +15,15 @@ from marlbuf.batch import Batch, SequenceBatch, as_sequences
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.samplers import Sequence as SequenceSampler
-from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout, normalize_specs
+from marlbuf.spec import (
+    ALIVE,
+    GLOBAL,
+    AgentSpec,
+    FieldSpec,
+    check_fields,
+    interleaved_row_layout,
+    normalize_specs,
+)
 from marlbuf.staging import RowCodec, steps_of
 from marlbuf.storage import Storage, available_memory_bytes, make_storage
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
@@ -146,12 +154,17 @@ class MultiAgentReplayBuffer:
         path: str | os.PathLike[str] | None = None,
         durable: bool = False,
         *,
+        global_fields: Mapping[str, FieldSpec] | None = None,
+        alive: bool = False,
         device: str | None = None,
         _store: mapped.MappedStore | None = None,
     ) -> None:
         self.specs = normalize_specs(specs)
         if next_obs not in NEXT_OBS_MODES:
             raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
+        #: fields stored once per step for all agents (``global_fields=``), and whether each
+        #: step records which agents are alive (``alive=``)
+        self.global_fields, self.alive = check_row_options(self.specs, global_fields, alive)
         capacity, sampler, n_trainers = _check_arguments(
             self.specs, capacity, sampler, n_trainers, parallel_gather
         )
@@ -169,6 +182,8 @@ class MultiAgentReplayBuffer:
             prioritized=sampler.weighted,
             n_trainers=self.n_trainers,
             episodes=sampler.needs_episodes,
+            global_fields=self.global_fields,
+            alive=self.alive,
         )
         in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
         if in_files and sampler.needs_episodes:
@@ -176,14 +191,22 @@ class MultiAgentReplayBuffer:
                 f"sampler={sampler!r} needs the episode index, which memory-mapped buffers "
                 "(path=) do not keep; use an in-memory buffer for sequences"
             )
-        _check_memory(mapped.resident(needed) if in_files else needed, self.specs, layout, next_obs)
+        _check_memory(
+            mapped.resident(needed) if in_files else needed,
+            self.specs,
+            layout,
+            next_obs,
+            self.global_fields,
+            self.alive,
+        )
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
         # enough recycled batch blocks for two rounds of every trainer (one being consumed
         # while the next is gathered)
         pool_blocks = 2 * self.n_trainers + 2
-        self._codec = RowCodec(self.specs)  # validation + staging of add/extend
+        # validation + staging of add/extend
+        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
         self.next_obs = next_obs
         self.links = (
             NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
@@ -295,6 +318,7 @@ class MultiAgentReplayBuffer:
         done: Any,
         stream: Any = 0,
         truncated: Any = False,
+        **fields: Any,
     ) -> None:
         """Store one timestep of every agent.
 
@@ -315,14 +339,23 @@ class MultiAgentReplayBuffer:
         matter to sequence sampling (:class:`marlbuf.samplers.Sequence`): an episode ends at a
         step where every agent is done or that is truncated, and the stream's next step begins
         a new one. Other samplers accept and ignore it.
+
+        Declared extra fields are keyword arguments, per agent like ``obs`` (``hidden={agent:
+        array of the FieldSpec's shape}``); each global field is one array of its shape
+        (``state=array``). With ``alive=True`` at construction, an agent missing from ``obs``
+        is stored absent (its fields zero-filled where not given, alive False), and ``alive=
+        {agent: bool}`` may set the flags explicitly (an agent given as not alive keeps the
+        values given for it). An unknown keyword is a ``TypeError``.
         """
-        fields = (obs, action, reward, next_obs, done)
+        values = (obs, action, reward, next_obs, done)
+        if fields or self._codec.more:
+            values = self._codec.arrange(values, fields, "add")
         stream = _check_stream(stream)
         cut = _check_truncated(truncated, self.agents, None)
         with self.writer.write_lock:
-            rows = self._codec.stage_fast(fields, None)
+            rows = self._codec.stage_fast(values, None)
             if rows is None:
-                rows, _ = self._codec.stage(dict(zip(FIELDS, fields)), None)
+                rows, _ = self._codec.stage(dict(zip(self._codec.field_names, values)), None)
             self._commit(rows, 1, stream, cut)
 
     def extend(
@@ -334,9 +367,13 @@ class MultiAgentReplayBuffer:
         done: Any,
         stream: Any = 0,
         truncated: Any = False,
+        **fields: Any,
     ) -> None:
         """Store ``T`` timesteps at once: like :meth:`add`, each item with a leading time axis
-        (``obs[agent]`` of shape ``(T, *obs_shape)``, ``reward[agent]`` of shape ``(T,)``).
+        (``obs[agent]`` of shape ``(T, *obs_shape)``, ``reward[agent]`` of shape ``(T,)``;
+        extras, global fields and ``alive`` flags likewise, e.g. ``state`` of shape
+        ``(T, *shape)``). An agent missing from ``obs`` of a buffer with ``alive=True`` is
+        absent at all T steps.
 
         The T steps are consecutive steps of one ``stream`` (see :meth:`add`). With
         ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by one.
@@ -344,7 +381,10 @@ class MultiAgentReplayBuffer:
         shape (T,), or per agent a dict or sequence of (T,) arrays. Nothing is written unless
         every value is valid.
         """
-        self._extend((obs, action, reward, next_obs, done), _check_stream(stream), 0, truncated)
+        values = (obs, action, reward, next_obs, done)
+        if fields or self._codec.more:
+            values = self._codec.arrange(values, fields, "extend")
+        self._extend(values, _check_stream(stream), 0, truncated)
 
     def add_envs(
         self,
@@ -355,20 +395,22 @@ class MultiAgentReplayBuffer:
         done: Any,
         first_stream: Any = 0,
         truncated: Any = False,
+        **fields: Any,
     ) -> None:
         """Store one step of ``K`` vectorized environments in one call.
 
         Like :meth:`add` with a leading environment axis on every item (``obs[agent]`` of shape
-        ``(K, *obs_shape)``, ``reward[agent]`` of shape ``(K,)``); the K transitions are stored in
-        environment order. Environment ``k`` is stream ``first_stream + k``: its next step's
-        ``obs`` is matched with this step's ``next_obs`` (observations stored once).
-        ``truncated`` marks truncated environments (see :meth:`add`): a bool for all, an array
-        of shape (K,), or per agent a dict or sequence of (K,) arrays. Nothing is written
-        unless every value is valid.
+        ``(K, *obs_shape)``, ``reward[agent]`` of shape ``(K,)``, extras, global fields and
+        ``alive`` flags likewise); the K transitions are stored in environment order.
+        Environment ``k`` is stream ``first_stream + k``: its next step's ``obs`` is matched
+        with this step's ``next_obs`` (observations stored once). ``truncated`` marks truncated
+        environments (see :meth:`add`): a bool for all, an array of shape (K,), or per agent a
+        dict or sequence of (K,) arrays. Nothing is written unless every value is valid.
         """
-        self._extend(
-            (obs, action, reward, next_obs, done), None, _check_stream(first_stream), truncated
-        )
+        values = (obs, action, reward, next_obs, done)
+        if fields or self._codec.more:
+            values = self._codec.arrange(values, fields, "add_envs")
+        self._extend(values, None, _check_stream(first_stream), truncated)
 
     def _extend(
         self,
@@ -383,7 +425,7 @@ class MultiAgentReplayBuffer:
         with self.writer.write_lock:
             rows = None if guess is None else self._codec.stage_fast(fields, guess)
             if rows is None:
-                named = dict(zip(FIELDS, fields))
+                named = dict(zip(self._codec.field_names, fields))
                 steps = steps_of(self._codec, named)
                 rows, _ = self._codec.stage(named, steps)
             else:
@@ -609,7 +651,15 @@ class MultiAgentReplayBuffer:
                 )
             return self._gather(self.writer.newest(int(n)), None, None, None)
 
-    def stored(self, field: str) -> dict[str, np.ndarray]:
+    @overload
+    def stored(
+        self, field: Literal["obs", "action", "reward", "next_obs", "done", "alive"]
+    ) -> dict[str, np.ndarray]: ...
+
+    @overload
+    def stored(self, field: str) -> Any: ...
+
+    def stored(self, field: str) -> Any:
         """Read-only views of one field over the filled slots, per agent.
 
         ``stored("reward")["agent_0"]`` has shape ``(len(self),)``; slots are in ring order
@@ -617,11 +667,16 @@ class MultiAgentReplayBuffer:
         them to keep a snapshot. With the interleaved layout they are strided (one joint row
         apart). ``next_obs`` of a buffer with observations stored once is not stored as such:
         it is assembled by a gather of every filled slot (a read-only copy, O(len(self))).
+        Extra fields and ``"alive"`` (bool) are per agent like the five fields; a global field
+        is one array of shape ``(len(self), *shape)``.
         """
-        if field not in FIELDS:
-            raise ValueError(f"field must be one of {FIELDS}; got field={field!r}")
+        names = self._codec.field_names
+        if field not in names:
+            raise ValueError(f"field must be one of {names}; got field={field!r}")
         with self.writer.lock:
             size = self.size
+            if field in self.global_fields:
+                return self.storage.read_field(field, GLOBAL, size)
             return {a: self.storage.read_field(field, a, size) for a in self.specs}
 
     def reward_stats(self) -> dict[str, tuple[float, float]]:
@@ -666,12 +721,17 @@ class MultiAgentReplayBuffer:
         if self._handed is not None and trainer is not None:
             self._handed[trainer, indices] = generations
         return Batch(
-            **fields,
+            obs=fields["obs"],
+            action=fields["action"],
+            reward=fields["reward"],
+            next_obs=fields["next_obs"],
+            done=fields["done"],
             indices=indices,
             generations=generations,
             weights=weights,
             trainer=trainer,
             block=block,
+            **(split_more(self._codec, fields) if self._codec.more else {}),
         )
 
     def _gather_sequences(
@@ -764,6 +824,8 @@ class MultiAgentReplayBuffer:
             "capacity": self.capacity,
             "layout": self.layout,
             "next_obs": self.next_obs,
+            "global_fields": {name: fs.to_dict() for name, fs in self.global_fields.items()},
+            "alive": self.alive,
             "n_trainers": self.n_trainers,
             "sampler": {
                 "type": type(self.sampler).__name__,
@@ -790,6 +852,7 @@ class MultiAgentReplayBuffer:
     def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
         _check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
+        global_fields, alive = row_options_of(state)
         mismatch = [
             (k, mine, theirs)
             for k, mine, theirs in (
@@ -797,6 +860,8 @@ class MultiAgentReplayBuffer:
                 ("capacity", self.capacity, state["capacity"]),
                 ("layout", self.layout, state["layout"]),
                 ("next_obs", self.next_obs, state.get("next_obs", "stored")),
+                ("global_fields", self.global_fields, global_fields),
+                ("alive", self.alive, alive),
                 ("n_trainers", self.n_trainers, state["n_trainers"]),
             )
             if mine != theirs
@@ -898,6 +963,7 @@ class MultiAgentReplayBuffer:
             # called with the file's JSON part, before any array is read
             _check_header(header)
             sampler = header["sampler"]
+            global_fields, alive = row_options_of(header)
             buf = cls(
                 {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()},
                 capacity=int(header["capacity"]),
@@ -905,6 +971,8 @@ class MultiAgentReplayBuffer:
                 next_obs=header.get("next_obs", "stored"),
                 sampler=Sampler.from_config(sampler["type"], sampler["config"]),
                 n_trainers=int(header["n_trainers"]),
+                global_fields=global_fields,
+                alive=alive,
             )
             built.append(buf)
             return persistence.storage_destinations(buf, header)
@@ -962,7 +1030,12 @@ class MultiAgentReplayBuffer:
 
 
 def _check_memory(
-    needed: MemoryEstimate, specs: Mapping[str, AgentSpec], layout: str, next_obs: str
+    needed: MemoryEstimate,
+    specs: Mapping[str, AgentSpec],
+    layout: str,
+    next_obs: str,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
 ) -> None:
     """Refuse (``MemoryError``, naming the lean options that would fit) or warn before
     allocating a buffer that will not fit in the memory the OS reports available."""
@@ -973,7 +1046,9 @@ def _check_memory(
     if needed.total_bytes > available:
         options = []
         if next_obs != "once":
-            lean = estimate(specs, needed.capacity, layout, "once")
+            lean = estimate(
+                specs, needed.capacity, layout, "once", global_fields=global_fields, alive=alive
+            )
             options.append(f"next_obs='once' needs {lean.total_bytes / gib:.2f} GiB")
         hint = ("; " + ", ".join(options)) if options else ""
         raise MemoryError(
@@ -1125,6 +1200,47 @@ def _check_arguments(
     if not isinstance(parallel_gather, (bool, np.bool_)):
         raise TypeError(f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}")
     return capacity, sampler, int(n_trainers)
+
+
+def split_more(codec: RowCodec, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``extras``, ``globals`` and ``alive`` arguments of a :class:`Batch` from gathered
+    per-field arrays (``fields[name][agent]``, global fields under the agent ``GLOBAL``)."""
+    return {
+        "extras": {name: fields[name] for name in codec.extra_names},
+        "globals": {name: fields[name][GLOBAL] for name in codec.global_fields},
+        "alive": fields[ALIVE] if codec.alive else None,
+    }
+
+
+def row_options_of(state: Mapping[str, Any]) -> tuple[dict[str, FieldSpec], bool]:
+    """``global_fields`` and ``alive`` of a saved state or manifest (absent before format
+    version 3: none and False)."""
+    try:
+        fields = {
+            name: FieldSpec.from_dict(fs) for name, fs in state.get("global_fields", {}).items()
+        }
+        alive = state.get("alive", False)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"buffer state has invalid global_fields: {exc}") from exc
+    if not isinstance(alive, bool):
+        raise ValueError(f"buffer state has invalid alive={alive!r}; expected a bool")
+    return fields, alive
+
+
+def check_row_options(
+    specs: Mapping[str, AgentSpec], global_fields: Any, alive: Any
+) -> tuple[dict[str, FieldSpec], bool]:
+    """The ``global_fields`` and ``alive`` constructor arguments, checked."""
+    fields = check_fields("global_fields", global_fields)
+    extras = next(iter(specs.values())).extras
+    clash = [name for name in fields if name in extras]
+    if clash:
+        raise ValueError(
+            f"global field names {clash} are also extra fields of the agents' specs; rename one"
+        )
+    if not isinstance(alive, (bool, np.bool_)):
+        raise TypeError(f"alive must be a bool; got alive={alive!r}")
+    return fields, bool(alive)
 
 
 def _check_stream(stream: Any) -> int:

@@ -74,7 +74,9 @@ if TYPE_CHECKING:
 
 #: Value of ``"format"`` in ``manifest.json``; bump ``FORMAT_VERSION`` on incompatible changes.
 FORMAT = "marlbuf-mapped"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: version 1: manifests without ``global_fields``/``alive`` (read as none and False)
+READABLE_FORMAT_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 CHECKPOINT = "state.npz"
 LOG = "log"
@@ -351,6 +353,8 @@ class MappedStore:
             "capacity": buffer.capacity,
             "layout": buffer.layout,
             "next_obs": buffer.next_obs,
+            "global_fields": {n: fs.to_dict() for n, fs in buffer.global_fields.items()},
+            "alive": buffer.alive,
             "n_trainers": buffer.n_trainers,
             "sampler": {"type": type(buffer.sampler).__name__, "config": buffer.sampler.config()},
             "batch_layout": buffer.batch_layout,
@@ -519,6 +523,7 @@ def open_buffer(
     cls: type[MultiAgentReplayBuffer], path: Any, durable: bool, parallel_gather: bool
 ) -> MultiAgentReplayBuffer:
     """:meth:`MultiAgentReplayBuffer.open`: map the files, load the checkpoint, replay the log."""
+    from marlbuf.buffer import row_options_of
     from marlbuf.samplers import Sampler
 
     store = MappedStore.open(path, durable)
@@ -530,6 +535,7 @@ def open_buffer(
             sampler = Sampler.from_config(m["sampler"]["type"], m["sampler"]["config"])
             options = {k: m[k] for k in ("layout", "next_obs", "batch_layout", "batch_dtype")}
             capacity, n_trainers = int(m["capacity"]), int(m["n_trainers"])
+            global_fields, alive = row_options_of(m)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(
                 f"{str(store.folder / MANIFEST)!r} is corrupt (missing or invalid {exc})"
@@ -541,6 +547,8 @@ def open_buffer(
             n_trainers=n_trainers,
             parallel_gather=parallel_gather,
             _store=store,
+            global_fields=global_fields,
+            alive=alive,
             **options,
         )
         state = store.read_checkpoint()
@@ -564,10 +572,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(f"{str(path)!r} is corrupt: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not a marlbuf memory-mapped buffer manifest")
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READABLE_FORMAT_VERSIONS:
         raise ValueError(
             f"{str(path)!r} has format version {manifest.get('version')!r}; this marlbuf reads "
-            f"version {FORMAT_VERSION}. Open it with the marlbuf version that wrote it."
+            f"versions {list(READABLE_FORMAT_VERSIONS)}. Open it with the marlbuf version that "
+            "wrote it."
         )
     if not isinstance(manifest.get("arrays"), dict):
         raise ValueError(f"{str(path)!r} is corrupt (no storage arrays listed)")

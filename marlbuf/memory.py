@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from marlbuf import _config
-from marlbuf.spec import FIELDS, AgentSpec, interleaved_row_layout
+from marlbuf.spec import AgentSpec, FieldSpec, interleaved_row_layout, row_fields
 
 #: episode length assumed by :func:`estimate` for the side table of observations stored once
 #: (MPE's ``max_cycles``); every episode end keeps one next observation in the side table
@@ -80,6 +79,8 @@ def estimate(
     episode_length: int = DEFAULT_EPISODE_LENGTH,
     n_streams: int = 1,
     episodes: bool = False,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
 ) -> MemoryEstimate:
     """What a :class:`~marlbuf.MultiAgentReplayBuffer` with these options will hold.
 
@@ -102,18 +103,18 @@ def estimate(
         flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
         as one 0/1 tree, an upper bound: ``pad=True`` needs none), and prioritized sequences
         the valid training steps of each handed-out sequence (4 bytes per slot and trainer).
+    global_fields, alive
+        As for the buffer: global fields and the alive mask (one byte per agent) are stored in
+        every row, like the per-agent extra fields of the specs.
     """
     n_trainers = len(specs) if n_trainers is None else int(n_trainers)
     once = next_obs == "once"
-    fields = tuple(f for f in FIELDS if not (once and f == "next_obs"))
-    if layout == "interleaved":
-        _, row_bytes = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES, fields)
-    else:
-        row_bytes = sum(
-            math.prod(spec.shape(f)) * spec.dtype(f).itemsize
-            for spec in specs.values()
-            for f in fields
-        )
+    fields = row_fields(specs, lean=once)
+    slots, row_bytes = interleaved_row_layout(
+        specs, _config.ROW_ALIGN_BYTES, fields, global_fields=global_fields, alive=alive
+    )
+    if layout != "interleaved":  # one array per (field, agent): no padding
+        row_bytes = sum(s.nbytes for s in slots)
     side = 0
     metadata = capacity * 8  # write generation
     if once:

@@ -278,12 +278,16 @@ def storage_destinations(
     buffer: MultiAgentReplayBuffer, header: Mapping[str, Any]
 ) -> dict[str, np.ndarray]:
     """``buffer``'s storage arrays by array path when the state ``header`` describes storage of
-    the same shape (specs, capacity, layout); otherwise none, and the arrays are read as usual
-    (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains the mismatch)."""
+    the same shape (specs, global fields, alive mask, capacity, layout); otherwise none, and
+    the arrays are read as usual (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains
+    the mismatch)."""
+    from marlbuf.buffer import row_options_of
+
     try:
         specs = {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()}
         fits = (
             specs == buffer.specs
+            and row_options_of(header) == (buffer.global_fields, buffer.alive)
             and header["capacity"] == buffer.capacity
             and header["layout"] == buffer.layout
         )

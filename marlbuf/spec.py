@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,6 +13,41 @@ import numpy as np
 #: The per-agent fields of a transition, in storage order. ``add``/``extend`` take these as
 #: keyword arguments and ``Batch`` exposes them as attributes.
 FIELDS: tuple[str, ...] = ("obs", "action", "reward", "next_obs", "done")
+
+#: The row field holding the alive mask (one bool per agent) of a buffer built with
+#: ``alive=True``.
+ALIVE = "alive"
+
+#: The agent key of a global field's slot in a row (agent names are non-empty strings, so it
+#: never collides with an agent).
+GLOBAL = ""
+
+#: Names an extra or global field may not take: the fields and keyword arguments of
+#: ``add``/``extend``/``add_envs``, and the attributes of sampled batches.
+RESERVED_NAMES = frozenset(
+    {
+        *FIELDS,
+        ALIVE,
+        "stream",
+        "first_stream",
+        "truncated",
+        "indices",
+        "generations",
+        "weights",
+        "trainer",
+        "block",
+        "extras",
+        "globals",
+        "agents",
+        "field",
+        "as_lists",
+        "concat",
+        "to_torch",
+        "mask",
+        "burn_in",
+        "slots",
+    }
+)
 
 
 def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
@@ -39,6 +75,85 @@ def _check_dtype(name: str, dtype: Any) -> np.dtype:
 
 
 @dataclass(frozen=True)
+class FieldSpec:
+    """Shape and dtype of one extra field: a per-agent extra (``AgentSpec(extras=...)``) or a
+    global field (``MultiAgentReplayBuffer(global_fields=...)``).
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Shape of one item (one agent's, or the global one, at one timestep); ``()`` for a
+        scalar, an int ``n`` for ``(n,)``.
+    dtype : dtype, default float32
+        Storage dtype: bool, integer or float of at most 8 bytes (float16 is stored half and,
+        like observations, delivered as float32 unless ``batch_dtype="storage"``). Inputs are
+        cast with NumPy's ``same_kind`` rule; integers out of the stored range, and float values
+        beyond the stored float range, are refused.
+
+    Examples
+    --------
+    >>> FieldSpec((64,)).dtype, FieldSpec(5, np.bool_).shape
+    (dtype('float32'), (5,))
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any = np.float32
+
+    def __post_init__(self) -> None:
+        shape = self.shape
+        if isinstance(shape, (tuple, list)) and len(shape) == 0:
+            shape = ()  # a scalar per step
+        else:
+            shape = _check_shape("shape", shape)
+        object.__setattr__(self, "shape", tuple(shape))
+        object.__setattr__(self, "dtype", _check_dtype("dtype", self.dtype))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-safe), the inverse of :meth:`from_dict`."""
+        return {"shape": list(self.shape), "dtype": self.dtype.str}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FieldSpec:
+        """Rebuild a field spec from :meth:`to_dict` output."""
+        return cls(tuple(data["shape"]), np.dtype(data["dtype"]))
+
+
+def check_field_name(kind: str, name: Any) -> str:
+    """``name`` if it may name an extra or global field (an identifier that is not reserved)."""
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(
+            f"{kind} names must be Python identifiers (they are keyword arguments of add); "
+            f"got {name!r}"
+        )
+    if name.startswith("_") or name in RESERVED_NAMES:
+        raise ValueError(
+            f"{kind} name {name!r} is reserved (taken by a transition field, an argument of "
+            f"add/extend, or a Batch attribute; names may not start with '_'); reserved: "
+            f"{sorted(RESERVED_NAMES)}"
+        )
+    return name
+
+
+def check_fields(kind: str, fields: Any) -> dict[str, FieldSpec]:
+    """``fields`` (a mapping name -> FieldSpec, or None) validated, as an ordered dict."""
+    if fields is None:
+        return {}
+    if not isinstance(fields, Mapping):
+        raise TypeError(
+            f"{kind} must be a mapping {{name: FieldSpec}}; got {type(fields).__name__}"
+        )
+    out: dict[str, FieldSpec] = {}
+    for name, fs in fields.items():
+        check_field_name(kind, name)
+        if not isinstance(fs, FieldSpec):
+            raise TypeError(
+                f"{kind}[{name!r}] must be a FieldSpec (e.g. FieldSpec((64,))); got {fs!r}"
+            )
+        out[name] = fs
+    return out
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     """Shapes and dtypes of one agent's transition fields.
 
@@ -58,6 +173,13 @@ class AgentSpec:
         Storage dtypes of the per-agent reward and done scalars. float32 is what trainers
         consume; the drop-in adapters (:mod:`marlbuf.compat`) set float64 to return exactly what
         the original buffers return for Python-float rewards.
+    extras : mapping of str to FieldSpec, optional
+        Extra per-agent fields stored with every step (recurrent hidden states, action masks),
+        e.g. ``{"hidden": FieldSpec((64,)), "avail_actions": FieldSpec((5,), np.bool_)}``.
+        ``add`` takes them as keyword arguments (``hidden={agent: array}``) and batches hold
+        them in ``batch.extras[name][agent]`` with shape ``(B, *shape)``. Every agent of a
+        buffer must declare the same names (shapes and dtypes may differ). They are per step:
+        there is no ``next_`` copy.
 
     Examples
     --------
@@ -72,6 +194,7 @@ class AgentSpec:
     n_discrete_actions: int | None = None
     reward_dtype: Any = np.float32
     done_dtype: Any = np.float32
+    extras: Any = field(default=None, hash=False)
     _dtypes: dict[str, np.dtype] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -95,12 +218,15 @@ class AgentSpec:
                     f"({n},) with a float action_dtype; got action_shape={self.action_shape}, "
                     f"action_dtype={act_dt}"
                 )
+        extras = check_fields("extras", self.extras)
+        object.__setattr__(self, "extras", extras)
         dtypes = {
             "obs": obs_dt,
             "action": act_dt,
             "reward": rew_dt,
             "next_obs": obs_dt,
             "done": done_dt,
+            **{name: fs.dtype for name, fs in extras.items()},
         }
         object.__setattr__(self, "_dtypes", dtypes)
 
@@ -115,19 +241,25 @@ class AgentSpec:
         return math.prod(self.action_shape)
 
     def shape(self, field_name: str) -> tuple[int, ...]:
-        """Shape of one item of ``field_name`` (one of :data:`FIELDS`)."""
+        """Shape of one item of ``field_name`` (one of :data:`FIELDS` or an extra's name)."""
         if field_name in ("obs", "next_obs"):
             return self.obs_shape
         if field_name == "action":
             return self.action_shape
         if field_name in ("reward", "done"):
             return ()
-        raise ValueError(f"field must be one of {FIELDS}; got field={field_name!r}")
+        if field_name in self.extras:
+            return self.extras[field_name].shape
+        raise ValueError(
+            f"field must be one of {(*FIELDS, *self.extras)}; got field={field_name!r}"
+        )
 
     def dtype(self, field_name: str) -> np.dtype:
         """Storage dtype of ``field_name``."""
         if field_name not in self._dtypes:
-            raise ValueError(f"field must be one of {FIELDS}; got field={field_name!r}")
+            raise ValueError(
+                f"field must be one of {(*FIELDS, *self.extras)}; got field={field_name!r}"
+            )
         return self._dtypes[field_name]
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +272,12 @@ class AgentSpec:
             "n_discrete_actions": self.n_discrete_actions,
             "reward_dtype": self.reward_dtype.str,
             "done_dtype": self.done_dtype.str,
+            # only when declared: the dict of a spec without extras is that of earlier versions
+            **(
+                {"extras": {n: fs.to_dict() for n, fs in self.extras.items()}}
+                if self.extras
+                else {}
+            ),
         }
 
     @classmethod
@@ -153,6 +291,7 @@ class AgentSpec:
             n_discrete_actions=data.get("n_discrete_actions"),
             reward_dtype=np.dtype(data.get("reward_dtype", "<f4")),
             done_dtype=np.dtype(data.get("done_dtype", "<f4")),
+            extras={n: FieldSpec.from_dict(fs) for n, fs in data.get("extras", {}).items()},
         )
 
     @classmethod
@@ -214,7 +353,27 @@ def normalize_specs(specs: Any) -> dict[str, AgentSpec]:
         if not isinstance(spec, AgentSpec):
             raise TypeError(f"specs[{name!r}] must be an AgentSpec; got {type(spec).__name__}")
         out[name] = spec
+    first = next(iter(out))
+    for name, spec in out.items():
+        if set(spec.extras) != set(out[first].extras):
+            raise ValueError(
+                "every agent must declare the same extra fields (shapes and dtypes may "
+                f"differ): {first!r} declares {sorted(out[first].extras)}, {name!r} declares "
+                f"{sorted(spec.extras)}"
+            )
     return out
+
+
+def extra_names(specs: Mapping[str, AgentSpec]) -> tuple[str, ...]:
+    """The per-agent extra fields of ``specs``, in the first agent's declaration order."""
+    return tuple(next(iter(specs.values())).extras) if specs else ()
+
+
+def row_fields(specs: Mapping[str, AgentSpec], lean: bool = False) -> tuple[str, ...]:
+    """The per-agent fields of a row in storage order: :data:`FIELDS` (without ``next_obs``
+    for the lean row of observations stored once), then the extras."""
+    core = tuple(f for f in FIELDS if not (lean and f == "next_obs"))
+    return core + extra_names(specs)
 
 
 @dataclass(frozen=True)
@@ -240,18 +399,23 @@ SECTION_ALIGN = 8
 def interleaved_row_layout(
     specs: Mapping[str, AgentSpec],
     row_align: int,
-    fields: Sequence[str] = FIELDS,
+    fields: Sequence[str] | None = None,
     section_align: int = SECTION_ALIGN,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
 ) -> tuple[list[FieldSlot], int]:
     """Byte offsets of every (field, agent) inside one interleaved row.
 
     The row is **field-major**: every agent's ``obs``, then every agent's ``action``, then
-    rewards, next observations and dones. So the centralized critic's input (all observations,
-    then all actions) is one contiguous slice of a gathered row when the dtypes agree. Each
-    field starts at a multiple of its itemsize, the ``next_obs`` and ``done`` sections at a
-    multiple of :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (a
-    subsequence of :data:`FIELDS`) lays out a row without some fields (the lean row without
-    ``next_obs``); ``section_align=1`` gives the layout of files written by marlbuf 0.1.
+    rewards, next observations and dones, then each per-agent extra field (all agents), each
+    global field (one slot, agent :data:`GLOBAL`) and, with ``alive``, one bool per agent
+    (field :data:`ALIVE`). So the centralized critic's input (all observations, then all
+    actions) is one contiguous slice of a gathered row when the dtypes agree, and a row
+    without extras is laid out exactly as before extras existed. Each field starts at a
+    multiple of its itemsize, the ``next_obs`` and ``done`` sections at a multiple of
+    :data:`SECTION_ALIGN`; the row is padded to ``row_align`` bytes. ``fields`` (default
+    :func:`row_fields`) lays out a row without some fields (the lean row without ``next_obs``);
+    ``section_align=1`` gives the layout of files written by marlbuf 0.1.
 
     Returns
     -------
@@ -260,17 +424,27 @@ def interleaved_row_layout(
     row_bytes : int
         Padded row width in bytes.
     """
+    if fields is None:
+        fields = row_fields(specs)
     slots: list[FieldSlot] = []
     offset = 0
+
+    def place(agent: str, field_name: str, shape: tuple[int, ...], dt: np.dtype) -> None:
+        nonlocal offset
+        offset = -(-offset // dt.itemsize) * dt.itemsize  # align to the itemsize
+        nbytes = math.prod(shape) * dt.itemsize
+        slots.append(FieldSlot(agent, field_name, offset, nbytes, shape, dt))
+        offset += nbytes
+
     for field_name in fields:
         if field_name in ("next_obs", "done"):
             offset = -(-offset // section_align) * section_align
         for agent, spec in specs.items():
-            dt = spec.dtype(field_name)
-            shape = spec.shape(field_name)
-            offset = -(-offset // dt.itemsize) * dt.itemsize  # align to the itemsize
-            nbytes = math.prod(shape) * dt.itemsize
-            slots.append(FieldSlot(agent, field_name, offset, nbytes, shape, dt))
-            offset += nbytes
+            place(agent, field_name, spec.shape(field_name), spec.dtype(field_name))
+    for name, fs in (global_fields or {}).items():
+        place(GLOBAL, name, fs.shape, fs.dtype)
+    if alive:
+        for agent in specs:
+            place(agent, ALIVE, (), np.dtype(np.bool_))
     row_bytes = -(-offset // row_align) * row_align  # pad to a whole number of cache lines
     return slots, row_bytes

@@ -18,9 +18,30 @@ import numpy as np
 
 from marlbuf import _config
 from marlbuf._kernels import first_nonfinite, first_nonfinite_half
-from marlbuf.spec import FIELDS, AgentSpec, FieldSlot, interleaved_row_layout
+from marlbuf.spec import (
+    ALIVE,
+    FIELDS,
+    GLOBAL,
+    AgentSpec,
+    FieldSlot,
+    FieldSpec,
+    extra_names,
+    interleaved_row_layout,
+    row_fields,
+)
 
 RowViews = dict[str, dict[str, np.ndarray]]
+
+
+class _Missing:
+    """The value of a declared extra or global field that a call did not pass."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: Stands for an extra or global field that ``add``/``extend``/``add_envs`` did not receive.
+MISSING: Any = _Missing()
 
 
 class _NotCommonCase(Exception):
@@ -30,14 +51,36 @@ class _NotCommonCase(Exception):
 class RowCodec:
     """Interleaved row format of one set of specs: offsets, views and validation."""
 
-    def __init__(self, specs: Mapping[str, AgentSpec]) -> None:
+    def __init__(
+        self,
+        specs: Mapping[str, AgentSpec],
+        global_fields: Mapping[str, FieldSpec] | None = None,
+        alive: bool = False,
+    ) -> None:
         self.specs = dict(specs)
         self.agents = list(self.specs)
-        self.slots, self.row_bytes = interleaved_row_layout(self.specs, _config.ROW_ALIGN_BYTES)
+        #: per-agent extra fields (``AgentSpec(extras=...)``), global fields, alive mask
+        self.extra_names = extra_names(self.specs)
+        self.global_fields: dict[str, FieldSpec] = dict(global_fields or {})
+        self.alive = bool(alive)
+        #: per-agent fields in row order (the five transition fields, then the extras)
+        self.agent_fields = row_fields(self.specs)
+        #: every field of a row in order: per-agent fields, global fields, then ``alive``
+        self.field_names: tuple[str, ...] = (
+            self.agent_fields + tuple(self.global_fields) + ((ALIVE,) if self.alive else ())
+        )
+        #: whether rows hold more than the five transition fields (extras, globals, alive)
+        self.more = len(self.field_names) > len(FIELDS)
+        #: what add/extend/add_envs take as keyword arguments beyond the five fields
+        self.keywords = self.field_names[len(FIELDS) :]
+        self.slots, self.row_bytes = interleaved_row_layout(
+            self.specs, _config.ROW_ALIGN_BYTES, None, global_fields=self.global_fields, alive=alive
+        )
         self.row_words = self.row_bytes // 8
         # observations stored once: the obs section is [0, obs_bytes); the next_obs section
         # [next_obs_start, next_obs_start + obs_bytes) has the same internal layout. The lean
-        # row keeps obs, action, reward at the same offsets and lays out done after them.
+        # row keeps obs, action, reward at the same offsets and lays out the tail (done, extras,
+        # global fields, alive) after them, with the tail's internal layout unchanged.
         obs_slots = [s for s in self.slots if s.field == "obs"]
         nobs_slots = [s for s in self.slots if s.field == "next_obs"]
         self.next_obs_start = nobs_slots[0].offset
@@ -45,36 +88,44 @@ class RowCodec:
         assert all(
             n.offset - self.next_obs_start == o.offset for o, n in zip(obs_slots, nobs_slots)
         )
-        lean_fields = tuple(f for f in FIELDS if f != "next_obs")
         self.lean_slots, self.lean_row_bytes = interleaved_row_layout(
-            self.specs, _config.ROW_ALIGN_BYTES, lean_fields
+            self.specs,
+            _config.ROW_ALIGN_BYTES,
+            row_fields(self.specs, lean=True),
+            global_fields=self.global_fields,
+            alive=alive,
         )
         reward_slots = [s for s in self.slots if s.field == "reward"]
         #: obs, action and reward: the same bytes [0, head_bytes) in both formats
         self.head_bytes = reward_slots[-1].offset + reward_slots[-1].nbytes
-        done_dense = [s for s in self.slots if s.field == "done"]
-        done_lean = [s for s in self.lean_slots if s.field == "done"]
-        #: (lean offset, dense offset, bytes) of the done section, which moves between formats
+        # the tail starts at the (word-aligned) done section in both formats
+        tail_dense = self.slots[[s.field for s in self.slots].index("done") :]
+        tail_lean = self.lean_slots[[s.field for s in self.lean_slots].index("done") :]
+        dense_start, lean_start = tail_dense[0].offset, tail_lean[0].offset
+        #: (lean offset, dense offset, bytes) of the tail (done onwards), which moves between
+        #: the formats
         self.done_span: tuple[int, int, int] = (
-            done_lean[0].offset,
-            done_dense[0].offset,
-            done_dense[-1].offset + done_dense[-1].nbytes - done_dense[0].offset,
+            lean_start,
+            dense_start,
+            tail_dense[-1].offset + tail_dense[-1].nbytes - dense_start,
         )
         assert all(
-            dl.offset - done_lean[0].offset == dd.offset - done_dense[0].offset
-            for dl, dd in zip(done_lean, done_dense)
+            dl.offset - lean_start == dd.offset - dense_start
+            for dl, dd in zip(tail_lean, tail_dense)
         )
-        self._by_field: dict[str, list[FieldSlot]] = {f: [] for f in FIELDS}
+        self._by_field: dict[str, list[FieldSlot]] = {f: [] for f in self.field_names}
         for s in self.slots:
             self._by_field[s.field].append(s)
         # a field whose agents all share one dtype, with 1-D (or scalar) items packed back to
-        # back, can be staged with a single assignment of the concatenated inputs
+        # back, can be staged with a single assignment of the concatenated inputs (a global
+        # field is one item: always)
         self._packed: dict[str, tuple[int, int, np.dtype] | None] = {}
         for f, slots in self._by_field.items():
             same = all(s.dtype == slots[0].dtype and len(s.shape) <= 1 for s in slots)
             adjacent = all(a.offset + a.nbytes == b.offset for a, b in pairwise(slots))
             end = slots[-1].offset + slots[-1].nbytes
-            self._packed[f] = (slots[0].offset, end, slots[0].dtype) if same and adjacent else None
+            packed = (same and adjacent) or f in self.global_fields
+            self._packed[f] = (slots[0].offset, end, slots[0].dtype) if packed else None
         self._min_discrete = 0
         self._eye: np.ndarray | None = None
         # float segments, per float dtype, for the NaN/inf scan: (starts, counts, slot per seg)
@@ -85,13 +136,17 @@ class RowCodec:
                 starts = np.array([s.offset // dt.itemsize for s in segs], dtype=np.int64)
                 counts = np.array([s.nbytes // dt.itemsize for s in segs], dtype=np.int64)
                 self._segments.append((dt, starts, counts, segs))
-        self._castable: dict[tuple[np.dtype, np.dtype], bool] = {}
+        self._castable: dict[tuple[Any, ...], bool] = {}
         # one persistent staging row for add(): padding stays zero. Callers serialize staging
         # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
         self._single_views = self.views(self._single)  # the complete path's, built once
         self._fast = self._fast_plan()
+        self._fast_more = self._fast_plan_more()
         single_raw = self._single.view(np.uint8)
+        self._single_more_regions = [
+            single_raw[:, lo:hi].view(dt) for _, lo, hi, dt, _, _ in self._fast_more
+        ]
         self._single_regions = (
             None
             if self._fast is None
@@ -126,6 +181,32 @@ class RowCodec:
         assert len(plan) == len(FIELDS) and n_agents > 0
         return plan
 
+    def _fast_plan_more(self) -> list[tuple[str, int, int, np.dtype, list[tuple[int, ...]], str]]:
+        """The fast path's plan for the fields after the five (extras, globals, alive).
+
+        Entries: ``(field, lo, hi, dtype, item shapes, kind)``; kind ``"scalar"`` (one scalar
+        per agent), ``"packed"`` (1-D items of one dtype, back to back), ``"loose"`` (anything
+        else: one copy per agent), ``"global"`` or ``"alive"``.
+        """
+        plan = []
+        for f in self.keywords:
+            slots = self._by_field[f]
+            packed = self._packed[f]
+            lo, hi, dt = packed if packed is not None else (0, 0, slots[0].dtype)
+            shapes = [s.shape for s in slots]
+            if f == ALIVE:
+                kind = "alive"
+            elif f in self.global_fields:
+                kind = "global"
+            elif packed is None:
+                kind = "loose"
+            elif all(sh == () for sh in shapes):
+                kind = "scalar"
+            else:
+                kind = "packed"
+            plan.append((f, lo, hi, dt, shapes, kind))
+        return plan
+
     def stage_fast(self, fields: Sequence[Any], steps: int | None) -> np.ndarray | None:
         """The common case in the fewest Python operations, or ``None`` to take :meth:`stage`.
 
@@ -139,7 +220,7 @@ class RowCodec:
         anything is committed (a value beyond the stored range becomes inf when cast).
         """
         plan = self._fast
-        if plan is None:
+        if plan is None or len(fields) != len(self.field_names):
             return None
         if steps is None or steps == 1:
             rows = self._single  # add(), or extend() of one step: the persistent staging row
@@ -167,6 +248,8 @@ class RowCodec:
         agents = self.agents
         n_agents = len(agents)
         regions = self._single_regions if steps is None or steps == 1 else None
+        if self.more:  # extras, global fields, alive: after the five fields
+            self._fill_more(fields[len(FIELDS) :], steps, raw)
         for k, ((_, lo, hi, dt, shapes, onehot), value) in enumerate(zip(plan, fields)):
             items: Any
             if type(value) is dict:
@@ -236,25 +319,132 @@ class RowCodec:
                     raise _NotCommonCase
                 np.concatenate(items, axis=1, out=region, casting="same_kind")
 
+    def _fill_more(self, values: Sequence[Any], steps: int | None, raw: np.ndarray) -> None:
+        """:meth:`_fill_fast` for extras, global fields and the alive mask. Integer fields
+        take only inputs that cast safely (a wrapped value would pass the NaN/inf scan)."""
+        n_agents = len(self.agents)
+        lead = () if steps is None else (steps,)
+        n_rows = 1 if steps is None else steps
+        regions = self._single_more_regions if steps is None or steps == 1 else None
+        safe = self._safe_cast
+        for k, ((f, lo, hi, dt, shapes, kind), value) in enumerate(zip(self._fast_more, values)):
+            region = regions[k] if regions is not None else raw[:, lo:hi].view(dt)
+            exact = dt.kind in "iu"
+            if kind == "alive":
+                if value is None:  # not given: every agent of a complete call is alive
+                    region[...] = True
+                    continue
+                arr = np.array(self._fast_items(value))
+                if arr.dtype != np.bool_ or arr.shape != (n_agents, *lead):
+                    raise _NotCommonCase
+                region[...] = arr.T if steps is not None else arr
+                continue
+            if kind == "global":
+                if type(value) is not np.ndarray or value.shape != lead + shapes[0]:
+                    raise _NotCommonCase
+                if exact and not safe(value.dtype, dt):
+                    raise _NotCommonCase
+                np.copyto(region, value.reshape(n_rows, -1), casting="same_kind")
+                continue
+            items = self._fast_items(value)
+            if kind == "scalar":
+                arr = np.array(items)
+                if arr.dtype.kind not in "biuf" or arr.shape != (n_agents, *lead):
+                    raise _NotCommonCase
+                if exact and not safe(arr.dtype, dt):
+                    raise _NotCommonCase
+                np.copyto(region, arr.T if steps is not None else arr, casting="same_kind")
+                continue
+            if type(items) is np.ndarray:
+                raise _NotCommonCase  # stacked extras: the complete path splits them
+            if [x.shape for x in items] != [lead + sh for sh in shapes]:
+                raise _NotCommonCase
+            if exact and not all(safe(x.dtype, dt) for x in items):
+                raise _NotCommonCase
+            if kind == "packed":
+                if steps is None:
+                    np.concatenate(items, out=region[0], casting="same_kind")
+                else:
+                    np.concatenate(items, axis=1, out=region, casting="same_kind")
+                continue
+            for s, x in zip(self._by_field[f], items):  # "loose": one copy per agent
+                part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
+                np.copyto(part.reshape(n_rows, *s.shape), x.reshape(n_rows, *s.shape), "same_kind")
+
+    def _fast_items(self, value: Any) -> Any:
+        """Every agent's item of a per-agent field in agent order, or ``_NotCommonCase``."""
+        if type(value) is dict:
+            if len(value) != len(self.agents):
+                raise _NotCommonCase
+            return [value[a] for a in self.agents]
+        if type(value) in (list, tuple):
+            if len(value) != len(self.agents):
+                raise _NotCommonCase
+            return value
+        if type(value) is np.ndarray and value.ndim and value.shape[0] == len(self.agents):
+            return value
+        raise _NotCommonCase
+
+    def _safe_cast(self, src: np.dtype, dst: np.dtype) -> bool:
+        """Whether every ``src`` value is exactly representable in ``dst`` (cached)."""
+        key = (src, dst, "safe")
+        ok = self._castable.get(key)
+        if ok is None:
+            ok = src.kind in "biu" and bool(np.can_cast(src, dst, casting="safe"))
+            self._castable[key] = ok
+        return ok
+
     # ------------------------------------------------------------------ views
     def views(self, rows: np.ndarray) -> RowViews:
-        """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64)."""
+        """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64).
+
+        Global fields are keyed by the agent :data:`marlbuf.spec.GLOBAL`."""
         raw = rows.view(np.uint8)
         n = rows.shape[0]
-        out: RowViews = {f: {} for f in FIELDS}
+        out: RowViews = {f: {} for f in self.field_names}
         for s in self.slots:
             part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
             out[s.field][s.agent] = part.reshape((n, *s.shape))
         return out
+
+    def arrange(self, values: tuple[Any, ...], keywords: Mapping[str, Any], method: str) -> tuple:
+        """The five field values followed by the keyword fields, in :attr:`field_names` order.
+
+        ``keywords`` are the extra keyword arguments of ``method`` (``add``, ``extend`` or
+        ``add_envs``): extras and global fields (:data:`MISSING` where not passed) and, with an
+        alive mask, ``alive`` (``None`` where not passed). Raises ``TypeError`` naming any
+        keyword that is not a declared field.
+        """
+        unknown = [k for k in keywords if k not in self.keywords]
+        if unknown:
+            hint = ""
+            if ALIVE in unknown and not self.alive:
+                hint = "; alive= needs a buffer built with MultiAgentReplayBuffer(..., alive=True)"
+            raise TypeError(
+                f"{method}() got unexpected keyword argument(s) {unknown}; this buffer declares "
+                f"the extra fields {list(self.extra_names)} (AgentSpec(extras=...)) and the "
+                f"global fields {list(self.global_fields)} (global_fields=...){hint}"
+            )
+        return values + tuple(
+            keywords.get(f, None if f == ALIVE else MISSING) for f in self.keywords
+        )
 
     # ------------------------------------------------------------------ staging
     def stage(self, fields: Mapping[str, Any], steps: int | None) -> tuple[np.ndarray, RowViews]:
         """Validate ``fields`` (field -> per-agent values) and write them into staging rows.
 
         ``steps=None`` is one timestep (``add``): items have the spec's shapes. Otherwise items
-        have a leading time axis of length ``steps`` (``extend``). Returns the staged rows
-        (shape (T, row_words), uint64) and their per-field views. Raises ``ValueError`` /
-        ``TypeError`` naming the field and agent on any bad value; nothing is stored either way.
+        have a leading time axis of length ``steps`` (``extend``). Extras are per-agent values
+        like the five fields; a global field's value is one array of its shape (with the
+        leading axis); ``alive`` (with an alive mask) is per agent, a bool or ``(steps,)``
+        bools. Returns the staged rows (shape (T, row_words), uint64) and their per-field
+        views. Raises ``ValueError`` / ``TypeError`` naming the field and agent on any bad
+        value; nothing is stored either way.
+
+        With an alive mask, an agent missing from ``obs`` (or given as ``None``) is not alive
+        unless ``alive`` says otherwise; an agent that is not alive at any step may be missing
+        from any field (what is missing is stored as zeros), one alive at some step must be in
+        every per-agent field. Without it every agent is required everywhere.
         """
         if steps is None:
             rows, views = self._single, self._single_views
@@ -263,87 +453,207 @@ class RowCodec:
             rows = np.zeros((steps, self.row_words), dtype=np.uint64)
             views = self.views(rows)
         lead = () if steps is None else (steps,)
-        for f in FIELDS:
-            arrays = self._checked_arrays(f, fields[f], lead)
+        alive = self._alive_mask(fields, lead) if self.alive else None
+        required = None if alive is None else {a for a, mask in alive.items() if bool(mask.any())}
+        for f in self.agent_fields:
+            arrays = self._checked_arrays(f, fields.get(f, MISSING), lead, required)
             packed = self._packed[f]
-            if packed is not None:
+            if packed is not None and all(a is not None for a in arrays):
                 lo, hi, dt = packed
                 region = rows.view(np.uint8)[:, lo:hi].view(dt)
                 if steps is None:
-                    region[0] = np.concatenate([a.reshape(-1) for a in arrays])
+                    region[0] = np.concatenate([a.reshape(-1) for a in arrays])  # type: ignore[union-attr]
                 else:
-                    region[...] = np.concatenate([a.reshape(steps, -1) for a in arrays], axis=1)
+                    region[...] = np.concatenate(
+                        [a.reshape(steps, -1) for a in arrays],  # type: ignore[union-attr]
+                        axis=1,
+                    )
             else:
                 for agent, arr in zip(self.agents, arrays):
-                    views[f][agent][...] = arr
+                    if arr is not None:  # an agent that is not alive and not given: zeros
+                        views[f][agent][...] = arr
+        for name in self.global_fields:
+            views[name][GLOBAL][...] = self._checked_global(name, fields.get(name, MISSING), lead)
+        if alive is not None:
+            for agent, mask in alive.items():
+                views[ALIVE][agent][...] = mask
         self._check_finite(rows)
         return rows, views
 
-    def _agent_items(self, field: str, value: Any) -> list[Any]:
-        if isinstance(value, Mapping):
-            if len(value) != len(self.agents) or any(a not in value for a in self.agents):
-                missing = [a for a in self.agents if a not in value]
-                extra = [a for a in value if a not in self.specs]
-                raise ValueError(
-                    f"{field} must have exactly the agents {self.agents}; "
-                    f"missing {missing}, unexpected {extra}"
+    def _alive_mask(
+        self, fields: Mapping[str, Any], lead: tuple[int, ...]
+    ) -> dict[str, np.ndarray]:
+        """Per agent, its alive flags (shape ``lead``, bool): ``alive`` where given, else
+        whether the agent is in ``obs``."""
+        given = {
+            a
+            for a, item in zip(self.agents, self._agent_items("obs", fields["obs"], set()))
+            if item is not None
+        }
+        explicit = fields.get(ALIVE)
+        items = (
+            [None] * len(self.agents)
+            if explicit is None
+            else self._agent_items(ALIVE, explicit, set())
+        )
+        out = {}
+        for agent, item in zip(self.agents, items):
+            if item is None:
+                out[agent] = np.full(lead, agent in given, dtype=np.bool_)
+                continue
+            arr = item if type(item) is np.ndarray else np.asarray(item)
+            if arr.dtype.kind not in "biu" or (
+                arr.dtype.kind != "b" and arr.size and not np.isin(arr, (0, 1)).all()
+            ):
+                raise TypeError(
+                    f"alive[{agent!r}] must be a bool (or 0/1){' per step' if lead else ''}; "
+                    f"got {item!r}"
                 )
-            return [value[a] for a in self.agents]
-        if isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
-            if len(value) != len(self.agents):
+            if arr.shape != lead:
+                raise ValueError(f"alive[{agent!r}] must have shape {lead}; got {arr.shape}")
+            out[agent] = arr.astype(np.bool_)
+        return out
+
+    def _agent_items(self, field: str, value: Any, required: set[str] | None) -> list[Any]:
+        """Per agent (in agent order), its item of ``field``; ``None`` for an agent that is not
+        given. ``required=None``: every agent is required (no alive mask); otherwise the agents
+        that must be given (alive at some step)."""
+        agents = self.agents
+        if value is MISSING:
+            needed = agents if required is None else [a for a in agents if a in required]
+            if needed:
+                raise ValueError(self._missing_field_message(field, needed))
+            return [None] * len(agents)
+        if isinstance(value, Mapping):
+            extra = [a for a in value if a not in self.specs]
+            items = [value.get(a) for a in agents]
+            missing = [a for a, x in zip(agents, items) if x is None]
+            if required is None and (missing or extra):
+                raise ValueError(
+                    f"{field} must have exactly the agents {agents}; missing {missing}, "
+                    f"unexpected {extra}"
+                    + (
+                        ". To store agents that are absent at some steps (dead, or gone from "
+                        "a PettingZoo env), build the buffer with alive=True"
+                        if missing and not extra
+                        else ""
+                    )
+                )
+            if extra:
+                raise ValueError(
+                    f"{field} has entries for unknown agents {extra}; the agents are {agents}"
+                )
+        elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
+            if len(value) != len(agents):
                 raise ValueError(
                     f"{field} given as a sequence must have one entry per agent "
-                    f"({len(self.agents)}); got {len(value)}"
+                    f"({len(agents)}); got {len(value)}"
                 )
-            return list(value)
-        raise TypeError(
-            f"{field} must be a dict keyed by agent name (or a list in agent order); "
-            f"got {type(value).__name__}"
+            items = list(value)
+            missing = (
+                [a for a, x in zip(agents, items) if x is None] if required is not None else []
+            )
+        else:
+            raise TypeError(
+                f"{field} must be a dict keyed by agent name (or a list in agent order); "
+                f"got {type(value).__name__}"
+            )
+        if required is not None:
+            absent_required = [a for a in missing if a in required]
+            if absent_required:
+                raise ValueError(
+                    f"{field} has no entry for {absent_required}, alive at this step (in obs, or "
+                    "alive=True given); pass it. An agent left out of obs (or given alive=False) "
+                    "is stored absent: zero-filled where not given, alive False"
+                )
+        return items
+
+    def _missing_field_message(self, field: str, agents: list[str]) -> str:
+        if field in self.global_fields:
+            fs = self.global_fields[field]
+            return (
+                f"{field}= is missing: this buffer declares the global field {field!r} "
+                f"(shape {fs.shape}, {fs.dtype}); pass {field}=<array of that shape> (with a "
+                "leading T axis for extend, K for add_envs)"
+            )
+        return (
+            f"{field}= is missing: this buffer declares the extra field {field!r} for every "
+            f"agent; pass {field}={{agent: value}} for {agents}"
         )
 
-    def _checked_arrays(self, field: str, value: Any, lead: tuple[int, ...]) -> list[np.ndarray]:
-        """Per agent, the input as an array of exactly ``lead + shape``, castable to storage."""
-        out = []
-        for s, item in zip(self._by_field[field], self._agent_items(field, value)):
+    def _checked_arrays(
+        self, field: str, value: Any, lead: tuple[int, ...], required: set[str] | None = None
+    ) -> list[np.ndarray | None]:
+        """Per agent, the input as an array of exactly ``lead + shape``, castable to storage
+        (``None`` for an agent not given; see :meth:`_agent_items`)."""
+        out: list[np.ndarray | None] = []
+        for s, item in zip(self._by_field[field], self._agent_items(field, value, required)):
+            if item is None and required is not None:
+                out.append(None)
+                continue
             arr = item if type(item) is np.ndarray else np.asarray(item)
             expected = lead + s.shape
             if arr.shape != expected:
                 arr = self._reshape_special(field, s, arr, lead)
-            src = arr.dtype
-            key = (src, s.dtype)
-            ok = self._castable.get(key)
-            if ok is None:
-                ok = src.kind in "biuf" and bool(np.can_cast(src, s.dtype, casting="same_kind"))
-                self._castable[key] = ok
-            if not ok:
-                if src.kind not in "biuf":
-                    raise TypeError(
-                        f"{field}[{s.agent!r}] must be numeric; got dtype {src} "
-                        f"({type(item).__name__})"
-                    )
-                raise TypeError(
-                    f"{field}[{s.agent!r}] has dtype {src}, which does not cast safely to the "
-                    f"stored {s.dtype}; convert it or declare the dtype in the AgentSpec"
-                )
-            if (
-                s.dtype.kind == "f"
-                and arr.size
-                and (src.kind in "iu" or src.itemsize > s.dtype.itemsize)
-            ):
-                self._check_range(field, s, arr)
+            self._check_item(f"{field}[{s.agent!r}]", field, s, arr, item)
             out.append(arr)
         return out
 
-    def _check_range(self, field: str, s: FieldSlot, arr: np.ndarray) -> None:
+    def _checked_global(self, name: str, value: Any, lead: tuple[int, ...]) -> np.ndarray:
+        """The global field ``name`` as an array of exactly ``lead + shape``."""
+        if value is MISSING:
+            raise ValueError(self._missing_field_message(name, []))
+        (s,) = self._by_field[name]
+        arr = value if type(value) is np.ndarray else np.asarray(value)
+        if arr.shape != lead + s.shape:
+            axis = " (with a leading T axis for extend, K for add_envs)" if lead else ""
+            raise ValueError(
+                f"global field {name} must have shape {lead + s.shape}{axis}; got {arr.shape}"
+            )
+        self._check_item(name, name, s, arr, value)
+        return arr
+
+    def _check_item(self, label: str, field: str, s: FieldSlot, arr: np.ndarray, item: Any) -> None:
+        """Raise unless ``arr`` converts to the stored dtype of ``s`` without losing values."""
+        src = arr.dtype
+        key = (src, s.dtype)
+        ok = self._castable.get(key)
+        if ok is None:
+            ok = src.kind in "biuf" and bool(np.can_cast(src, s.dtype, casting="same_kind"))
+            self._castable[key] = ok
+        if not ok:
+            if src.kind not in "biuf":
+                raise TypeError(f"{label} must be numeric; got dtype {src} ({type(item).__name__})")
+            where = "the AgentSpec" if field in FIELDS else "its FieldSpec"
+            raise TypeError(
+                f"{label} has dtype {src}, which does not cast safely to the stored {s.dtype}; "
+                f"convert it or declare the dtype in {where}"
+            )
+        if not arr.size:
+            return
+        if s.dtype.kind == "f" and (src.kind in "iu" or src.itemsize > s.dtype.itemsize):
+            self._check_range(label, s, arr)
+        elif s.dtype.kind in "iu" and field not in FIELDS and not self._safe_cast(src, s.dtype):
+            info = np.iinfo(s.dtype)
+            low, high = int(arr.min()), int(arr.max())
+            if low < info.min or high > info.max:
+                raise ValueError(
+                    f"{label} holds {low if low < info.min else high}, outside the range of the "
+                    f"stored {s.dtype} [{info.min}, {info.max}]; declare a wider dtype in its "
+                    "FieldSpec"
+                )
+
+    def _check_range(self, label: str, s: FieldSlot, arr: np.ndarray) -> None:
         """Finite values beyond the stored float dtype's range would be stored as inf."""
         limit = float(np.finfo(s.dtype).max)
         with np.errstate(invalid="ignore"):
             finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
             if finite.size and float(np.abs(finite).max()) > limit:
+                where = "the AgentSpec" if s.field in FIELDS else "its FieldSpec"
                 raise ValueError(
-                    f"{field}[{s.agent!r}] holds {float(np.abs(finite).max()):g}, outside the "
-                    f"range of the stored {s.dtype} (±{limit:g}); rescale it or declare a wider "
-                    "dtype in the AgentSpec"
+                    f"{label} holds {float(np.abs(finite).max()):g}, outside the range of the "
+                    f"stored {s.dtype} (±{limit:g}); rescale it or declare a wider dtype in "
+                    f"{where}"
                 )
 
     def _reshape_special(
@@ -396,11 +706,19 @@ def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
     """The common leading length ``T`` of ``extend``'s arguments (checked consistent).
 
     When the lengths disagree, the most common length is taken as the intended one and the
-    error names the first item that differs from it.
+    error names the first item that differs from it. Items that are not given (an agent left
+    out of a buffer with an alive mask, an extra not passed) are skipped; :meth:`RowCodec.stage`
+    decides whether they may be missing.
     """
-    lengths: list[tuple[str, str, int]] = []
-    for f in FIELDS:
-        for s, item in zip(codec._by_field[f], codec._agent_items(f, fields[f])):
+    lengths: list[tuple[str, int]] = []
+    lenient: set[str] | None = set() if codec.alive else None
+    for f in codec.agent_fields:
+        value = fields.get(f, MISSING)
+        if value is MISSING:
+            continue
+        for s, item in zip(codec._by_field[f], codec._agent_items(f, value, lenient)):
+            if item is None and lenient is not None:
+                continue
             shape = item.shape if type(item) is np.ndarray else np.shape(item)
             discrete_index = f == "action" and codec.specs[s.agent].n_discrete_actions
             if len(shape) != len(s.shape) + 1 and not (discrete_index and len(shape) == 1):
@@ -408,20 +726,46 @@ def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:
                     f"extend needs a leading time axis: {f}[{s.agent!r}] must have shape "
                     f"{('T', *s.shape)}; got {tuple(shape)}. Use add() for one timestep"
                 )
-            lengths.append((f, s.agent, int(shape[0])))
+            lengths.append((f"{f}[{s.agent!r}]", int(shape[0])))
+    for name, fs in codec.global_fields.items():
+        value = fields.get(name, MISSING)
+        if value is MISSING:
+            continue
+        shape = np.shape(value)
+        if len(shape) != len(fs.shape) + 1:
+            raise ValueError(
+                f"extend needs a leading time axis: global field {name} must have shape "
+                f"{('T', *fs.shape)}; got {tuple(shape)}. Use add() for one timestep"
+            )
+        lengths.append((name, int(shape[0])))
+    if codec.alive and fields.get(ALIVE) is not None:
+        for agent, item in zip(codec.agents, codec._agent_items(ALIVE, fields[ALIVE], set())):
+            if item is not None:
+                shape = np.shape(item)
+                if len(shape) != 1:
+                    raise ValueError(
+                        f"alive[{agent!r}] needs one flag per timestep, shape ('T',); "
+                        f"got {tuple(shape)}"
+                    )
+                lengths.append((f"alive[{agent!r}]", int(shape[0])))
+    if not lengths:
+        raise ValueError(
+            "extend got no per-step values: every agent is missing from obs (store at least "
+            "one agent's values, or pass alive= with a leading time axis)"
+        )
     counts: dict[int, int] = {}
-    for _, _, t in lengths:
+    for _, t in lengths:
         counts[t] = counts.get(t, 0) + 1
     steps = max(counts, key=lambda t: counts[t])
-    for f, agent, t in lengths:
+    for label, t in lengths:
         if t != steps:
             raise ValueError(
-                "every extend argument needs the same number of timesteps; "
-                f"{f}[{agent!r}] has {t}, the others {steps}"
+                f"every extend argument needs the same number of timesteps; {label} has {t}, "
+                f"the others {steps}"
             )
     if not steps:
         raise ValueError("extend needs at least one timestep; got T=0")
     return steps
 
 
-__all__ = ["RowCodec", "steps_of"]
+__all__ = ["MISSING", "RowCodec", "steps_of"]

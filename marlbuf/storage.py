@@ -32,7 +32,7 @@ from marlbuf._kernels import (
     scatter_rows,
 )
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
-from marlbuf.spec import FIELDS, AgentSpec, FieldSlot
+from marlbuf.spec import GLOBAL, AgentSpec, FieldSlot, FieldSpec
 from marlbuf.staging import RowCodec, RowViews
 from marlbuf.writer import NextObsLinks
 
@@ -159,14 +159,26 @@ BATCH_DTYPES = ("float32", "storage")
 
 
 def _widened(spec: AgentSpec) -> AgentSpec:
-    """``spec`` with every float16 field as float32 (the dtypes of float32 batches)."""
+    """``spec`` with every float16 field (extras included) as float32 (the dtypes of float32
+    batches)."""
     half = np.dtype(np.float16)
     wide: dict[str, Any] = {
         name: np.dtype(np.float32)
         for name in ("obs_dtype", "action_dtype", "reward_dtype", "done_dtype")
         if getattr(spec, name) == half
     }
-    return dataclasses.replace(spec, **wide)
+    if any(fs.dtype == half for fs in spec.extras.values()):
+        wide["extras"] = _widened_fields(spec.extras)
+    return dataclasses.replace(spec, **wide) if wide else spec
+
+
+def _widened_fields(fields: Mapping[str, FieldSpec]) -> dict[str, FieldSpec]:
+    """``fields`` with float16 ones as float32."""
+    half = np.dtype(np.float16)
+    return {
+        name: FieldSpec(fs.shape, np.float32) if fs.dtype == half else fs
+        for name, fs in fields.items()
+    }
 
 
 def build_plan(
@@ -274,6 +286,11 @@ class Storage(ABC):
                 f"batch_dtype must be one of {BATCH_DTYPES}; got batch_dtype={batch_dtype!r}"
             )
         self.batch_dtype = batch_dtype
+        self.capacity = int(capacity)
+        self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
+        self.parallel_gather = False  # opt-in: threads for large gathers (see _gather_kernel)
+        #: the row format: per-agent fields, then global fields and the alive mask
+        self.codec = codec if codec is not None else RowCodec(self.specs)
         #: the specs of gathered batches: half-precision fields become float32 unless batches
         #: are delivered in storage precision
         self.batch_specs = (
@@ -281,15 +298,18 @@ class Storage(ABC):
             if batch_dtype == "float32"
             else dict(self.specs)
         )
-        self.capacity = int(capacity)
-        self.pool = BlockPool(pool_blocks)  # recycled memory for gathered batches
-        self.parallel_gather = False  # opt-in: threads for large gathers (see _gather_kernel)
-        self.codec = codec if codec is not None else RowCodec(self.specs)
+        batch_globals = (
+            _widened_fields(self.codec.global_fields)
+            if batch_dtype == "float32"
+            else dict(self.codec.global_fields)
+        )
+        self.converts = self.batch_specs != self.specs or batch_globals != self.codec.global_fields
         #: the row format of gathered batches (``batch_layout="rows"``)
         self.batch_codec = (
-            self.codec if self.batch_specs == self.specs else RowCodec(self.batch_specs)
+            RowCodec(self.batch_specs, batch_globals, self.codec.alive)
+            if self.converts
+            else self.codec
         )
-        self.converts = self.batch_specs != self.specs
         if batch_layout not in BATCH_LAYOUTS:
             raise ValueError(
                 f"batch_layout must be one of {BATCH_LAYOUTS}; got batch_layout={batch_layout!r}"
@@ -309,19 +329,17 @@ class Storage(ABC):
         if n not in self._carvings:
             align = _config.ROW_ALIGN_BYTES
             layout, offset = [], 0
-            for field_name in FIELDS:
-                for agent, spec in self.batch_specs.items():
-                    shape = spec.shape(field_name)
-                    dtype = spec.dtype(field_name)
-                    nbytes = n * math.prod(shape) * dtype.itemsize
-                    layout.append((field_name, agent, offset, nbytes, dtype, (n, *shape)))
-                    offset += -(-nbytes // align) * align  # every array starts on a cache line
+            # in row order: field-major, agents in spec order, then globals and alive
+            for fs in self.batch_codec.slots:
+                nbytes = n * fs.nbytes
+                layout.append((fs.field, fs.agent, offset, nbytes, fs.dtype, (n, *fs.shape)))
+                offset += -(-nbytes // align) * align  # every array starts on a cache line
             self._carvings = {n: (layout, offset)}  # keep one: batch sizes rarely vary
         return self._carvings[n]
 
     def _carve(self, block: np.ndarray, n: int) -> dict[str, dict[str, np.ndarray]]:
         layout, _ = self._carving(n)
-        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
+        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in self.batch_codec.field_names}
         for field_name, agent, offset, nbytes, dtype, shape in layout:
             out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
         return out
@@ -432,14 +450,17 @@ class AgentMajorStorage(Storage):
             specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
         )
         self.batch_layout = "per_agent"  # the only way this layout gathers
-        self.fields = tuple(f for f in FIELDS if not (links is not None and f == "next_obs"))
-        self._data: dict[str, dict[str, np.ndarray]] = {
-            f: {
-                agent: self.allocate(f"{f}/{agent}", (capacity, *spec.shape(f)), spec.dtype(f))
-                for agent, spec in self.specs.items()
-            }
-            for f in self.fields
-        }
+        self.fields = tuple(
+            f for f in self.codec.field_names if not (links is not None and f == "next_obs")
+        )
+        # one array per (field, agent): "obs/agent_0", ...; a global field's is its name
+        self._data: dict[str, dict[str, np.ndarray]] = {f: {} for f in self.fields}
+        for fs in self.codec.slots:
+            if fs.field in self._data:
+                name = fs.field if fs.agent == GLOBAL else f"{fs.field}/{fs.agent}"
+                self._data[fs.field][fs.agent] = self.allocate(
+                    name, (capacity, *fs.shape), fs.dtype
+                )
         # (field, agent, 2-D source view) for the gather loop, built once
         self._flat = [
             (f, a, arr.reshape(capacity, -1))
@@ -510,7 +531,11 @@ class AgentMajorStorage(Storage):
         return out, block
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {f"{f}/{a}": arr for f in self.fields for a, arr in self._data[f].items()}
+        return {
+            f if a == GLOBAL else f"{f}/{a}": arr
+            for f in self.fields
+            for a, arr in self._data[f].items()
+        }
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
         if field_name not in self._data:  # next_obs stored once: assembled by a gather

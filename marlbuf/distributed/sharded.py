@@ -640,7 +640,11 @@ class ShardedReplayBuffer:
                 weights = ((probs.min() / probs) ** plan.betas[i]).astype(np.float32)
             batches.append(
                 Batch(
-                    **fields,
+                    obs=fields["obs"],
+                    action=fields["action"],
+                    reward=fields["reward"],
+                    next_obs=fields["next_obs"],
+                    done=fields["done"],
                     indices=indices,
                     generations=generations,
                     weights=weights,
