@@ -472,9 +472,9 @@ def _episode_lengths(mix: tuple[int, int], steps: int, rng: np.random.Generator)
 def _memory_stream(
     specs: dict[str, AgentSpec], lengths: np.ndarray, state_dim: int, rng: np.random.Generator
 ) -> dict[str, Any]:
-    """Steps of episodes with these lengths: per-agent fields, a state, alive masks (an agent
-    dies at a random step of its episode, one agent lives to the end), every agent done at
-    the episode's last step; the padded layout's arrays alongside."""
+    """Steps of episodes with these lengths: per-agent fields (each next_obs the next step's
+    obs within an episode), a state, alive masks (an agent dies at a random step of its
+    episode, one agent lives to the end), every agent done at the episode's last step."""
     steps = int(lengths.sum())
     ends = np.cumsum(lengths) - 1
     starts = ends - lengths + 1
@@ -485,11 +485,17 @@ def _memory_stream(
     for i, agent in enumerate(specs):
         death = rng.integers(1, lengths + 1) if i else lengths  # agent 0 lives to the end
         alive[agent] = step_in_episode < np.repeat(death, lengths)
+    obs = {a: rng.random((steps, *s.obs_shape), np.float32) for a, s in specs.items()}
+    next_obs = {}
+    for agent, seen in obs.items():  # the next step's obs, and a terminal obs at episode ends
+        following = np.concatenate([seen[1:], seen[:1]])
+        following[ends] = rng.random((len(ends), *seen.shape[1:]), np.float32)
+        next_obs[agent] = following
     data = {
-        "obs": {a: rng.random((steps, *s.obs_shape), np.float32) for a, s in specs.items()},
+        "obs": obs,
         "action": {a: rng.random((steps, *s.action_shape), np.float32) for a, s in specs.items()},
         "reward": {a: rng.random(steps, np.float32) for a in specs},
-        "next_obs": {a: rng.random((steps, *s.obs_shape), np.float32) for a, s in specs.items()},
+        "next_obs": next_obs,
         "done": {a: done for a in specs},
     }
     return {"data": data, "state": rng.random((steps, state_dim), np.float32), "alive": alive}
@@ -574,7 +580,7 @@ def _sequence_estimate() -> dict[str, Any]:
 
 
 def _fields_kwargs(state_dim: int) -> dict[str, Any]:
-    from marlbuf import FieldSpec  # type: ignore[attr-defined,unused-ignore]
+    from marlbuf.spec import FieldSpec  # type: ignore[attr-defined,unused-ignore]
 
     return {"global_fields": {"state": FieldSpec((state_dim,))}, "alive": True}
 
@@ -603,7 +609,23 @@ def _marlbuf_measured(
     stream = _memory_stream(specs, lengths, state_dim, rng)
     per_step: dict[str, Any] = {"state": stream["state"], "alive": stream["alive"]}
     buf.extend(**stream["data"], **per_step)
-    return int(buf.nbytes)
+    return held_bytes(buf)
+
+
+def held_bytes(buf: MultiAgentReplayBuffer) -> int:
+    """Every array the buffer keeps: storage (rows, next-observation links and side table:
+    ``buf.nbytes``), write generations, the episode index and the sampler's arrays."""
+    total = buf.nbytes + buf.writer.write_generation.nbytes
+    episodes = getattr(buf, "episodes", None)
+    if episodes is not None:
+        total += episodes.nbytes
+    parts = [buf.sampler, getattr(buf.sampler, "trees", None)]
+    for part in parts:
+        if part is not None:
+            total += sum(v.nbytes for v in vars(part).values() if isinstance(v, np.ndarray))
+    if buf._handed is not None:
+        total += buf._handed.nbytes
+    return int(total)
 
 
 # -------------------------------------------------------------------------------- summary
