@@ -249,6 +249,7 @@ def as_sequences(
     generations: np.ndarray,
     weights: np.ndarray | None,
     trainer: int | None,
+    sequence_class: type[SequenceBatch] | None = None,
 ) -> SequenceBatch:
     """The :class:`SequenceBatch` of a batch ``flat`` gathered at the ``B * L`` slots of a
     sequence slot matrix, row-major (masked positions gathered from any valid slot).
@@ -256,6 +257,8 @@ def as_sequences(
     Every array attribute of ``flat`` with ``B * L`` rows, directly or inside (nested) dicts,
     is zeroed at the masked positions and reshaped to ``(B, L, ...)`` (views, no copy), so
     fields a :class:`Batch` gains later come out per step without changes here.
+    ``sequence_class`` (default :class:`SequenceBatch`) is built from the result: it must have
+    every field of ``flat``'s class.
     """
     n, steps = mask.shape
     rows = n * steps
@@ -273,7 +276,7 @@ def as_sequences(
         for f in dataclasses.fields(flat)
         if f.name not in _BATCH_META
     }
-    return SequenceBatch(
+    return (sequence_class or SequenceBatch)(
         **fields,
         indices=indices,
         generations=generations,

@@ -529,7 +529,7 @@ class EpisodeIndex:
         episode, step, begins_kept = episode[skip:], step[skip:], begins[skip:]
         prev = np.empty(slots.shape[0], dtype=np.int64)
         prev[1:] = np.where(begins_kept[1:], -1, slots[:-1])
-        prev[0] = back if (skip == 0 and not begins_kept[0]) else -1
+        prev[0] = back if skip == 0 else -1  # a skipped predecessor is overwritten already
         nxt = np.empty(slots.shape[0], dtype=np.int64)
         nxt[:-1] = np.where(begins_kept[1:], -1, slots[1:])
         nxt[-1] = -1

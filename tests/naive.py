@@ -353,3 +353,56 @@ def gather_plan(
             values = row.view(src_t)[src : src + length]
             out.view(dst_t)[dst + i * step : dst + i * step + length] = values
     return out
+
+
+# ------------------------------------------------------------------ sequences (issue 14)
+
+
+class NaiveEpisodeRing:
+    """A list-of-episodes model of the ring: which (episode, step) each slot holds.
+
+    Every write names its stream and whether it ends the stream's episode (all agents done or
+    truncated); a stream's next write begins a new episode. Writes go one at a time, oldest
+    slot first, as the buffer's ring does (``extend`` of more than ``capacity`` steps included).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.cursor = 0
+        self.size = 0
+        self.content: list[tuple[int, int] | None] = [None] * capacity
+        self.open: dict[int, tuple[int, int]] = {}  # stream -> (episode, next step number)
+        self.episodes = 0
+
+    def write(self, stream: int, ends: bool) -> None:
+        if stream in self.open:
+            episode, step = self.open.pop(stream)
+        else:
+            episode, step = self.episodes, 0
+            self.episodes += 1
+        self.content[self.cursor] = (episode, step)
+        if not ends:
+            self.open[stream] = (episode, step + 1)
+        self.cursor = (self.cursor + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sequence(self, start: int, before: int, after: int) -> list[int]:
+        """Slots of steps ``-before .. +after`` of the start's episode (-1: not stored)."""
+        item = self.content[start]
+        assert item is not None, "a start must hold data"
+        episode, step = item
+        where = {held: slot for slot, held in enumerate(self.content) if held is not None}
+        return [where.get((episode, step + j), -1) for j in range(-before, after + 1)]
+
+    def valid_starts(self, length: int) -> list[int]:
+        """Slots whose episode has ``length - 1`` more steps stored (``pad=False`` starts)."""
+        return [s for s in range(self.size) if self.sequence(s, 0, length - 1)[-1] >= 0]
+
+
+def r2d2_priority(td: np.ndarray, valid: np.ndarray, eta: float) -> np.ndarray:
+    """``eta * max |td| + (1 - eta) * mean |td|`` over each row's valid entries, row by row."""
+    out = []
+    for row, keep in zip(td, valid):
+        values = [abs(float(x)) for x, k in zip(row, keep) if k]
+        out.append(eta * max(values) + (1 - eta) * sum(values) / len(values))
+    return np.array(out)

@@ -216,6 +216,11 @@ class ShardedReplayBuffer:
                 "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Prioritized()); "
                 f"got sampler={sampler!r}"
             )
+        if sampler.needs_episodes:
+            raise TypeError(
+                f"the sharded buffer does not sample sequences (sampler={sampler!r}); use one "
+                "MultiAgentReplayBuffer for Sequence"
+            )
         if not isinstance(prefetch, bool):
             raise TypeError(f"prefetch must be a bool; got prefetch={prefetch!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
