@@ -7,7 +7,7 @@ subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench
 
 from marlbuf.batch import Batch, TorchBatch
 from marlbuf.buffer import MultiAgentReplayBuffer
-from marlbuf.spec import FIELDS, AgentSpec, specs_from_env
+from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 
 __version__ = "0.1.0"
 
@@ -15,6 +15,7 @@ __all__ = [
     "FIELDS",
     "AgentSpec",
     "Batch",
+    "FieldSpec",
     "MultiAgentReplayBuffer",
     "TorchBatch",
     "__version__",

@@ -48,7 +48,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from marlbuf import _config, persistence
 from marlbuf.batch import Batch
-from marlbuf.buffer import MultiAgentReplayBuffer, _check_arguments, _check_header, make_rng
+from marlbuf.buffer import (
+    MultiAgentReplayBuffer,
+    _check_arguments,
+    _check_header,
+    make_rng,
+    row_options_of,
+)
 from marlbuf.memory import check_fits_in_memory
 from marlbuf.prioritized import LinearBeta, checked_tree_state
 from marlbuf.samplers import (
@@ -59,7 +65,7 @@ from marlbuf.samplers import (
     Uniform,
     _not_enough_data,
 )
-from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, extra_names, normalize_specs
 from marlbuf.staging import RowCodec
 from marlbuf.storage import (
     BATCH_LAYOUTS,
@@ -1004,9 +1010,28 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         next_obs: str = "stored",
         batch_dtype: str = "float32",
         *,
+        global_fields: Mapping[str, Any] | None = None,
+        alive: bool = False,
         device: Any = "cpu",
     ) -> None:
         self.specs = normalize_specs(specs)
+        declared = [
+            what
+            for what, used in (
+                ("per-agent extra fields (AgentSpec(extras=...))", bool(extra_names(self.specs))),
+                ("global_fields=", bool(global_fields)),
+                ("alive=True", alive is not False),
+            )
+            if used
+        ]
+        if declared:
+            raise ValueError(
+                f"the torch backend (device={str(device)!r}) stores the five transition fields "
+                f"only; got {', '.join(declared)}: these are host-buffer features for now (build "
+                "the buffer with device=None and move batches with Batch.to_torch)"
+            )
+        self.global_fields: dict[str, FieldSpec] = {}
+        self.alive = False
         if next_obs != "stored":
             raise ValueError(
                 f"the torch backend (device={str(device)!r}) stores next_obs in every row; got "
@@ -1707,6 +1732,8 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             "capacity": self.capacity,
             "layout": self.layout,
             "next_obs": "stored",
+            "global_fields": {},
+            "alive": False,
             "n_trainers": self.n_trainers,
             "sampler": {
                 "type": type(self.sampler).__name__,
@@ -1733,6 +1760,12 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         that hold their next_obs on the host first (a temporary copy of the data).
         """
         _check_header(state)
+        global_fields, alive = row_options_of(state)
+        if global_fields or alive or any(s.get("extras") for s in state["specs"].values()):
+            raise ValueError(
+                "the state holds extra fields, global fields or an alive mask, which the torch "
+                "backend does not store; load it into a NumPy buffer (device=None)"
+            )
         if state.get("next_obs", "stored") != "stored":
             state = _dense_state(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}

@@ -232,6 +232,12 @@ class ShardedReplayBuffer:
         self._template = MultiAgentReplayBuffer(
             specs, 1, layout=layout, n_trainers=n_trainers, batch_layout=batch_layout
         )
+        if self._template._codec.extra_names:
+            raise ValueError(
+                "the sharded buffer stores the five transition fields only; got specs with "
+                f"extra fields {list(self._template._codec.extra_names)}: use a "
+                "MultiAgentReplayBuffer for extra fields, global fields and alive masks"
+            )
         self.specs = normalize_specs(specs)
         self.shard_capacity = _check_capacity(shard_capacity)
         self.n_shards = int(n_shards)
