@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -689,6 +690,7 @@ def _summary(
 def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     cfg = QUICK if quick else FULL
     threads = quiet_threads()
+    load_before = os.getloadavg()  # the machine may be shared: recorded with the results
     sampling, skipped = _sampling(cfg, progress)
     scaling, skip = _scaling(cfg, progress)
     skipped |= skip
@@ -708,6 +710,8 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             "memory_capacity": cfg["memory_capacity"],
             "repeats": cfg["repeats"],
             "threads": threads,
+            "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
+            "load_average_1_5_15_min_after": [round(x, 2) for x in os.getloadavg()],
         },
         "rows": rows,
         "summary": _summary(sampling, scaling, memory, skipped),
