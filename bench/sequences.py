@@ -310,6 +310,9 @@ def _sampling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]]
                 if length == L:
                     fns[name] = _torchrl_sample(torchrl[name], length, pad)
                     case_info[name] = (burn_in, name.split("/")[0])
+        if buf is not None and burn_in == 0:
+            fns[f"gather_runs/L={L}"] = _gather_runs(buf, L)
+            case_info[f"gather_runs/L={L}"] = (burn_in, "gather_runs")
         fns[f"padded_episodes/L={L}"] = partial(padded.sample_sequences, BATCH, L)
         case_info[f"padded_episodes/L={L}"] = (burn_in, "padded_episodes")
     fns["padded_episodes_whole"] = partial(padded.sample_episodes, BATCH)
@@ -348,6 +351,19 @@ def _sampling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]]
     del ours, torchrl, padded, fns
     gc.collect()
     return rows, skipped
+
+
+def _gather_runs(buf: MultiAgentReplayBuffer, length: int) -> Callable[[], Any]:
+    """The yardstick: ``buf.gather`` of B runs of ``length`` consecutive slots at random starts
+    (the rows a sequence batch reads, without episodes, masks or reshaping)."""
+    rng = np.random.default_rng(1)
+    steps = np.arange(length)
+
+    def gather() -> Any:
+        starts = rng.integers(0, len(buf) - length + 1, BATCH)
+        return buf.gather((starts[:, None] + steps).reshape(-1))
+
+    return gather
 
 
 def _check_outputs(fns: Mapping[str, Callable[[], Any]], info: Mapping[str, Any]) -> None:
@@ -428,6 +444,7 @@ def _scaling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]],
         fns: dict[str, Callable[[], Any]] = {}
         if buf is not None:
             fns["marlbuf"] = partial(buf.sample, BATCH)
+            fns["gather_runs"] = _gather_runs(buf, LENGTH)
         if torchrl is not None:
             fns["torchrl_pad"] = _torchrl_sample(torchrl["torchrl"], LENGTH, True)
         timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=2, rotate=True)
@@ -646,7 +663,7 @@ def _summary(
         speedups = {
             case.split("/")[0]: round(r["time_vs_marlbuf"], 3)
             for case, r in by_case.items()
-            if not case.startswith("marlbuf")
+            if not case.startswith(("marlbuf", "gather_runs"))
         }
         out[f"sampling burn_in={burn_in}"] = {
             "marlbuf_ms": round(by_case[f"marlbuf/L={L}"]["ms_median"], 3),
@@ -655,6 +672,10 @@ def _summary(
                 k: v >= TARGET_SPEEDUP for k, v in speedups.items()
             },
         }
+        if f"gather_runs/L={L}" in by_case:  # the bare gather of as many rows: the yardstick
+            out[f"sampling burn_in={burn_in}"]["marlbuf_time_vs_bare_gather_of_runs"] = round(
+                1 / by_case[f"gather_runs/L={L}"]["time_vs_marlbuf"], 3
+            )
     growth: dict[str, Any] = {}
     for case in dict.fromkeys(r["case"] for r in scaling):
         by_size = {r["capacity"]: r["ms_median"] for r in scaling if r["case"] == case}
