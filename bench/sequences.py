@@ -441,13 +441,19 @@ def _scaling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]],
                 buf.extend(**data)
             if torchrl is not None:
                 torchrl["torchrl"].extend(_torchrl_chunk(_as_half(data), first))
-        fns: dict[str, Callable[[], Any]] = {}
+        # each library in its own interleaved loop: TorchRL's per-call boundary scan sweeps
+        # O(stored steps) of memory, which would evict marlbuf's caches and TLB between its
+        # calls and make marlbuf's time grow with TorchRL's scan rather than its own work
+        loops: list[dict[str, Callable[[], Any]]] = []
         if buf is not None:
-            fns["marlbuf"] = partial(buf.sample, BATCH)
-            fns["gather_runs"] = _gather_runs(buf, LENGTH)
+            loops.append(
+                {"marlbuf": partial(buf.sample, BATCH), "gather_runs": _gather_runs(buf, LENGTH)}
+            )
         if torchrl is not None:
-            fns["torchrl_pad"] = _torchrl_sample(torchrl["torchrl"], LENGTH, True)
-        timings = time_interleaved(fns, repeats=cfg["repeats"], warmup=2, rotate=True)
+            loops.append({"torchrl_pad": _torchrl_sample(torchrl["torchrl"], LENGTH, True)})
+        timings: dict[str, dict[str, Any]] = {}
+        for fns in loops:
+            timings |= time_interleaved(fns, repeats=cfg["repeats"], warmup=2, rotate=True)
         for case, t in timings.items():
             rows.append(
                 record
@@ -464,7 +470,7 @@ def _scaling(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]],
                 + ", ".join(f"{k} {1e3 * v['median']:.2f} ms" for k, v in timings.items()),
                 flush=True,
             )
-        del buf, torchrl, fns
+        del buf, torchrl, loops
         gc.collect()
     smallest: dict[str, float] = {}
     for row in rows:  # time relative to the smallest stored size measured
