@@ -37,14 +37,19 @@ times, carry over between machines):
 
   marlbuf draws the training start uniformly over stored steps and masks what falls past
   the episode end; TorchRL with these episodes always returns whole episodes. Both return the
-  same number of (B × L) rows per batch with ``pad_output``.
+  same number of (B × L) rows per batch with ``pad_output``. The yardstick ``gather_runs`` is
+  marlbuf's ``buf.gather`` of B runs of L consecutive slots at random starts: the rows a
+  sequence batch reads, without episode links, masks or reshaping.
 * **Scaling** — time per sequence batch (B = 256, T = 32) at 1e5, 1e6 and 1e7 stored steps,
   marlbuf and TorchRL (``pad_output``, no cache), on a lean spec so that 1e7 steps of both fit
   next to everything else on a 24 GiB machine: cooperative navigation with 3 agents, float16
   observations (and next observations) in both buffers, batches returned in storage
-  precision by both (marlbuf ``batch_dtype="storage"``). A size whose two buffers would take
-  more than :data:`MEMORY_FRACTION` of the memory available at that moment is skipped with
-  the reason recorded.
+  precision by both (marlbuf ``batch_dtype="storage"``). marlbuf (with the ``gather_runs``
+  yardstick) and TorchRL are timed in separate interleaved loops at each size: TorchRL's
+  per-call boundary scan sweeps memory in proportion to the stored steps and would otherwise
+  evict marlbuf's caches between its calls. A size whose two buffers would take more than
+  :data:`MEMORY_FRACTION` of the memory available at that moment is skipped with the reason
+  recorded.
 * **Memory** — bytes per stored step of marlbuf with a global state field
   (``global_fields={"state": FieldSpec((216,))}``: all six observations' size) and alive masks
   (``alive=True``) against the padded-episode layout holding the same fields (obs, action,
@@ -101,7 +106,7 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {
     "workload": Workload("cooperative_navigation", 6),
     "capacity": 1_000_000,
-    "repeats": 7,
+    "repeats": 9,
     "scaling_workload": Workload("cooperative_navigation", 3),
     "scaling": [100_000, 1_000_000, 10_000_000],
     "memory_capacity": 100_000,
