@@ -106,7 +106,7 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {
     "workload": Workload("cooperative_navigation", 6),
     "capacity": 1_000_000,
-    "repeats": 9,
+    "repeats": 25,
     "scaling_workload": Workload("cooperative_navigation", 3),
     "scaling": [100_000, 1_000_000, 10_000_000],
     "memory_capacity": 100_000,
