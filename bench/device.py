@@ -14,6 +14,19 @@ round ends with ``torch.cuda.synchronize()``:
   (``agents/<agent>/<field>``), one ``sample()`` per trainer; ``torchrl prioritized`` - its
   ``TensorDictPrioritizedReplayBuffer`` on the same storage, where its sampler loads.
 
+Prioritized part (same device): one trainer's ``sample(B)`` + ``update_priorities`` at a large
+capacity (1e6 transitions of CN-3 rows in the full run), against TorchRL's
+``TensorDictPrioritizedReplayBuffer`` on a ``LazyTensorStorage`` on the same device
+(``sample()`` + ``update_priority``).
+
+End-to-end part (same device, needs mpe2): seconds per 100 env steps of MADDPG at CN-24, the
+environment, action selection, buffer writes and the one update round that falls in every 100
+steps included, networks on the device, for
+``faithful`` (per-agent loop, per-agent host buffers, mpe2's own environment code: what the
+original trainers run), ``baseline`` (the same on marlbuf's vectorized environment),
+``marlbuf host buffer`` (batched learner, host buffer, pinned non-blocking copies) and
+``marlbuf device buffer`` (batched learner, the round drawn and gathered on the device).
+
 CPU part (always measured): the torch backend with ``device="cpu"`` against the NumPy buffer on
 the CN-24 round (uniform, serial NumPy kernels, one torch thread; both with their default batch
 memory recycling and with ``out=`` reuse). The target is a ratio of at most 1.3.
@@ -46,13 +59,34 @@ QUICK: dict[str, Any] = {
     "cpu_workload": Workload("cooperative_navigation", 6),
     "capacity": 20_000,
     "repeats": 3,
+    "per_workload": Workload("cooperative_navigation", 3),
+    "per_capacity": 20_000,
+    "e2e_workload": Workload("cooperative_navigation", 3),
+    "e2e_capacity": 3_000,
+    "e2e_batch": 256,
+    "e2e_repeats": 2,
 }
 FULL: dict[str, Any] = {
     "workloads": [Workload("cooperative_navigation", 24), Workload("predator_prey", 24)],
     "cpu_workload": Workload("cooperative_navigation", 24),
     "capacity": 100_000,
     "repeats": 5,
+    "per_workload": Workload("cooperative_navigation", 3),
+    "per_capacity": 1_000_000,
+    "e2e_workload": Workload("cooperative_navigation", 24),
+    "e2e_capacity": 20_000,
+    "e2e_batch": BATCH,
+    "e2e_repeats": 3,
 }
+#: the end-to-end configurations (``marlbuf.bench.update`` names) and the devices they add
+E2E_CONFIGS: dict[str, dict[str, Any]] = {
+    "faithful": {"formulation": "loop", "layout": "agent_major", "env_impl": "mpe2"},
+    "baseline": {"formulation": "loop", "layout": "agent_major"},
+    "marlbuf host buffer": {"formulation": "batched", "layout": "interleaved"},
+    "marlbuf device buffer": {"formulation": "batched", "layout": "interleaved", "on_device": 1},
+}
+PER_CASES = ("device buffer prioritized", "torchrl prioritized")
+E2E_STEPS = 100
 
 GPU_CASES = (
     "device buffer",
@@ -64,15 +98,24 @@ GPU_CASES = (
 )
 
 
-def gpu_status() -> str | None:
-    """``None`` when a CUDA device can be used, else why not."""
+def gpu_status(device: str = "cuda") -> str | None:
+    """``None`` when ``device`` can be used, else why not."""
     try:
         import torch
     except ImportError as exc:
         return f"not measured: torch is not installed ({exc})"
-    if not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         return "not measured: no CUDA device here (torch.cuda.is_available() is False)"
     return None
+
+
+def _sync(device: str) -> Callable[[], None]:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 def _fill(buffers: list[Any], extend_torchrl: list[Any], workload: Workload, capacity: int) -> None:
@@ -104,16 +147,22 @@ def _nested_tensordict(data: dict[str, dict[str, np.ndarray]]) -> Any:
     return TensorDict({"agents": TensorDict(per_agent, batch_size=[steps])}, batch_size=[steps])
 
 
-def _torchrl_buffers(capacity: int, device: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def _torchrl_buffers(
+    capacity: int, device: Any, uniform: bool = True
+) -> tuple[dict[str, Any], dict[str, str]]:
     """TorchRL's replay buffers on ``device`` (those that load) and why others do not."""
     made: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     try:
+        if not uniform:
+            raise LookupError("not used")
         from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
         made["torchrl LazyTensorStorage(device)"] = TensorDictReplayBuffer(
             storage=LazyTensorStorage(capacity, device=device), batch_size=BATCH
         )
+    except LookupError:
+        pass
     except Exception as exc:  # not installed or does not load: record and go on
         skipped["torchrl LazyTensorStorage(device)"] = f"{type(exc).__name__}: {exc}"
     try:
@@ -130,19 +179,21 @@ def _torchrl_buffers(capacity: int, device: Any) -> tuple[dict[str, Any], dict[s
     return made, skipped
 
 
-def _gpu_rounds(workload: Workload, cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Time every GPU case of one workload."""
+def _gpu_rounds(
+    workload: Workload, cfg: dict[str, Any], where: str = "cuda"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Time every GPU case of one workload (on ``where``: ``"cpu"`` only to test the suite)."""
     import torch
 
-    device = torch.device("cuda")
+    device = torch.device(where)
     specs = workload.specs()
     n, capacity = workload.n_trainers, cfg["capacity"]
-    uniform = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device="cuda")
-    per = MultiAgentReplayBuffer(specs, capacity, sampler=Prioritized(), seed=0, device="cuda")
+    uniform = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device=where)
+    per = MultiAgentReplayBuffer(specs, capacity, sampler=Prioritized(), seed=0, device=where)
     host = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0)
     peers, skipped = _torchrl_buffers(capacity, device)
     _fill([uniform, per, host], list(peers.values()), workload, capacity)
-    sync = torch.cuda.synchronize
+    sync = _sync(where)
     previous: list[Any] = []
 
     def device_round() -> None:
@@ -160,7 +211,7 @@ def _gpu_rounds(workload: Workload, cfg: dict[str, Any]) -> tuple[dict[str, Any]
 
     def host_round() -> None:
         for batch in host.sample_for_trainers(BATCH):
-            batch.to_torch(device, pin_memory=True, non_blocking=True)
+            batch.to_torch(device, pin_memory=device.type == "cuda", non_blocking=True)
         sync()
 
     fns: dict[str, Callable[[], Any]] = {
@@ -180,12 +231,95 @@ def _gpu_rounds(workload: Workload, cfg: dict[str, Any]) -> tuple[dict[str, Any]
     return time_interleaved(fns, repeats=cfg["repeats"], warmup=1), skipped
 
 
+def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """One trainer's prioritized ``sample`` + ``update_priorities`` at ``per_capacity``."""
+    import torch
+
+    workload: Workload = cfg["per_workload"]
+    capacity = cfg["per_capacity"]
+    from marlbuf.torch_backend import TorchReplayBuffer
+
+    ours = MultiAgentReplayBuffer(
+        workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
+    )
+    assert isinstance(ours, TorchReplayBuffer)
+    peers, skipped = _torchrl_buffers(capacity, torch.device(where), uniform=False)
+    _fill([ours], list(peers.values()), workload, capacity)
+    sync = _sync(where)
+    gen = torch.Generator(device=where).manual_seed(0)
+    td = torch.rand(BATCH, generator=gen, device=where) + 0.01  # |TD| > 0, on the device
+    td_host = td.cpu()
+
+    def ours_op() -> None:
+        batch = ours.sample(BATCH)
+        ours.update_priorities(batch.indices, td, sync=False)
+        sync()
+
+    fns: dict[str, Callable[[], Any]] = {"device buffer prioritized": ours_op}
+    for name, rb in peers.items():
+
+        def peer_op(rb: Any = rb) -> None:
+            sample = rb.sample()
+            rb.update_priority(sample["index"], td_host)
+            sync()
+
+        fns[name] = peer_op
+    timings = time_interleaved(fns, repeats=cfg["repeats"] * 4, warmup=2)
+    ours.check_priority_errors()
+    return timings, skipped
+
+
+def _end_to_end(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Seconds per 100 env steps (env, actions, writes, one update round) per configuration."""
+    from marlbuf.bench.update import make_runner, time_rounds
+
+    workload: Workload = cfg["e2e_workload"]
+    skipped: dict[str, str] = {}
+    runners: dict[str, Any] = {}
+    try:
+        import mpe2  # noqa: F401 - the environments (and the faithful configuration) need it
+    except ImportError as exc:
+        reason = f"not measured: mpe2 is not installed ({exc}); see bench/device_check.sh"
+        return {}, {name: reason for name in E2E_CONFIGS}
+    for name, config in E2E_CONFIGS.items():
+        overrides = {k: v for k, v in config.items() if k != "on_device"}
+        overrides["device"] = where
+        if config.get("on_device"):
+            overrides["buffer_device"] = where
+        runners[name] = make_runner(workload, overrides, cfg["e2e_batch"], cfg["e2e_capacity"])
+    sync = _sync(where)
+
+    def window(runner: Any) -> None:
+        runner.run_steps(E2E_STEPS)
+        sync()
+
+    try:
+        samples = time_rounds(runners, cfg["e2e_repeats"], window)
+        for runner in runners.values():  # one update round in every timed window
+            assert runner.update_rounds == cfg["e2e_repeats"] + 1, runner.update_rounds
+    finally:
+        for runner in runners.values():
+            runner.close()
+    timings = {
+        name: {
+            "median": float(np.median(s["total"])),
+            "min": float(np.min(s["total"])),
+            "max": float(np.max(s["total"])),
+            "update_s": float(np.median(s.get("update_all_trainers", [0.0]))),
+            "env_step_s": float(np.median(s.get("env_step", [0.0]))),
+        }
+        for name, s in samples.items()
+    }
+    return timings, skipped
+
+
 def _release_gpu_memory() -> None:
     """Free the last workload's buffers (their tensors were local to ``_gpu_rounds``)."""
     import torch
 
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -215,38 +349,44 @@ def _cpu_comparison(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"workload": workload.label, "timings": timings}
 
 
-def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Measure the CPU comparison and, where a GPU is present, every GPU case."""
+def _measured(part: str, label: str, case: str, t: dict[str, Any], **ratios: Any) -> dict:
+    return {
+        "part": part,
+        "workload": label,
+        "case": case,
+        "status": "measured",
+        "ms_median": 1e3 * t["median"],
+        "ms_min": 1e3 * t["min"],
+        "ms_max": 1e3 * t["max"],
+        **ratios,
+    }
+
+
+def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dict[str, Any]:
+    """Measure the CPU comparison and, where a GPU is present, every GPU case.
+
+    ``device="cpu"`` runs the GPU parts on the CPU instead (a test of the suite itself; its
+    figures say nothing about a GPU).
+    """
     cfg = QUICK if quick else FULL
     threads = quiet_threads()
     rows: list[dict[str, Any]] = []
-    status = gpu_status()
+    status = gpu_status(device)
     skipped: dict[str, str] = {}
-    if progress:
-        print(f"[device] CPU comparison on {cfg['cpu_workload'].label} ...", flush=True)
+    say = print if progress else (lambda *a, **k: None)
+    say(f"[device] CPU comparison on {cfg['cpu_workload'].label} ...", flush=True)
     cpu = _cpu_comparison(cfg)
     gc.collect()  # the comparison's buffers (gigabytes at full size) go before the GPU part
     base = cpu["timings"]["numpy buffer"]["median"]
     base_out = cpu["timings"]["numpy buffer+out"]["median"]
     for case, t in cpu["timings"].items():
+        ratio_base = base_out if case.endswith("+out") else base
         rows.append(
-            {
-                "part": "cpu",
-                "workload": cpu["workload"],
-                "case": case,
-                "status": "measured",
-                "ms_median": 1e3 * t["median"],
-                "ms_min": 1e3 * t["min"],
-                "ms_max": 1e3 * t["max"],
-                "time_vs_numpy": t["median"] / (base_out if case.endswith("+out") else base),
-            }
+            _measured("cpu", cpu["workload"], case, t, time_vs_numpy=t["median"] / ratio_base)
         )
     ratio = cpu["timings"]["torch backend (cpu)"]["median"] / base
     ratio_out = cpu["timings"]["torch backend (cpu)+out"]["median"] / base_out
-    if progress:
-        print(
-            f"[device] torch backend (cpu) / numpy buffer: {ratio:.2f} ({ratio_out:.2f} with out=)"
-        )
+    say(f"[device] torch backend (cpu) / numpy buffer: {ratio:.2f} ({ratio_out:.2f} with out=)")
     gpu: dict[str, Any] = {}
     for workload in cfg["workloads"]:
         if status is not None:
@@ -255,9 +395,8 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 for case in GPU_CASES
             ]
             continue
-        if progress:
-            print(f"[device] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
-        timings, skip = _gpu_rounds(workload, cfg)
+        say(f"[device] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
+        timings, skip = _gpu_rounds(workload, cfg, device)
         _release_gpu_memory()
         skipped.update(skip)
         host = timings["host buffer + to_torch(pinned, non_blocking)"]["median"]
@@ -270,24 +409,82 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 continue
             t = timings[case]
             rows.append(
-                {
-                    "part": "gpu",
-                    "workload": workload.label,
-                    "case": case,
-                    "status": "measured",
-                    "ms_median": 1e3 * t["median"],
-                    "ms_min": 1e3 * t["min"],
-                    "ms_max": 1e3 * t["max"],
-                    "time_vs_host_to_torch": t["median"] / host,
-                }
+                _measured("gpu", workload.label, case, t, time_vs_host_to_torch=t["median"] / host)
             )
-        gpu[workload.label] = {case: round(timings[case]["median"] / host, 3) for case in timings}
-        if progress:
-            print(
-                f"[device] {workload.label}: "
-                + ", ".join(f"{k} {1e3 * v['median']:.2f} ms" for k, v in timings.items()),
-                flush=True,
+        gpu[workload.label] = {case: round(timings[case]["median"] / host, 4) for case in timings}
+        say(
+            f"[device] {workload.label}: "
+            + ", ".join(f"{k} {1e3 * v['median']:.2f} ms" for k, v in timings.items()),
+            flush=True,
+        )
+    # prioritized sample + update at a large capacity
+    per_label = f"{cfg['per_workload'].label} capacity {cfg['per_capacity']}"
+    per: dict[str, Any] | str = status if status is not None else {}
+    if status is None:
+        say(f"[device] prioritized at {per_label} ...", flush=True)
+        per_t, skip = _per_rounds(cfg, device)
+        _release_gpu_memory()
+        skipped.update(skip)
+        ours = per_t["device buffer prioritized"]["median"]
+        for case in PER_CASES:
+            if case not in per_t:
+                status_row = skip.get(case, "not measured")
+                rows.append(
+                    {"part": "per", "workload": per_label, "case": case, "status": status_row}
+                )
+                continue
+            rows.append(
+                _measured(
+                    "per", per_label, case, per_t[case], time_vs_ours=per_t[case]["median"] / ours
+                )
             )
+        assert isinstance(per, dict)
+        if "torchrl prioritized" in per_t:
+            per["torchrl_vs_ours"] = round(per_t["torchrl prioritized"]["median"] / ours, 3)
+        say(
+            "[device] prioritized: "
+            + ", ".join(f"{k} {1e3 * v['median']:.3f} ms" for k, v in per_t.items()),
+            flush=True,
+        )
+    else:
+        rows += [
+            {"part": "per", "workload": per_label, "case": case, "status": status}
+            for case in PER_CASES
+        ]
+    # end to end: seconds per 100 env steps
+    e2e_label = cfg["e2e_workload"].label
+    e2e: dict[str, Any] | str = status if status is not None else {}
+    if status is None:
+        say(f"[device] end to end at {e2e_label} ...", flush=True)
+        e2e_t, skip = _end_to_end(cfg, device)
+        _release_gpu_memory()
+        skipped.update(skip)
+        faithful = e2e_t.get("faithful", {}).get("median")
+        for case in E2E_CONFIGS:
+            if case not in e2e_t:
+                reason = skip.get(case, "not measured")
+                rows.append({"part": "e2e", "workload": e2e_label, "case": case, "status": reason})
+                continue
+            t = e2e_t[case]
+            row = _measured("e2e", e2e_label, case, t)
+            row["update_ms"] = 1e3 * t["update_s"]
+            row["env_step_ms"] = 1e3 * t["env_step_s"]
+            if faithful:
+                row["speedup_vs_faithful"] = faithful / t["median"]
+            rows.append(row)
+        assert isinstance(e2e, dict)
+        if faithful:
+            e2e.update({k: round(faithful / v["median"], 3) for k, v in e2e_t.items()})
+        say(
+            "[device] per 100 env steps: "
+            + ", ".join(f"{k} {1e3 * v['median']:.1f} ms" for k, v in e2e_t.items()),
+            flush=True,
+        )
+    else:
+        rows += [
+            {"part": "e2e", "workload": e2e_label, "case": case, "status": status}
+            for case in E2E_CONFIGS
+        ]
     summary: dict[str, Any] = {
         "cpu": {
             "workload": cpu["workload"],
@@ -297,6 +494,8 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             "meets_target": bool(ratio <= CPU_TARGET),
         },
         "gpu_time_vs_host_to_torch": gpu if status is None else status,
+        "per_time_torchrl_vs_ours": per,
+        "e2e_speedup_vs_faithful": e2e,
         "skipped": skipped,
     }
     import torch
@@ -307,12 +506,26 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         "repeats": cfg["repeats"],
         "workloads": [w.label for w in cfg["workloads"]],
         "cpu_workload": cfg["cpu_workload"].label,
+        "per": {"workload": cfg["per_workload"].label, "capacity": cfg["per_capacity"]},
+        "e2e": {
+            "workload": e2e_label,
+            "capacity": cfg["e2e_capacity"],
+            "batch_size": cfg["e2e_batch"],
+            "repeats": cfg["e2e_repeats"],
+            "steps": E2E_STEPS,
+            "configs": E2E_CONFIGS,
+        },
         "threads": threads,
         "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if status is None else status,
+        "device": device,
+        "gpu": (
+            torch.cuda.get_device_name(0)
+            if status is None and device.startswith("cuda")
+            else status or "the CPU (a test of the suite, not a GPU figure)"
+        ),
     }
     columns = ["part", "workload", "case", "status", "ms_median", "time_vs_numpy"]
-    columns.append("time_vs_host_to_torch")
+    columns += ["time_vs_host_to_torch", "time_vs_ours", "speedup_vs_faithful"]
     return {
         "config": config,
         "rows": rows,

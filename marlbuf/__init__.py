@@ -5,7 +5,7 @@
 subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench]``).
 """
 
-from marlbuf.batch import Batch, TorchBatch
+from marlbuf.batch import Batch, SequenceBatch, TorchBatch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 
@@ -17,6 +17,7 @@ __all__ = [
     "Batch",
     "FieldSpec",
     "MultiAgentReplayBuffer",
+    "SequenceBatch",
     "TorchBatch",
     "__version__",
     "specs_from_env",

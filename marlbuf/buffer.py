@@ -97,6 +97,17 @@ class MultiAgentReplayBuffer:
         Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
         Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
         (keep torch at one thread) and is a runtime setting, not saved with the buffer.
+    global_fields : mapping of str to FieldSpec, optional
+        Fields stored once per step for all agents (e.g. a SMAC-style global ``state``:
+        ``{"state": FieldSpec((48,))}``), in the same rows. Writes take each as a keyword
+        argument holding one array of its shape (with the leading axis of ``extend`` /
+        ``add_envs``); batches hold them in ``batch.globals[name]``, shape ``(B, *shape)``.
+        Per-agent extra fields are declared in the specs (``AgentSpec(extras=...)``).
+    alive : bool, default False
+        Store an alive flag per agent per step (one byte each; ``batch.alive[agent]``, shape
+        ``(B,)``, bool). An agent missing from a step's ``obs`` is then stored **absent**
+        (zero-filled where not given, alive False) instead of being an error, and writes accept
+        ``alive={agent: bool}`` to set the flags explicitly.
     device : str, optional
         ``None`` (default): this NumPy buffer. ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: the
         constructor returns the torch backend instead, a
@@ -337,8 +348,9 @@ class MultiAgentReplayBuffer:
         ``truncated`` (a bool, or per agent a dict or a sequence in agent order; any True counts)
         marks the step as the last of its episode without termination (a time limit). Episodes
         matter to sequence sampling (:class:`marlbuf.samplers.Sequence`): an episode ends at a
-        step where every agent is done or that is truncated, and the stream's next step begins
-        a new one. Other samplers accept and ignore it.
+        step where every agent is done (every alive agent, with ``alive=True``) or that is
+        truncated, and the stream's next step begins a new one. Other samplers accept and
+        ignore it.
 
         Declared extra fields are keyword arguments, per agent like ``obs`` (``hidden={agent:
         array of the FieldSpec's shape}``); each global field is one array of its shape
@@ -932,11 +944,14 @@ class MultiAgentReplayBuffer:
                 self._mapped.checkpoint(self, sync=True)
 
     def _stored_ends(self, size: int) -> np.ndarray:
-        """Per filled slot (shape (size,), bool), whether every agent's stored done is set."""
+        """Per filled slot (shape (size,), bool), whether every (alive) agent's stored done is
+        set."""
         every = np.ones(size, dtype=bool)
         for agent in self.specs:
-            done = self.storage.read_field("done", agent, size)
-            every &= np.asarray(done != 0).reshape(size, -1).all(axis=1)
+            done = np.asarray(self.storage.read_field("done", agent, size) != 0)
+            if self.alive:
+                done = done | ~np.asarray(self.storage.read_field(ALIVE, agent, size))
+            every &= done.reshape(size, -1).all(axis=1)
         return every
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -1066,12 +1081,28 @@ def _check_memory(
 
 def _done_reader(codec: RowCodec) -> Any:
     """A function of staged rows (shape (T, row_words), uint64) that returns, per row, whether
-    every agent's ``done`` is nonzero (shape (T,), bool): the termination of an episode."""
+    every agent's ``done`` is nonzero (shape (T,), bool): the termination of an episode. With
+    an alive mask, agents that are not alive at the step do not count (a step without any
+    alive agent ends its episode)."""
     slots = [fs for fs in codec.slots if fs.field == "done"]
     first, last = slots[0], slots[-1]
     packed = all(fs.dtype == first.dtype and len(fs.shape) == 0 for fs in slots) and all(
         a.offset + a.nbytes == b.offset for a, b in itertools.pairwise(slots)
     )
+    if codec.alive:
+        alive = [fs for fs in codec.slots if fs.field == ALIVE]
+        alive_lo, alive_hi = alive[0].offset, alive[-1].offset + alive[-1].nbytes
+
+        def read_alive(rows: np.ndarray) -> np.ndarray:
+            raw = rows.view(np.uint8)
+            mask = raw[:, alive_lo:alive_hi].view(np.bool_)
+            every = np.ones(rows.shape[0], dtype=bool)
+            for k, fs in enumerate(slots):
+                flags = raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)
+                every &= (flags[:, 0] != 0) | ~mask[:, k]
+            return every
+
+        return read_alive
     if packed:  # one view of all agents' flags
         lo, hi = first.offset, last.offset + last.nbytes
 

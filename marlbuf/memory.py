@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marlbuf import _config
 from marlbuf.spec import AgentSpec, FieldSpec, interleaved_row_layout, row_fields
@@ -172,15 +172,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=1e6, help="transitions")
     parser.add_argument("--layout", choices=("interleaved", "agent_major"), default="interleaved")
     parser.add_argument("--episode-length", type=int, default=DEFAULT_EPISODE_LENGTH)
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=0,
+        help="a float32 extra field of this many values per agent (e.g. an RNN state)",
+    )
+    parser.add_argument(
+        "--state", type=int, default=0, help="a float32 global field of this many values"
+    )
+    parser.add_argument("--alive", action="store_true", help="an alive flag per agent per step")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.capacity < 1 or not float(args.capacity).is_integer():
         return error("marlbuf memory", "--agents and --capacity must be positive integers")
+    if args.hidden < 0 or args.state < 0:
+        return error("marlbuf memory", "--hidden and --state must be >= 0")
     from marlbuf.bench.workloads import Workload
 
     workload = Workload(args.env, args.agents)
-    specs = workload.specs()
+    extras = {"hidden": FieldSpec((args.hidden,))} if args.hidden else {}
+    specs = {a: replace(s, extras=extras) for a, s in workload.specs().items()}
+    global_fields = {"state": FieldSpec((args.state,))} if args.state else {}
     half = {
-        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16") for a, s in specs.items()
+        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16", extras=extras)
+        for a, s in specs.items()
     }
     capacity = int(args.capacity)
     print(f"{workload.label} ({workload.n_trainers} agents), capacity {capacity:,}:")
@@ -191,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         ("stored once + float16 obs", half, "once"),
     ):
         est = estimate(
-            fmt_specs, capacity, args.layout, next_obs, episode_length=args.episode_length
+            fmt_specs,
+            capacity,
+            args.layout,
+            next_obs,
+            episode_length=args.episode_length,
+            global_fields=global_fields,
+            alive=args.alive,
         )
         dense = dense or est
         ratio = est.bytes_per_transition / dense.bytes_per_transition

@@ -578,7 +578,8 @@ class Sequence(Sampler):
     ``s``, or ends before ``s + length - 1``), or that are no longer or not yet stored, are
     masked: their ``mask`` entry is False, ``slots`` is -1 and every field is zero. A sequence
     never mixes two episodes or two streams (see :class:`marlbuf.writer.EpisodeIndex`: an
-    episode ends where every agent is done or the step was written with ``truncated=True``).
+    episode ends where every (alive) agent is done or the step was written with
+    ``truncated=True``).
     Starts are drawn with replacement (independent draws), so the batch may be larger than the
     number of stored starts.
 
@@ -675,6 +676,7 @@ class Sequence(Sampler):
         )
         self.batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
         self._fresh_priorities = False
+        self._zeros = np.zeros(self.trees.n_trees if self.trees is not None else 0, np.float64)
 
     def attach_episodes(self, episodes: EpisodeIndex) -> None:
         """Read the buffer's episode index (called by the buffer at construction)."""
@@ -693,7 +695,7 @@ class Sequence(Sampler):
         if valid:
             trees.fill_new(slots)
         else:
-            zeros = np.zeros(trees.n_trees, dtype=np.float64)
+            zeros = self._zeros
             fill_new_slots(trees.sums, trees.maxes, trees.leaf_offset, slots, zeros, zeros, False)
 
     def on_write(self, slots: np.ndarray) -> None:
@@ -707,7 +709,11 @@ class Sequence(Sampler):
         # being one when overwritten (its successors are newer, so they outlive it)
         self.startable[slots] = False
         self._set(slots, False)
-        ancestors = self._index().sequences(slots, self.length - 1, 0)[:, 0]
+        index = self._index()
+        slots = slots[index.step[slots] >= self.length - 1]  # early steps have no such ancestor
+        if not slots.shape[0]:
+            return
+        ancestors = index.sequences(slots, self.length - 1, 0)[:, 0]
         ancestors = ancestors[ancestors >= 0]
         self.startable[ancestors] = True
         self._set(ancestors, True)
@@ -834,6 +840,7 @@ class Sequence(Sampler):
         """Recompute which slots may start a sequence from the episode index (after a state
         was loaded) and keep the trees consistent with it: 0 for every other slot."""
         index = self._index()
+        self.valid_steps[:] = 0  # hand-out records of the previous contents
         if not self.pad:
             self.startable[:] = False
             chunk = max(1, _config.SEQUENCE_REBUILD_SLOTS // self.length)

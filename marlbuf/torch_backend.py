@@ -258,6 +258,32 @@ class RowLayout:
                 first = stop
 
 
+#: row width of :func:`running_max`'s two-level scan
+_SCAN_ROW = 1024
+
+
+def running_max(x: Tensor) -> Tensor:
+    """Inclusive running maximum of a 1-D tensor (``torch.cummax(x, 0).values``), computed as
+    a scan of rows of :data:`_SCAN_ROW` elements carried across rows.
+
+    Equal to ``cummax`` element for element (a maximum does not round). On a GPU,
+    ``cummax`` along one long row runs in a single thread block (milliseconds at 10^6
+    elements); the rows here are scanned in parallel and only the ``n / 1024`` row ends
+    are scanned in one block.
+    """
+    n = int(x.shape[0])
+    if n <= 4 * _SCAN_ROW:
+        return torch.cummax(x, 0).values
+    rows = n // _SCAN_ROW
+    head = torch.cummax(x[: rows * _SCAN_ROW].view(rows, _SCAN_ROW), dim=1).values
+    carry = torch.cummax(head[:, -1], 0).values  # running maximum of the row ends
+    head[1:] = torch.maximum(head[1:], carry[:-1, None])
+    if rows * _SCAN_ROW == n:
+        return head.view(-1)
+    tail = torch.maximum(torch.cummax(x[rows * _SCAN_ROW :], 0).values, carry[-1])
+    return torch.cat([head.view(-1), tail])
+
+
 def _itemsize(dt: torch.dtype) -> int:
     return torch.empty(0, dtype=dt).element_size()
 
@@ -637,10 +663,9 @@ class _DevicePrioritized(_DeviceSampler):
             leaves = self.leaves[t, :cap]
             torch.cumsum(leaves, dim=0, out=self._cum[t])
             if self.device.type != "cpu":
-                cum = self._cum[t].masked_fill(leaves == 0.0, 0.0)
-                torch.cummax(
-                    cum, dim=0, out=(self._cum[t], torch.empty_like(cum, dtype=torch.int64))
-                )
+                # a parallel scan may round a later prefix below an earlier one, and an empty
+                # slot must not own any target: flatten both with a running maximum
+                self._cum[t] = running_max(self._cum[t].masked_fill(leaves == 0.0, 0.0))
             if self.locality:
                 self._max[t] = self.priorities[t, :cap].max()
             self._dirty[t] = False

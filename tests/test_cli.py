@@ -116,3 +116,20 @@ def test_memory_command_prints_every_format(capsys):
     assert "CN-3" in out and "stored once + float16" in out and "x dense" in out
     assert cli.main(["memory", "--agents", "0"]) == 2
     assert "positive integers" in capsys.readouterr().err
+
+
+def test_memory_command_counts_extra_fields(capsys):
+    from marlbuf import cli
+
+    assert cli.main(["memory", "--agents", "3", "--capacity", "1e4"]) == 0
+    plain = capsys.readouterr().out
+    args = ["memory", "--agents", "3", "--capacity", "1e4", "--hidden", "64", "--state", "8"]
+    assert cli.main([*args, "--alive"]) == 0
+    extra = capsys.readouterr().out
+
+    def stored(text):
+        return int(text.split("bytes per transition: ")[1].split(" stored")[0].replace(",", ""))
+
+    # 3 agents x 64 float32 + 8 float32 + 3 bytes more, rows padded to 64 bytes
+    assert stored(extra) - stored(plain) > 3 * 64 * 4 + 8 * 4 + 3 - 64
+    assert cli.main(["memory", "--hidden", "-1"]) == 2

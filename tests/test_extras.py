@@ -529,14 +529,20 @@ def test_state_save_load_round_trip(tmp_path, layout, next_obs):
     assert len(plain) == 0
 
 
-def test_mapped_buffer_reopens_with_extras(tmp_path):
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "killed"])
+@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
+def test_mapped_buffer_reopens_with_extras(tmp_path, layout, closed):
     data, rng = run_episode_data(SPECS, GLOBALS, 7, 20)
     folder = tmp_path / "mapped"
     naive = NaiveFields(SPECS, 16, GLOBALS, True)
-    with MultiAgentReplayBuffer(
-        SPECS, 16, path=folder, global_fields=GLOBALS, alive=True, layout="agent_major"
-    ) as buf:
-        write(buf, naive, data, rng)
+    buf = MultiAgentReplayBuffer(
+        SPECS, 16, path=folder, global_fields=GLOBALS, alive=True, layout=layout
+    )
+    write(buf, naive, data, rng)
+    if closed:
+        buf.close()
+    else:
+        buf._mapped.release()  # as if the process had died: the log is replayed
     reopened = MultiAgentReplayBuffer.open(folder)
     try:
         assert reopened.global_fields == GLOBALS and reopened.alive
@@ -798,3 +804,95 @@ def test_uniform_sampler_with_absent_agents_full_round():
     for batch in buf.sample_for_trainers(10):
         check_batch(batch, naive, batch.indices)
         assert batch.globals == {}
+
+
+def test_pettingzoo_adapter_stores_departed_agents_absent():
+    from marlbuf.compat.pettingzoo import add_parallel_step
+
+    buf = MultiAgentReplayBuffer(
+        PACKED_SPECS, 4, global_fields={"state": FieldSpec((2,))}, alive=True
+    )
+    agents = list(PACKED_SPECS)
+    keep = agents[:2]  # agent_2 left the episode: gone from every dict of the step
+    ones = lambda *shape: {a: np.ones(shape, np.float32) for a in keep}  # noqa: E731
+    gone = add_parallel_step(
+        buf,
+        ones(4),
+        ones(2),
+        {a: 1.0 for a in keep},
+        ones(4),
+        {a: False for a in keep},
+        terminal="terminated",
+        hidden=ones(3),
+        avail={a: np.ones(2, bool) for a in agents},  # an entry for the absent agent: dropped
+        state=np.ones(2, np.float32),
+    )
+    assert gone == ["agent_2"]
+    batch = buf.gather([0])
+    assert [bool(batch.alive[a][0]) for a in agents] == [True, True, False]
+    assert not batch.obs["agent_2"].any() and not batch.avail["agent_2"].any()
+    assert batch.hidden["agent_0"][0].tolist() == [1.0] * 3
+    assert batch.state[0].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_sequences_carry_extras_globals_and_alive(batch_layout):
+    from marlbuf.samplers import Sequence
+
+    data, rng = run_episode_data(SPECS, GLOBALS, 10, 40)
+    buf = MultiAgentReplayBuffer(
+        SPECS,
+        32,
+        sampler=Sequence(length=3, burn_in=2),
+        batch_layout=batch_layout,
+        global_fields=GLOBALS,
+        alive=True,
+        seed=0,
+    )
+    naive = NaiveFields(SPECS, 32, GLOBALS, True)
+    write(buf, naive, data, rng)
+    batch = buf.sample(6)
+    n, steps = batch.mask.shape
+    flat = batch.slots.reshape(-1)
+    valid = flat >= 0
+    for name in ("hidden", "avail", "count"):
+        for agent in SPECS:
+            got = batch.extras[name][agent].reshape(n * steps, *SPECS[agent].shape(name))
+            want = np.stack(
+                [widen(naive.slots[int(s)][name][agent], "float32") for s in flat[valid]]
+            )
+            assert bits(got[valid]) == bits(want)
+            assert not got[~valid].any()
+    state = batch.globals["state"].reshape(n * steps, 5)
+    assert bits(state[valid]) == bits(
+        np.stack([naive.slots[int(s)]["globals"]["state"] for s in flat[valid]])
+    )
+    alive = batch.alive["a"].reshape(-1)
+    assert alive[valid].tolist() == [naive.slots[int(s)]["alive"]["a"] for s in flat[valid]]
+    assert not alive[~valid].any()
+
+
+def test_an_episode_ends_when_every_alive_agent_is_done():
+    from marlbuf.samplers import Sequence
+
+    buf = MultiAgentReplayBuffer(PACKED_SPECS, 16, sampler=Sequence(length=2), alive=True)
+    agents = list(PACKED_SPECS)
+
+    def step(present, done):
+        ones = lambda *shape: {a: np.ones(shape, np.float32) for a in present}  # noqa: E731
+        buf.add(
+            ones(4),
+            ones(2),
+            ones(),
+            ones(4),
+            {a: float(a in done) for a in present},
+            hidden=ones(3),
+            avail={a: np.ones(2, bool) for a in present},
+        )
+
+    step(agents, {"agent_0"})  # agent_0 dies: the others go on
+    step(agents[1:], set())
+    step(agents[1:], set(agents[1:]))  # every alive agent done (agent_0 absent): ends here
+    step(agents, set())
+    assert buf.episodes is not None
+    np.testing.assert_array_equal(buf.episodes.episode[:4], [0, 0, 0, 1])

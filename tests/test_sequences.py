@@ -697,3 +697,18 @@ def test_config_round_trip_and_memory_estimate() -> None:
     with_index = estimate(SPECS, 1000, episodes=True)
     assert with_index.metadata_bytes - plain.metadata_bytes >= 1000 * 33
     assert isinstance(EpisodeIndex(10).nbytes, int)
+
+
+def test_sharded_buffer_refuses_sequences() -> None:
+    pytest.importorskip("ray")
+    from marlbuf.distributed import ShardedReplayBuffer
+
+    with pytest.raises(TypeError, match="does not sample sequences"):
+        ShardedReplayBuffer(SPECS, 100, n_shards=2, sampler=Sequence(length=2))
+
+
+def test_explicit_gather_stays_a_plain_batch() -> None:
+    driver = Driver(make(30))
+    driver.extend(20)
+    batch = driver.buf.gather(np.arange(5))
+    assert type(batch) is Batch and batch.obs["agent_0"].shape == (5, 3)

@@ -115,6 +115,7 @@ def add_parallel_step(
     terminal: str | None = None,
     pad_missing: bool = False,
     truncation_is_done: bool | None = None,
+    **fields: Any,
 ) -> list[str]:
     """Store one parallel-API step: ``obs`` before it, then ``env.step``'s outputs.
 
@@ -135,6 +136,11 @@ def add_parallel_step(
         An agent of the buffer that is absent from the step's dicts (it left the episode
         earlier) raises ``ValueError`` by default. With ``True`` it is stored as an absorbing
         transition: zero observation, action, reward and next observation, ``done = 1``.
+        A buffer built with ``alive=True`` stores such an agent **absent** instead (every field
+        zero-filled, alive False), without ``pad_missing``.
+    **fields
+        The buffer's extra and global fields, passed on to ``buf.add`` (extras keyed by agent;
+        an absent agent's entries are dropped).
     truncation_is_done : bool, optional
         Deprecated spelling: ``True`` is ``terminal="terminated_or_truncated"``, ``False`` is
         ``terminal="terminated"`` (warns ``DeprecationWarning``).
@@ -142,7 +148,7 @@ def add_parallel_step(
     Returns
     -------
     list of str
-        The agents that were padded (empty unless ``pad_missing``).
+        The agents that were padded (``pad_missing``) or stored absent (``alive=True``).
     """
     terminal = _check_terminal(terminal, truncation_is_done)
     or_truncated = terminal == "terminated_or_truncated"
@@ -159,6 +165,31 @@ def add_parallel_step(
         raise ValueError("terminal='terminated_or_truncated' needs the truncations dict; got None")
     agents = buf.agents
     missing = sorted({a for a in agents for d in dicts.values() if a not in d})
+    if missing and getattr(buf, "alive", False):
+        # stored absent: every dict without those agents (the buffer zero-fills them)
+        keep = [a for a in agents if a not in missing]
+        unknown = sorted({a for d in dicts.values() for a in d if a not in buf.specs})
+        if unknown:
+            raise ValueError(f"agents {unknown} are not in the buffer (agents {agents})")
+        dones = {
+            a: bool(terminations[a])
+            or (or_truncated and truncations is not None and bool(truncations[a]))
+            for a in keep
+        }
+        buf.add(
+            {a: obs[a] for a in keep},
+            {a: actions[a] for a in keep},
+            {a: rewards[a] for a in keep},
+            {a: next_obs[a] for a in keep},
+            dones,
+            **{
+                name: {a: v for a, v in value.items() if a in keep}
+                if isinstance(value, Mapping)
+                else value
+                for name, value in fields.items()
+            },
+        )
+        return missing
     if missing and not pad_missing:
         where = [n for n, d in dicts.items() if any(a not in d for a in missing)]
         raise ValueError(
@@ -191,7 +222,7 @@ def add_parallel_step(
         row["reward"][agent] = rewards[agent]
         row["next_obs"][agent] = next_obs[agent]
         row["done"][agent] = done
-    buf.add(**row)
+    buf.add(**row, **fields)
     return missing
 
 
