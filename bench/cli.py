@@ -40,6 +40,7 @@ SUITES: dict[str, str] = {
     "distributed": "marlbuf.bench.distributed",
     "concurrency": "marlbuf.bench.concurrency",
     "precision": "marlbuf.bench.precision",
+    "sequences": "marlbuf.bench.sequences",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

@@ -221,6 +221,25 @@ class SequenceBatch(Batch):
         return converted
 
 
+def _per_step(
+    value: Any, shape: tuple[int, int], hidden: np.ndarray | None, zeroed: np.ndarray | None
+) -> Any:
+    """``value`` (an array of ``B * L`` rows, or a nested dict of them; anything else is
+    returned as is) with its ``hidden`` rows zeroed (unless it lies in ``zeroed``, a block
+    already zeroed) and reshaped to ``(B, L, ...)``. A module-level function, not a recursive
+    closure: a closure that calls itself is a reference cycle, which would keep the batch's
+    pooled block busy until the cyclic collector runs (each sample would then fault in a
+    fresh block)."""
+    if isinstance(value, dict):
+        return {key: _per_step(item, shape, hidden, zeroed) for key, item in value.items()}
+    n, steps = shape
+    if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n * steps:
+        if hidden is not None and not (zeroed is not None and np.may_share_memory(value, zeroed)):
+            value[hidden] = 0
+        return value.reshape(n, steps, *value.shape[1:])
+    return value
+
+
 def as_sequences(
     flat: Batch,
     mask: np.ndarray,
@@ -251,17 +270,9 @@ def as_sequences(
         assert block is not None
         block[hidden] = 0  # rows layout: every field of a masked step at once
 
-    def per_step(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: per_step(item) for key, item in value.items()}
-        if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == rows:
-            if any_hidden and not (whole_rows and np.may_share_memory(value, block)):
-                value[hidden] = 0
-            return value.reshape(n, steps, *value.shape[1:])
-        return value
-
+    skip = block if whole_rows else None  # already zeroed as whole rows
     fields = {
-        f.name: per_step(getattr(flat, f.name))
+        f.name: _per_step(getattr(flat, f.name), mask.shape, hidden if any_hidden else None, skip)
         for f in dataclasses.fields(flat)
         if f.name not in _BATCH_META
     }

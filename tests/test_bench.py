@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from marlbuf.bench import cli, common
@@ -134,3 +135,74 @@ def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
     assert {r["format"] for r in payload["rows"]} == {"dense", "lean16"}
     for row in payload["rows"]:
         assert row["lock_cost"] > 0 and row["threaded_vs_sequential"] > 0
+
+
+def test_sequences_suite_runs_and_has_its_cases(monkeypatch):
+    from marlbuf.bench import sequences
+
+    tiny = dict(sequences.QUICK, capacity=7_500, scaling=[1_000, 2_500], memory_capacity=500)
+    tiny["repeats"] = 2
+    monkeypatch.setattr(sequences, "QUICK", tiny)
+    payload = sequences.run(quick=True, progress=False)
+    check_schema(payload)
+    by_part: dict[str, list[dict]] = {}
+    for row in payload["rows"]:
+        by_part.setdefault(row["part"], []).append(row)
+    sampled = {r["case"] for r in by_part["sampling"]}
+    assert {"padded_episodes/L=32", "padded_episodes/L=40", "padded_episodes_whole"} <= sampled
+    assert {"marlbuf/L=32", "marlbuf/L=40"} <= sampled or "marlbuf Sequence(burn_in=0)" in (
+        payload["summary"]["skipped"]
+    )
+    if "torchrl" not in payload["summary"]["skipped"]:
+        assert {"torchrl_pad/L=32", "torchrl_ragged/L=32", "torchrl_pad_cached/L=40"} <= sampled
+    for row in by_part["sampling"]:
+        assert row["ms_median"] > 0
+    assert {r["capacity"] for r in by_part["scaling"]} == {1_000, 2_500}
+    assert {r["episodes"] for r in by_part["memory"]} == {"length 25", "mixed 5-25"}
+    for row in by_part["memory"]:  # padding: more bytes per real step for shorter episodes
+        assert row["padded_bytes_per_step"] > 0
+    full, mixed = by_part["memory"]
+    assert mixed["padded_bytes_per_step"] > full["padded_bytes_per_step"]
+
+
+def test_padded_episode_windows_match_the_episodes():
+    from marlbuf.bench.padded_episodes import PaddedEpisodeBuffer, PaddedField
+
+    max_t, n_agents, count = 6, 2, 9
+    lengths = np.array([6, 1, 3, 6, 2, 5, 4, 6, 1])
+    buf = PaddedEpisodeBuffer(
+        {"obs": PaddedField((1,)), "state": PaddedField((1,), per_agent=False)},
+        n_agents=n_agents,
+        n_episodes=7,  # the ring wraps: the first two episodes are overwritten
+        max_t=max_t,
+        seed=3,
+    )
+    code = 100 * np.arange(count)[:, None] + np.arange(max_t + 1) + 1.0  # episode, step
+    episodes = {
+        "obs": np.repeat(code[:, :, None, None], n_agents, axis=2),
+        "state": code[:, :, None].copy(),
+    }
+    for part in (slice(0, 5), slice(5, count)):  # the second batch wraps around the ring
+        buf.insert_episode_batch({k: v[part] for k, v in episodes.items()}, lengths[part])
+    assert buf.episodes_in_buffer == 7 and buf.index == 2
+    held = {int(buf.data["state"][slot, 0, 0]) // 100: slot for slot in range(7)}
+    assert sorted(held) == [2, 3, 4, 5, 6, 7, 8]
+    for _ in range(20):
+        out = buf.sample_sequences(5, length=4)
+        assert out["obs"].shape == (5, 4, n_agents, 1) and out["mask"].shape == (5, 4)
+        for b in range(5):
+            first = out["state"][b, 0, 0]
+            episode, start = int(first) // 100, int(first) % 100 - 1
+            length = lengths[episode]
+            for t in range(4):
+                step = start + t
+                real = step < length
+                assert out["mask"][b, t] == real
+                want = code[episode, step] if real else 0.0
+                assert out["state"][b, t, 0] == want and (out["obs"][b, t] == want).all()
+                nxt = code[episode, step + 1] if step + 1 <= length else 0.0
+                assert (out["next_obs"][b, t] == nxt).all()
+                assert out["terminated"][b, t] == (step == length - 1)
+    whole = buf.sample_episodes(3)
+    assert whole["obs"].shape == (3, max_t + 1, n_agents, 1)
+    assert (whole["filled"][:, :, 0].sum(axis=1) - 1 <= max_t).all()

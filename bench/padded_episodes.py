@@ -1,0 +1,208 @@
+"""A padded-episode replay buffer in the style of EPyMARL's ``EpisodeBatch`` (NumPy only).
+
+The sequence baseline of the ``sequences`` suite. It mirrors the design of the episode buffer
+used by PyMARL/EPyMARL (QMIX, MAPPO, ... with recurrent agents), written here from its
+description, not from its code:
+
+* **Whole episodes, padded.** Storage is one array per field with leading axes
+  ``(n_episodes, max_t + 1)``: every episode slot has room for ``max_t`` transitions plus the
+  observation after the last one, whatever the episode's real length. Per-agent fields add an
+  agent axis (``(n_episodes, max_t + 1, n_agents, *shape)``: agents stacked, so all agents
+  must share a shape), global fields do not (``(n_episodes, max_t + 1, *shape)``).
+* **A ``filled`` mask** (int64, ``(n_episodes, max_t + 1, 1)``: EPyMARL keeps it as a long
+  tensor) marks the real steps: steps ``0 .. length`` (the observation after the last
+  transition included); padding is zeros. ``terminated`` is one uint8 per step (EPyMARL's
+  episode-level flag), not one per agent.
+* **Next observations are not stored**: the observation of step ``t + 1`` is the next
+  observation of step ``t`` (learners slice ``obs[:, :-1]`` and ``obs[:, 1:]``).
+* **Writes are whole episodes** into a ring of episode slots (``insert_episode_batch``), as
+  EPyMARL's runners insert finished episodes; the slot is overwritten with its padding.
+* **Sampling draws episode slots** uniformly without replacement among the stored episodes and
+  copies those whole padded episodes (every field, all ``max_t + 1`` steps), as
+  ``ReplayBuffer.sample`` followed by indexing the ``EpisodeBatch`` does.
+
+:meth:`PaddedEpisodeBuffer.sample_sequences` adds what the ``sequences`` suite compares against
+``marlbuf``'s ``Sequence`` sampler: after gathering B whole episodes, it slices from each a
+window of ``length`` transitions starting at a step drawn uniformly among the episode's real
+transitions (steps past the episode end are zero-filled and masked, like a ``SequenceBatch``).
+EPyMARL itself trains on whole episodes (:meth:`sample_episodes`); the window is the extra
+step a learner with fixed-length sequences (an R2D2-style learner) would take on this layout.
+
+Deviations: sampling uses a ``numpy.random.Generator`` (``choice(..., replace=False)``, which
+does not permute all stored episodes as the legacy ``np.random.choice`` does: this favours the
+baseline); actions are stored as the MADDPG-style float vectors the other buffers of the suite
+hold, not as EPyMARL's integer actions plus one-hot copies; no ``avail_actions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PaddedField:
+    """One field of the padded layout: its per-step shape and dtype, per agent or global."""
+
+    shape: tuple[int, ...]
+    dtype: Any = np.float32
+    per_agent: bool = True
+
+
+class PaddedEpisodeBuffer:
+    """Episodes padded to ``max_t + 1`` steps in a ring of ``n_episodes`` slots.
+
+    Parameters
+    ----------
+    fields : mapping of name to PaddedField
+        The stored fields (``filled`` and ``terminated`` are added).
+    n_agents : int
+    n_episodes : int
+        Episode slots (EPyMARL's ``buffer_size`` counts episodes, not steps).
+    max_t : int
+        Longest episode, in transitions (EPyMARL's ``episode_limit``).
+    seed : int
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[str, PaddedField],
+        n_agents: int,
+        n_episodes: int,
+        max_t: int,
+        seed: int = 0,
+    ) -> None:
+        if "filled" in fields or "terminated" in fields:
+            raise ValueError("'filled' and 'terminated' are added by the buffer; do not declare")
+        self.n_agents = int(n_agents)
+        self.n_episodes = int(n_episodes)
+        self.max_t = int(max_t)
+        self.fields = dict(fields)
+        steps = (self.n_episodes, self.max_t + 1)
+        self.data: dict[str, np.ndarray] = {
+            name: np.zeros(
+                steps + ((self.n_agents,) if f.per_agent else ()) + tuple(f.shape), f.dtype
+            )
+            for name, f in self.fields.items()
+        }
+        self.data["terminated"] = np.zeros((*steps, 1), np.uint8)
+        self.data["filled"] = np.zeros((*steps, 1), np.int64)
+        self.lengths = np.zeros(self.n_episodes, np.int64)  # transitions per stored episode
+        self.index = 0  # next episode slot to write (ring)
+        self.episodes_in_buffer = 0
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the padded arrays (``filled`` and ``terminated`` included)."""
+        return sum(a.nbytes for a in self.data.values())
+
+    def insert_episode_batch(self, episodes: Mapping[str, np.ndarray], lengths: np.ndarray) -> None:
+        """Store E finished episodes.
+
+        Parameters
+        ----------
+        episodes : mapping of name to ndarray
+            Every declared field, shape ``(E, max_t + 1, [n_agents,] *shape)``: step ``t`` of
+            episode ``e`` at ``[e, t]``; the observation after the last transition at
+            ``[e, lengths[e]]``; anything past that is overwritten with zeros.
+        lengths : ndarray of int, shape (E,)
+            Transitions per episode, 1 .. max_t.
+        """
+        lengths = np.asarray(lengths, np.int64)
+        count = lengths.shape[0]
+        if count > self.n_episodes:
+            raise ValueError(f"{count} episodes do not fit in {self.n_episodes} slots")
+        if lengths.min() < 1 or lengths.max() > self.max_t:
+            raise ValueError(f"episode lengths must be in 1..{self.max_t}; got {lengths}")
+        slots = (self.index + np.arange(count)) % self.n_episodes  # ring of episode slots
+        steps = np.arange(self.max_t + 1)
+        filled = steps[None, :] <= lengths[:, None]  # (E, max_t + 1): real steps and last obs
+        for name in self.fields:
+            block = np.asarray(episodes[name], self.data[name].dtype)
+            pad = filled.reshape(filled.shape + (1,) * (block.ndim - 2))
+            self.data[name][slots] = np.where(pad, block, 0)  # padding written as zeros
+        self.data["filled"][slots] = filled[..., None]
+        terminated = np.zeros((count, self.max_t + 1, 1), np.uint8)
+        terminated[np.arange(count), lengths - 1, 0] = 1
+        self.data["terminated"][slots] = terminated
+        self.lengths[slots] = lengths
+        self.index = int((self.index + count) % self.n_episodes)
+        self.episodes_in_buffer = min(self.n_episodes, self.episodes_in_buffer + count)
+
+    def _episode_ids(self, batch_size: int) -> np.ndarray:
+        if batch_size > self.episodes_in_buffer:
+            raise ValueError(
+                f"batch_size={batch_size} exceeds the {self.episodes_in_buffer} stored episodes"
+            )
+        return self.rng.choice(self.episodes_in_buffer, batch_size, replace=False)
+
+    def sample_episodes(self, batch_size: int) -> dict[str, np.ndarray]:
+        """B whole padded episodes: every field ``(B, max_t + 1, ...)`` (copies)."""
+        ids = self._episode_ids(batch_size)
+        return {name: array[ids] for name, array in self.data.items()}
+
+    def sample_sequences(self, batch_size: int, length: int) -> dict[str, np.ndarray]:
+        """B windows of ``length`` transitions, cut from B whole episodes gathered first.
+
+        Returns
+        -------
+        dict
+            Every declared field ``(B, length, [n_agents,] *shape)``; ``next_obs`` (the
+            ``obs`` window shifted by one step); ``mask`` ``(B, length)`` bool, True on real
+            transitions; ``terminated`` ``(B, length)`` uint8. Masked steps are zeros.
+        """
+        episodes = self.sample_episodes(batch_size)  # the whole padded episodes, copied
+        lengths = episodes["filled"][:, :, 0].sum(axis=1) - 1  # transitions per episode
+        starts = (self.rng.random(batch_size) * lengths).astype(np.int64)
+        steps = starts[:, None] + np.arange(length + 1)  # length transitions + the next obs
+        mask = steps[:, :length] < lengths[:, None]  # real transitions
+        # flat row of every window step in the gathered episodes, clipped to the episode slot
+        # (clipped steps are masked and zeroed below)
+        flat = np.arange(batch_size)[:, None] * (self.max_t + 1) + np.minimum(steps, self.max_t)
+        cuts = {"next_obs": ("obs", flat[:, 1:].ravel())}
+        cuts |= {name: (name, flat[:, :length].ravel()) for name in episodes if name != "filled"}
+        masked = ~mask.ravel()
+        out: dict[str, np.ndarray] = {}
+        for name, (source, rows) in cuts.items():
+            array = episodes[source]
+            cut = array.reshape((-1, *array.shape[2:])).take(rows, axis=0)
+            cut[masked] = 0  # steps past the episode end
+            out[name] = cut.reshape((batch_size, length, *array.shape[2:]))
+        out["terminated"] = out["terminated"][..., 0]
+        out["mask"] = mask
+        return out
+
+
+def from_stream(
+    stream: Mapping[str, Mapping[str, np.ndarray]], episode_length: int
+) -> dict[str, np.ndarray]:
+    """Cut a stream of equal-length episodes (``extend``-style per-agent dicts with a leading
+    T axis, T a multiple of ``episode_length``, starting at an episode start) into the padded
+    layout: ``obs`` ``(E, episode_length + 1, n_agents, *obs_shape)`` (the last step's
+    next_obs after each episode), ``action`` ``(E, episode_length + 1, n_agents, *shape)``,
+    ``reward`` ``(E, episode_length + 1, n_agents)`` (zero at the final step).
+    """
+
+    def stacked(field: str) -> np.ndarray:
+        return np.stack(list(stream[field].values()), axis=1)  # (T, n_agents, ...)
+
+    obs, next_obs = stacked("obs"), stacked("next_obs")
+    steps = obs.shape[0]
+    if steps % episode_length:
+        raise ValueError(f"{steps} steps are not whole episodes of {episode_length}")
+    count = steps // episode_length
+    out = {}
+    for field, last in (
+        ("obs", next_obs[episode_length - 1 :: episode_length]),
+        ("action", None),
+        ("reward", None),
+    ):
+        values = obs if field == "obs" else stacked(field)
+        per_episode = values.reshape((count, episode_length, *values.shape[1:]))
+        final = np.zeros_like(per_episode[:, :1]) if last is None else last[:, None]
+        out[field] = np.concatenate([per_episode, final], axis=1)
+    return out
