@@ -186,13 +186,19 @@ class RecurrentMADDPG:
         return [torch.zeros(1, self.cfg.hidden) for _ in range(self.n)]
 
     @torch.no_grad()
-    def act(self, obs: list[np.ndarray], states: list[Tensor]) -> tuple[np.ndarray, list[Tensor]]:
-        """Gumbel-softmax actions (n, A) float32 for one step, and the agents' next states."""
+    def act(
+        self, obs: list[np.ndarray], states: list[Tensor], explore: bool = True
+    ) -> tuple[np.ndarray, list[Tensor]]:
+        """Actions (n, A) float32 for one step, and the agents' next states: Gumbel-softmax
+        samples (``explore=True``, as in training) or the softmax of the logits."""
         actions, new_states = [], []
         for actor, o, s in zip(self.actors, obs, states):
             logits, new = actor.step(torch.from_numpy(o)[None], s)
-            noise = draw_uniform(tuple(logits.shape), self.generator, logits.dtype)
-            actions.append(gumbel_softmax(logits, noise)[0].numpy())
+            if explore:
+                noise = draw_uniform(tuple(logits.shape), self.generator, logits.dtype)
+                actions.append(gumbel_softmax(logits, noise)[0].numpy())
+            else:
+                actions.append(torch.softmax(logits, -1)[0].numpy())
             new_states.append(new)
         return np.stack(actions).astype(np.float32), new_states
 
@@ -315,28 +321,25 @@ def _env_dims(config: RecurrentConfig) -> tuple[Any, list[int], int]:
 
 
 def evaluate(learner: RecurrentMADDPG, config: RecurrentConfig, episodes: int) -> list[float]:
-    """Returns of ``learner``'s policy (Gumbel-softmax actions, no learning) on ``episodes``
-    evaluation episodes; the environment's seed and the action noise are fixed (seed
-    ``10_000 + config.seed``), so two policies are compared on the same episodes."""
+    """Returns of ``learner``'s policy (no exploration noise: the softmax of its logits; no
+    learning) on ``episodes`` evaluation episodes, whose initial positions are fixed by the seed
+    ``10_000 + config.seed``: two policies are compared on the same episodes."""
     from marlbuf.envs import make
 
     env = make("cooperative_navigation", n_agents=config.n_agents, seed=10_000 + config.seed)
-    saved = learner.generator.get_state()
-    learner.generator.manual_seed(20_000 + config.seed)
     returns = []
     try:
         for _ in range(episodes):
             obs = _partial(env.reset(), config.hide_velocity)
             states = learner.initial_states()
             while True:
-                actions, states = learner.act(obs, states)
+                actions, states = learner.act(obs, states, explore=False)
                 full, _, _, info = env.step(actions)
                 obs = _partial(full, config.hide_velocity)
                 if info["episode_over"]:
                     returns.append(float(np.sum(info["original_return"])))
                     break
     finally:
-        learner.generator.set_state(saved)
         env.close()
     return returns
 

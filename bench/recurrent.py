@@ -5,9 +5,9 @@ Each agent's observation lacks its own velocity; the actors are GRUs trained fro
 ``Sequence(length=16, burn_in=8)`` batches of 32 sequences; the critics see the full state (a
 global field). Per seed: the training curve (mean return per block of episodes, in the original
 MPE's units), and the returns of the untrained and the trained policy on the same evaluation
-episodes (fixed environment seed and action noise). The run **learns** when, for every seed, the
-trained policy's mean evaluation return exceeds the untrained one's by more than twice the
-standard error of that difference.
+episodes (fixed initial positions, actions without exploration noise). The run **learns** when,
+for every seed, the trained policy's mean evaluation return exceeds the untrained one's by more
+than twice the standard error of the mean paired difference (same episodes before and after).
 
 Run ``marlbuf bench recurrent`` (about 10 minutes per seed on a 2-core machine, seeds in
 parallel); the figure is :func:`plot` (``bench/results/figures/recurrent.png``).
@@ -28,9 +28,9 @@ SUITE = "recurrent"
 
 FULL: dict[str, Any] = {
     "seeds": [0, 1, 2],
-    "episodes": 3000,
+    "episodes": 4000,
     "block": 100,
-    "eval_episodes": 50,
+    "eval_episodes": 200,
     "settings": {},
 }
 QUICK: dict[str, Any] = {
@@ -55,12 +55,9 @@ def train_seed(seed: int, cfg: dict[str, Any]) -> dict[str, Any]:
     usable = len(returns) // block * block
     curve = returns[:usable].reshape(-1, block).mean(axis=1)
     before, after = np.array(result.eval_before), np.array(result.eval_after)
-    gain = float(after.mean() - before.mean())
-    stderr = float(
-        np.sqrt(before.var(ddof=1) / len(before) + after.var(ddof=1) / len(after))
-        if len(before) > 1
-        else float("nan")
-    )
+    paired = after - before  # the same evaluation episodes before and after training
+    gain = float(paired.mean())
+    stderr = float(paired.std(ddof=1) / np.sqrt(len(paired))) if len(paired) > 1 else float("nan")
     final = returns[-max(1, len(returns) // 10) :]
     return {
         "seed": seed,
