@@ -37,6 +37,7 @@ SUITES: dict[str, str] = {
     "locality": "marlbuf.bench.locality",
     "memory": "marlbuf.bench.memory",
     "device": "marlbuf.bench.device",
+    "recurrent": "marlbuf.bench.recurrent",
     "distributed": "marlbuf.bench.distributed",
     "concurrency": "marlbuf.bench.concurrency",
     "precision": "marlbuf.bench.precision",
@@ -47,7 +48,7 @@ SUITES: dict[str, str] = {
 #: (about 30 minutes on 2 cores), the locality sweep 30 more (reusing the reward study's runs
 #: where identical), the precision check 6 (float16 storage); name them to run them
 #: (``marlbuf bench rewards locality precision``)
-LONG_SUITES = ("rewards", "locality", "precision")
+LONG_SUITES = ("rewards", "locality", "precision", "recurrent")
 
 
 def _load(name: str) -> Any:

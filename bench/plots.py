@@ -209,6 +209,12 @@ def plot_locality(record: dict[str, Any], out: Path) -> Path:
     return plot(record, out)
 
 
+def plot_recurrent(record: dict[str, Any], out_dir: Path) -> Path:
+    from marlbuf.bench.recurrent import plot
+
+    return plot(record, out_dir)
+
+
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "sampling": plot_sampling,
     "layout": plot_layout,
@@ -217,6 +223,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "end_to_end": plot_end_to_end,
     "rewards": plot_rewards,
     "locality": plot_locality,
+    "recurrent": plot_recurrent,
 }
 
 
