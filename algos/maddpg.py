@@ -236,6 +236,26 @@ class Learner:
         raise NotImplementedError
 
 
+def _alive_masks(
+    batches: Sequence[Batch], agents: Sequence[str], tensor: Callable[[np.ndarray], Tensor]
+) -> tuple[Tensor, Tensor] | None:
+    """Masks of agents that come and go (buffers built with ``alive=True``), else None.
+
+    Returns ``present`` (K, N, B): agent j is present at the step of batch k's row b, and
+    ``next_present`` (K, N, B): it also acts at the next step (present and not done). The
+    learners weight trainer t's critic and actor losses by its own agent's ``present`` (an
+    absent agent's steps carry no loss) and zero the target actions of agents absent at the
+    next step (their stored actions there are zeros too).
+    """
+    alive = [b.alive for b in batches]
+    if any(a is None for a in alive):
+        return None
+    present = np.stack([np.stack([m[a] for a in agents]) for m in alive if m is not None])
+    done = np.stack([np.stack([b.done[a] for a in agents]) for b in batches])
+    next_present = present & (done == 0)
+    return tensor(present.astype(np.float32)), tensor(next_present.astype(np.float32))
+
+
 def _mlp(params: dict[str, Tensor], prefix: str, x: Tensor) -> Tensor:
     """The per-agent 3-layer MLP ``x @ W + b`` with ReLUs, from ``params[f"{prefix}.l0.W"]``..."""
     for i, layer in enumerate(LAYERS):
@@ -321,6 +341,8 @@ class LoopLearner(Learner):
         agents = batch.agents
         obs = [self._tensor(batch.obs[a]) for a in agents]
         act = [self._tensor(batch.action[a]) for a in agents]
+        masks = _alive_masks([batch], agents, self._tensor)
+        own = None if masks is None else masks[0][0, t]  # (B,): trainer t's agent present
         with phase("target_q"), torch.no_grad():
             next_obs = [self._tensor(batch.next_obs[a]) for a in agents]
             target_act = []
@@ -329,6 +351,8 @@ class LoopLearner(Learner):
                 a = gumbel_softmax(logits, noise.target_uniform[t, j])
                 if noise.smoothing is not None:
                     a = a + noise.smoothing[t, j]
+                if masks is not None:  # agents absent at the next step act not at all
+                    a = a * masks[1][0, j, :, None]
                 target_act.append(a)
             target_in = torch.cat(next_obs + target_act, dim=1)
             q_next = _mlp(params, "target_critic", target_in)[:, 0]
@@ -344,8 +368,10 @@ class LoopLearner(Learner):
             td_abs = np.empty(0, np.float32)
             for net in self.online_names[1:]:
                 td = _mlp(params, net, critic_in)[:, 0] - y
+                if own is not None:
+                    td = td * own  # an absent agent's steps carry no loss (and no priority)
                 sq = td.square() if weights is None else weights * td.square()
-                loss = sq.mean()
+                loss = sq.mean() if own is None else sq.sum() / own.sum().clamp(min=1.0)
                 self._step(t, net, loss)
                 if net == "critic":
                     critic_loss = float(loss.detach())
@@ -356,7 +382,12 @@ class LoopLearner(Learner):
                 joint = list(act)
                 joint[t] = gumbel_softmax(logits, noise.actor_uniform[t])
                 q = _mlp(params, "critic", torch.cat(obs + joint, dim=1))[:, 0]
-                loss = -q.mean() + cfg.actor_reg * logits.square().mean()
+                if own is None:
+                    loss = -q.mean() + cfg.actor_reg * logits.square().mean()
+                else:
+                    present = own.sum().clamp(min=1.0)
+                    reg = (logits.square().mean(dim=1) * own).sum() / present
+                    loss = -(q * own).sum() / present + cfg.actor_reg * reg
                 self._step(t, "actor", loss)
                 actor_loss = float(loss.detach())
         return critic_loss, actor_loss, td_abs
@@ -598,6 +629,7 @@ class BatchedLearner(Learner):
             critic_in=lambda: self._tensor(stack_fields(batches, "obs", "action")),
             weights=weights,
             own_obs_groups=own_obs_groups,
+            alive=lambda: _alive_masks(batches, agents, self._tensor),
         )
         return UpdateStats(
             critic_loss.double().cpu().numpy(),
@@ -618,23 +650,29 @@ class BatchedLearner(Learner):
         critic_in: Callable[[], Tensor],
         weights: Callable[[], Tensor | None],
         own_obs_groups: Callable[[], list[Any]],
+        alive: Callable[[], tuple[Tensor, Tensor] | None] = lambda: None,
     ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
         """One update round of every trainer on inputs the caller provides (each asked for
         inside its phase): every trainer's next observations (T, B, S), target-actor logits
         (T, N, B, A), own reward/done (T, B), critic input (T, B, S + N*A), importance weights
-        (T, B) or None, own observations grouped by size. Returns the critic loss (T,), the TD
+        (T, B) or None, own observations grouped by size, and the alive masks of
+        :func:`_alive_masks` (None: every agent present). Returns the critic loss (T,), the TD
         errors (T, B), the actor loss (T,) or None, and whether actors were updated; all
         detached, on the learner's device."""
         cfg = self.config
         n, act_dim = self.n_trainers, self.action_dim
         noise = self.draw_round_noise(batch_size)
         actor_updates = self.actor_updates_now()
+        masks = alive()
+        own_alive = None if masks is None else masks[0].diagonal(dim1=0, dim2=1).T  # (T, B)
         with phase("target_q"), torch.no_grad():
             next_in = next_obs()  # (T, B, S)
             logits = target_logits()  # (T, N, B, A)
             target_act = gumbel_softmax(logits, noise.target_uniform)
             if noise.smoothing is not None:
                 target_act = target_act + noise.smoothing
+            if masks is not None:  # agents absent at the next step act not at all
+                target_act = target_act * masks[1][..., None]
             target_act = target_act.transpose(1, 2).reshape(n, batch_size, n * act_dim)
             q_next = self._critic_split("target_critic", next_in, target_act)
             if cfg.twin_critics:
@@ -648,8 +686,13 @@ class BatchedLearner(Learner):
             critic_loss = td_errors = None
             for net in self.online_names[1:]:
                 td = self._stacked_mlp(net, joint_in)[..., 0] - y
+                if own_alive is not None:
+                    td = td * own_alive  # an absent agent's steps carry no loss (no priority)
                 sq = td.square() if w is None else w * td.square()
-                per_trainer = sq.mean(dim=1)
+                if own_alive is None:
+                    per_trainer = sq.mean(dim=1)
+                else:
+                    per_trainer = sq.sum(dim=1) / own_alive.sum(dim=1).clamp(min=1.0)
                 self._step(net, per_trainer.sum())
                 if net == "critic":
                     critic_loss, td_errors = per_trainer.detach(), td.detach()
@@ -663,7 +706,13 @@ class BatchedLearner(Learner):
                 q = self._critic_split(
                     "critic", joint_in[..., : self.obs_total], joint.view(n, batch_size, -1)
                 )
-                per_trainer = -q.mean(dim=1) + cfg.actor_reg * logits.square().mean(dim=(1, 2))
+                if own_alive is None:
+                    reg = logits.square().mean(dim=(1, 2))
+                    per_trainer = -q.mean(dim=1) + cfg.actor_reg * reg
+                else:
+                    present = own_alive.sum(dim=1).clamp(min=1.0)
+                    reg = (logits.square().mean(dim=2) * own_alive).sum(dim=1) / present
+                    per_trainer = -(q * own_alive).sum(dim=1) / present + cfg.actor_reg * reg
                 self._step("actor", per_trainer.sum())
                 actor_loss = per_trainer.detach()
                 for net in self.online_names:

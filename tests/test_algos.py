@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections import Counter
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from marlbuf import MultiAgentReplayBuffer  # noqa: E402
+from marlbuf import FIELDS, MultiAgentReplayBuffer  # noqa: E402
 from marlbuf.algos import (  # noqa: E402
     BatchedLearner,
     LoopLearner,
@@ -373,3 +374,72 @@ def test_float16_observation_storage_trains_on_float32_batches() -> None:
         runner.close()
     with pytest.raises(ValueError, match="obs_dtype must be 'float32' or 'float16'"):
         TrainConfig(obs_dtype="float64").validate()
+
+
+# ----------------------------------------------------------------- agents that come and go
+def _buffer_with_absent_agents(workload: Workload) -> Any:
+    """Random steps where each agent is absent from about a quarter of the steps (zero-filled,
+    alive False), stored one step at a time as a PettingZoo loop would."""
+    specs = workload.specs()
+    buf = MultiAgentReplayBuffer(specs, capacity=400, seed=1, alive=True)
+    rng = np.random.default_rng(5)
+    data = random_steps(specs, 300, rng)
+    for t in range(300):
+        present = [a for a in specs if rng.random() > 0.25] or [next(iter(specs))]
+        buf.add(
+            *({a: data[f][a][t] for a in present} for f in FIELDS),
+            alive={a: a in present for a in specs},
+        )
+    return buf
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_learners_ignore_absent_agents(algo: str) -> None:
+    workload = Workload("cooperative_navigation", 3)
+    buf = _buffer_with_absent_agents(workload)
+    batches = buf.sample_for_trainers(64)
+    assert not all(b.alive[a].all() for b in batches for a in b.agents)
+    # garbage where it must not matter: the reward, done and weight of every absent step
+    changed = [copy.deepcopy(b) for b in batches]
+    for b in changed:
+        for a in b.agents:
+            b.reward[a][~b.alive[a]] = 1e3
+            b.done[a][~b.alive[a]] = 0.5
+    config = TrainConfig(algo=algo, batch_size=64)
+    for make in (LoopLearner, BatchedLearner):
+        a = make(config, workload.obs_dims(), 5, seed=3, dtype=F64)
+        b = make(config, workload.obs_dims(), 5, seed=3, dtype=F64)
+        stats_a, stats_b = a.update(batches), b.update(changed)
+        np.testing.assert_array_equal(stats_a.critic_loss, stats_b.critic_loss)
+        assert max_param_diff(a, b) == 0.0
+        for batch, td in zip(batches, stats_a.td_errors):  # absent steps: no priority
+            t = batch.trainer
+            assert (td[~batch.alive[batch.agents[t]]] == 0).all()
+
+
+def test_both_formulations_agree_with_absent_agents() -> None:
+    workload = Workload("cooperative_navigation", 3)
+    buf = _buffer_with_absent_agents(workload)
+    loop, batched = learners(TrainConfig(batch_size=64), workload, F64)
+    for _ in range(3):
+        batches = buf.sample_for_trainers(64)
+        a, b = loop.update(batches), batched.update(batches)
+        np.testing.assert_allclose(a.critic_loss, b.critic_loss, rtol=1e-9)
+    assert max_param_diff(loop, batched) <= 1e-10
+
+
+def test_alive_masks_mark_who_acts_at_the_next_step() -> None:
+    from marlbuf.algos.maddpg import _alive_masks
+
+    workload = Workload("cooperative_navigation", 3)
+    buf = _buffer_with_absent_agents(workload)
+    batch = buf.sample(32)
+    for b in (batch,):
+        for a in b.agents:
+            b.done[a][:5] = 1.0  # present but done: no action at the next step
+    present, next_present = _alive_masks([batch], batch.agents, torch.from_numpy)
+    for j, a in enumerate(batch.agents):
+        np.testing.assert_array_equal(present[0, j].numpy(), batch.alive[a])
+        expected = batch.alive[a] & (batch.done[a] == 0)
+        np.testing.assert_array_equal(next_present[0, j].numpy(), expected)
+    assert _alive_masks(filled_buffer(workload).sample_for_trainers(8), batch.agents, None) is None

@@ -579,3 +579,94 @@ def test_openai_adapter_on_a_real_mpe2_episode() -> None:
         index = own.make_index(32)
         for buf, ref in zip(buffers, naive):
             assert_same(buf.sample_index(index), ref.sample_index(index))
+
+
+class _ComeAndGo:
+    """A PettingZoo-style parallel environment (PettingZoo itself not needed) whose agents leave
+    the step dicts after they terminate and rejoin two steps later; every episode is truncated
+    at step 12. Observations encode (episode, step, agent) so that stored rows can be traced
+    back to the step that wrote them."""
+
+    def __init__(self, seed: int) -> None:
+        self.possible_agents = ["a0", "a1", "a2"]
+        self.rng = np.random.default_rng(seed)
+        self.episode = -1
+
+    def observe(self) -> dict[str, np.ndarray]:
+        return {
+            a: np.array([self.episode, self.t, i, 1.0], np.float32)
+            for i, a in enumerate(self.possible_agents)
+            if a in self.agents
+        }
+
+    def reset(self) -> dict[str, np.ndarray]:
+        self.episode += 1
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        self.away: dict[str, int] = {}
+        return self.observe()
+
+    def step(self, actions: dict[str, np.ndarray]) -> tuple[dict[str, object], ...]:
+        self.t += 1
+        over = self.t == 12
+        terminations = {a: bool(self.rng.random() < 0.2) and not over for a in self.agents}
+        truncations = {a: over for a in self.agents}
+        rewards = {a: 1.0 for a in self.agents}
+        next_obs = self.observe()  # the present agents' observations after the step
+        for a in list(self.away):
+            self.away[a] -= 1
+            if self.away[a] == 0:
+                del self.away[a]  # back from the next step on
+        self.away.update({a: 2 for a, gone in terminations.items() if gone})
+        self.agents = [] if over else [a for a in self.possible_agents if a not in self.away]
+        return next_obs, rewards, terminations, truncations
+
+
+def test_pettingzoo_agents_that_leave_and_rejoin_are_stored_absent() -> None:
+    from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    from marlbuf.compat.pettingzoo import add_parallel_step
+    from marlbuf.samplers import Sequence
+
+    env = _ComeAndGo(seed=0)
+    specs = {a: AgentSpec(obs_shape=(4,), action_shape=(2,)) for a in env.possible_agents}
+    buf = MultiAgentReplayBuffer(specs, 200, alive=True, sampler=Sequence(length=12), seed=0)
+    written: list[dict[str, np.ndarray]] = []
+    for _ in range(8):
+        obs = env.reset()
+        while env.agents:
+            actions = {a: np.ones(2, np.float32) for a in obs}
+            next_obs, rewards, terms, truncs = env.step(actions)
+            add_parallel_step(
+                buf, obs, actions, rewards, next_obs, terms, truncs, terminal="terminated"
+            )
+            written.append(obs)
+            obs = env.observe() if env.agents else {}
+    assert len(buf) == len(written) > 8
+    episode = [int(next(iter(step.values()))[0]) for step in written]  # episode of each slot
+    batch = buf.gather(np.arange(len(written)))
+    rejoined = 0
+    for slot, step_obs in enumerate(written):
+        for a in env.possible_agents:
+            present = a in step_obs
+            assert bool(batch.alive[a][slot]) == present
+            if present:
+                np.testing.assert_array_equal(batch.obs[a][slot], step_obs[a])
+                t = step_obs[a][1]
+                np.testing.assert_array_equal(batch.next_obs[a][slot][:2], [episode[slot], t + 1])
+            else:
+                assert not batch.obs[a][slot].any() and batch.reward[a][slot] == 0
+        same = slot and episode[slot - 1] == episode[slot]
+        if same and any(a not in written[slot - 1] for a in step_obs):
+            rejoined += 1
+    assert rejoined > 0  # agents came back within their episode
+    # sequences never reach into the next episode: one ends where the environment's episode
+    # ends (truncation at step 12, or every agent gone), or at a step where every present agent
+    # terminated (the buffer's rule; agents that rejoin later then start a new buffer episode)
+    seqs = buf.sample(32)
+    for b in range(32):
+        steps = seqs.slots[b][seqs.mask[b]]
+        assert (np.diff(steps) == 1).all()
+        assert len({episode[s] for s in steps}) == 1
+        end = steps[-1]
+        all_done = all(batch.done[a][end] for a in written[end])
+        assert end + 1 == len(episode) or episode[end + 1] != episode[end] or all_done

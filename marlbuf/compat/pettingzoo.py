@@ -165,6 +165,7 @@ def add_parallel_step(
         raise ValueError("terminal='terminated_or_truncated' needs the truncations dict; got None")
     agents = buf.agents
     missing = sorted({a for a in agents for d in dicts.values() if a not in d})
+    truncated = _episode_truncated(terminations, truncations, missing)
     if missing and getattr(buf, "alive", False):
         # stored absent: every dict without those agents (the buffer zero-fills them)
         keep = [a for a in agents if a not in missing]
@@ -182,6 +183,7 @@ def add_parallel_step(
             {a: rewards[a] for a in keep},
             {a: next_obs[a] for a in keep},
             dones,
+            truncated=truncated,
             **{
                 name: {a: v for a, v in value.items() if a in keep}
                 if isinstance(value, Mapping)
@@ -222,8 +224,24 @@ def add_parallel_step(
         row["reward"][agent] = rewards[agent]
         row["next_obs"][agent] = next_obs[agent]
         row["done"][agent] = done
-    buf.add(**row, **fields)
+    buf.add(**row, truncated=truncated, **fields)
     return missing
+
+
+def _episode_truncated(
+    terminations: Mapping[str, Any], truncations: Mapping[str, Any] | None, missing: list[str]
+) -> bool:
+    """Whether this step ends the episode by truncation, for the buffer's episode bookkeeping
+    (``add(truncated=...)``, which sequence sampling reads): every agent present in the step
+    is terminated or truncated (none remains for the next step), and one is truncated. An
+    episode whose present agents all terminate ends by the ``done`` flags instead."""
+    if truncations is None:
+        return False
+    present = [a for a in terminations if a not in missing]
+    if not present:
+        return False
+    gone = all(bool(terminations[a]) or bool(truncations.get(a, False)) for a in present)
+    return gone and any(bool(truncations.get(a, False)) for a in present)
 
 
 __all__ = ["TERMINAL_CONVENTIONS", "add_parallel_step", "buffer_from_env", "specs_from_env"]
