@@ -250,6 +250,7 @@ def as_sequences(
     weights: np.ndarray | None,
     trainer: int | None,
     sequence_class: type[SequenceBatch] | None = None,
+    zeroed: bool = False,
 ) -> SequenceBatch:
     """The :class:`SequenceBatch` of a batch ``flat`` gathered at the ``B * L`` slots of a
     sequence slot matrix, row-major (masked positions gathered from any valid slot).
@@ -263,7 +264,8 @@ def as_sequences(
     n, steps = mask.shape
     rows = n * steps
     hidden = ~mask.reshape(-1)
-    any_hidden = bool(hidden.any())
+    # zeroed: the gather wrote zeros at the masked positions already (slot -1)
+    any_hidden = not zeroed and bool(hidden.any())
     block = flat.block
     whole_rows = block is not None and block.ndim == 2 and block.shape[0] == rows
     if any_hidden and whole_rows:

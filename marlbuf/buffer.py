@@ -762,13 +762,17 @@ class MultiAgentReplayBuffer:
         burn_in = sequence.burn_in
         slots = self.episodes.sequences(starts, burn_in, sequence.length - 1)
         mask = slots >= 0
-        flat = np.where(mask, slots, starts[:, None]).reshape(-1)
+        zeroed = self.storage.zero_fills
+        # storages whose gather writes zeros for slot -1 skip the masked steps' copies
+        flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
         gathered = self._gather(flat, None, None, out_block)
         generations = self.writer.write_generation[starts]
         if self._handed is not None and trainer is not None:
             self._handed[trainer, starts] = generations
             sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
-        return as_sequences(gathered, mask, burn_in, slots, starts, generations, weights, trainer)
+        return as_sequences(
+            gathered, mask, burn_in, slots, starts, generations, weights, trainer, zeroed=zeroed
+        )
 
     def update_priorities(
         self,

@@ -263,6 +263,10 @@ class Storage(ABC):
       The ``agent_major`` layout always gathers this way.
     """
 
+    #: whether ``gather`` accepts the index -1 and writes zeros there (else every index must be
+    #: a filled slot)
+    zero_fills = False
+
     layout: str = ""
 
     def __init__(
@@ -554,6 +558,9 @@ class InterleavedStorage(Storage):
     :func:`marlbuf.spec.interleaved_row_layout`) and padded to a whole number of cache lines. The
     table is kept as 8-byte words so that the gather kernel moves words, not bytes.
     """
+
+    #: ``gather`` writes a row of zeros for the index -1 (sequence batches' masked steps)
+    zero_fills = True
 
     layout = "interleaved"
 

@@ -65,7 +65,8 @@ def gather_plan(
     side64, side32, side16, side8 : ndarray, shape (side_rows, side_units)
         The next_obs side table in the same four views (any one-row array without links).
     indices : ndarray, shape (batch,), int64
-        Filled slots (checked by the caller).
+        Filled slots (checked by the caller), or -1 for an output row whose every segment is
+        zero (the masked steps of a sequence batch).
     next_slot, side_row : ndarray, shape (capacity,), int64
         Observations stored once: successor slot or -1 and the side row (unused when no
         segment has ``seg_next``).
@@ -82,6 +83,18 @@ def gather_plan(
     # reference counting that dominates short segments)
     for i in range(indices.shape[0]):
         slot = indices[i]
+        if slot < 0:
+            for s in range(seg_kind.shape[0]):
+                kind = seg_kind[s]
+                dst0 = seg_dst[s] + i * seg_step[s]
+                for k in range(seg_len[s]):
+                    if kind == COPY64:
+                        out64[dst0 + k] = 0
+                    elif kind == COPY8:
+                        out8[dst0 + k] = 0
+                    else:  # COPY32 and half -> float32 both write 32-bit units
+                        out32[dst0 + k] = 0
+            continue
         successor = next_slot[slot] if next_slot.shape[0] else 0
         for s in range(seg_kind.shape[0]):
             kind = seg_kind[s]

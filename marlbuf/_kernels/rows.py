@@ -15,7 +15,8 @@ def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None
     table : ndarray, shape (capacity, width), any dtype, C-contiguous
         Source rows (an interleaved table viewed as 8-byte words, or one agent's field).
     indices : ndarray, shape (batch,), int64
-        Row numbers, each in ``[0, capacity)`` (checked by the caller).
+        Row numbers, each in ``[0, capacity)`` (checked by the caller), or -1 for an output row
+        of zeros (the masked steps of a sequence batch).
     out : ndarray, shape (batch, width), same dtype as ``table``, C-contiguous
         Destination; overwritten.
 
@@ -28,8 +29,12 @@ def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None
     """
     width = table.shape[1]
     for i in range(indices.shape[0]):
-        src = table[indices[i]]
         dst = out[i]
+        if indices[i] < 0:
+            for w in range(width):
+                dst[w] = 0
+            continue
+        src = table[indices[i]]
         for w in range(width):
             dst[w] = src[w]
 
@@ -116,7 +121,11 @@ def gather_rows_parallel(table: np.ndarray, indices: np.ndarray, out: np.ndarray
     """
     width = table.shape[1]
     for i in prange(indices.shape[0]):
-        src = table[indices[i]]
         dst = out[i]
+        if indices[i] < 0:
+            for w in range(width):
+                dst[w] = 0
+            continue
+        src = table[indices[i]]
         for w in range(width):
             dst[w] = src[w]
