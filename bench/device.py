@@ -381,6 +381,10 @@ def _measured(part: str, label: str, case: str, t: dict[str, Any], **ratios: Any
     }
 
 
+def _not_measured(part: str, label: str, cases: Any, status: str) -> list[dict[str, Any]]:
+    return [{"part": part, "workload": label, "case": case, "status": status} for case in cases]
+
+
 def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dict[str, Any]:
     """Measure the CPU comparison and, where a GPU is present, every GPU case.
 
@@ -413,10 +417,7 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
     gpu: dict[str, Any] = {}
     for workload in cfg["workloads"]:
         if status is not None:
-            rows += [
-                {"part": "gpu", "workload": workload.label, "case": case, "status": status}
-                for case in GPU_CASES
-            ]
+            rows += _not_measured("gpu", workload.label, GPU_CASES, status)
             continue
         say(f"[device] {workload.label}: filling {cfg['capacity']} steps ...", flush=True)
         timings, skip = _gpu_rounds(workload, cfg, device)
@@ -470,10 +471,7 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             flush=True,
         )
     else:
-        rows += [
-            {"part": "per", "workload": per_label, "case": case, "status": status}
-            for case in PER_CASES
-        ]
+        rows += _not_measured("per", per_label, PER_CASES, status)
     # end to end: seconds per 100 env steps
     e2e_label = cfg["e2e_workload"].label
     e2e: dict[str, Any] | str = status if status is not None else {}
@@ -504,10 +502,7 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             flush=True,
         )
     else:
-        rows += [
-            {"part": "e2e", "workload": e2e_label, "case": case, "status": status}
-            for case in E2E_CONFIGS
-        ]
+        rows += _not_measured("e2e", e2e_label, E2E_CONFIGS, status)
     summary: dict[str, Any] = {
         "cpu": {
             "workload": cpu["workload"],

@@ -136,6 +136,16 @@ def _not_enough_data(batch_size: int, size: int, need: int, what: str) -> ValueE
     )
 
 
+def _batches_drawn(state: dict[str, Any], n_trainers: int) -> np.ndarray:
+    """The ``batches_drawn`` counters of a prioritized sampler's state, checked."""
+    drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
+    if drawn.shape != (n_trainers,):
+        raise ValueError(
+            f"sampler state 'batches_drawn' has shape {drawn.shape}; expected {(n_trainers,)}"
+        )
+    return drawn
+
+
 class Uniform(Sampler):
     """Every filled slot equally likely.
 
@@ -366,12 +376,7 @@ class Prioritized(Sampler):
         return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
-        if drawn.shape != (self.n_trainers,):
-            raise ValueError(
-                f"sampler state 'batches_drawn' has shape {drawn.shape}; "
-                f"expected {(self.n_trainers,)}"
-            )
+        drawn = _batches_drawn(state, self.n_trainers)
         self.trees.load_state_dict(state)
         self.batches_drawn[:] = drawn
 
@@ -889,12 +894,7 @@ class Sequence(Sampler):
             self.batches_drawn[:] = 0
             self._fresh_priorities = True
             return
-        drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
-        if drawn.shape != (self.n_trainers,):
-            raise ValueError(
-                f"sampler state 'batches_drawn' has shape {drawn.shape}; "
-                f"expected {(self.n_trainers,)}"
-            )
+        drawn = _batches_drawn(state, self.n_trainers)
         self.trees.load_state_dict(state)
         self.batches_drawn[:] = drawn
         self._fresh_priorities = False
