@@ -32,7 +32,8 @@ warnings.simplefilter("ignore")  # warnings are not crashes; test_rejected_write
 import numpy as np
 from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer
 from marlbuf.batch import Batch
-from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform
+from marlbuf.batch import SequenceBatch
+from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Sequence, Uniform
 
 OK = (ValueError, TypeError, MemoryError)
 
@@ -55,6 +56,9 @@ def steps_data(specs, steps, rng):
 
 def check_batch(buf, batch, what):
     # a returned batch holds filled slots and the rows stored there
+    if isinstance(batch, SequenceBatch):
+        check_sequences(buf, batch, what)
+        return
     idx = batch.indices
     assert idx.ndim == 1 and (idx.size == 0 or (idx.min() >= 0 and idx.max() < len(buf))), (
         what, idx, len(buf))
@@ -65,6 +69,20 @@ def check_batch(buf, batch, what):
             assert got.shape == want.shape and got.dtype == want.dtype, (what, f, a, got.shape)
             assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), (
                 what, f, a, "rows differ from a fresh gather of the batch's indices")
+
+def check_sequences(buf, batch, what):
+    # every unmasked step holds the row of its slot, every masked step is zero
+    slots, mask = batch.slots, batch.mask
+    assert slots.shape == mask.shape and ((slots >= 0) == mask).all(), (what, "mask")
+    assert (slots[mask] < len(buf)).all(), (what, slots, len(buf))
+    fresh = buf.gather(slots[mask].copy())
+    for f in FIELDS:
+        for a in buf.specs:
+            got = batch.field(f)[a]
+            assert got.shape[:2] == mask.shape, (what, f, a, got.shape)
+            assert np.ascontiguousarray(got[mask]).tobytes() == np.ascontiguousarray(
+                fresh.field(f)[a]).tobytes(), (what, f, a, "steps differ from their slots")
+            assert not np.ascontiguousarray(got[~mask]).view(np.uint8).any(), (what, f, a)
 
 def fill(buf, steps, rng):
     buf.extend(**steps_data(buf.specs, steps, rng))
@@ -103,6 +121,9 @@ def rand_sampler(capacity):
         lambda: Neighbor(capacity + int(rng.integers(1, 4))),
         lambda: Prioritized(), lambda: Prioritized(priority="given"), lambda: PrioritizedNeighbor(),
         lambda: PrioritizedNeighbor(run_lengths=(1, 2, 64)),
+        lambda: Sequence(int(rng.integers(1, 5)), burn_in=int(rng.integers(0, 3))),
+        lambda: Sequence(2, pad=False), lambda: Sequence(3, prioritized=True),
+        lambda: Sequence(capacity + 1),
         lambda: "uniform", lambda: None,
     ])()
 
@@ -113,7 +134,8 @@ def new_buffer():
     n_trainers = pick([None, None, 1, 2, 5, 0, -2, 1.5])
     sampler = rand_sampler(capacity if isinstance(capacity, int) else 8)
     buf = MultiAgentReplayBuffer(specs, capacity, layout=layout, sampler=sampler,
-                                 seed=int(rng.integers(1 << 30)), n_trainers=n_trainers)
+                                 seed=int(rng.integers(1 << 30)), n_trainers=n_trainers,
+                                 alive=bool(rng.random() < 0.3))
     fill(buf, int(rng.integers(1, 3 * buf.capacity + 3)), rng)
     return buf
 
@@ -241,15 +263,19 @@ while ops < max_ops and time.monotonic() - start < budget:
             data = steps_data(buf.specs, None, rng)
             if rng.random() < 0.7:
                 corrupt(data, buf.specs, None)
-            log(ops, "add", buf)
-            buf.add(**data)
+            truncated = pick([False, False, True, {pick(list(buf.specs)): True}, "yes", None,
+                              np.ones(3, bool), 2])
+            log(ops, "add", repr(truncated)[:40], buf)
+            buf.add(**data, truncated=truncated)
         elif op == 1:
             steps = pick([1, 2, 5, buf.capacity, buf.capacity + 3])
             data = steps_data(buf.specs, steps, rng)
             if rng.random() < 0.7:
                 corrupt(data, buf.specs, steps)
-            log(ops, "extend", steps, buf)
-            buf.extend(**data)
+            truncated = pick([False, False, rng.random(steps) < 0.3, np.ones(steps + 1, bool),
+                              True, "x"])
+            log(ops, "extend", steps, repr(truncated)[:40], buf)
+            buf.extend(**data, truncated=truncated)
         elif op in (2, 3):
             size = rand_batch_size(buf)
             trainer = rand_trainer(buf)
