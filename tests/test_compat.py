@@ -670,3 +670,44 @@ def test_pettingzoo_agents_that_leave_and_rejoin_are_stored_absent() -> None:
         end = steps[-1]
         all_done = all(batch.done[a][end] for a in written[end])
         assert end + 1 == len(episode) or episode[end + 1] != episode[end] or all_done
+
+
+def test_a_pettingzoo_env_that_removes_agents_fills_an_alive_buffer() -> None:
+    # Knights-Archers-Zombies: knights and archers leave the step dicts when zombies kill them
+    kaz = pytest.importorskip("pettingzoo.butterfly.knights_archers_zombies_v11")
+    from marlbuf.compat.pettingzoo import add_parallel_step, buffer_from_env
+    from marlbuf.samplers import Sequence
+
+    env = kaz.parallel_env(max_zombies=20, spawn_delay=5, max_cycles=300)
+    buf = buffer_from_env(env, 2000, alive=True, sampler=Sequence(length=8), seed=0)
+    presence, episode_of = [], []
+    rng = np.random.default_rng(0)
+    for episode in range(3):
+        obs, _ = env.reset(seed=episode)
+        while env.agents:
+            actions = {a: int(rng.integers(6)) for a in env.agents}
+            next_obs, rewards, terms, truncs, _ = env.step(actions)
+            acting = set(obs) & set(actions)
+            add_parallel_step(
+                buf,
+                {a: obs[a] for a in acting},
+                {a: actions[a] for a in acting},
+                {a: rewards[a] for a in acting},
+                {a: next_obs[a] for a in acting},
+                {a: terms[a] for a in acting},
+                {a: truncs[a] for a in acting},
+                terminal="terminated",
+            )
+            presence.append(acting)
+            episode_of.append(episode)
+            obs = {a: next_obs[a] for a in env.agents}
+    assert any(len(p) < len(env.possible_agents) for p in presence)  # somebody was killed
+    batch = buf.gather(np.arange(len(presence)))
+    for a in env.possible_agents:
+        expected = np.array([a in p for p in presence])
+        np.testing.assert_array_equal(batch.alive[a], expected)
+        assert not batch.obs[a][~expected].any() and not batch.action[a][~expected].any()
+    seqs = buf.sample(64)
+    for b in range(64):
+        steps = seqs.slots[b][seqs.mask[b]]
+        assert (np.diff(steps) == 1).all() and len({episode_of[s] for s in steps}) == 1
