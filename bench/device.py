@@ -19,7 +19,8 @@ round ends with ``torch.cuda.synchronize()``:
 Prioritized part (same device): one trainer's ``sample(B)`` + ``update_priorities`` at a large
 capacity (1e6 transitions of CN-3 rows in the full run), against TorchRL's
 ``TensorDictPrioritizedReplayBuffer`` on a ``LazyTensorStorage`` on the same device
-(``sample()`` + ``update_priority``).
+(``sample()`` + ``update_priority``). The device buffer replays each deferred update as a
+captured CUDA graph once it is full; ``no CUDA graph`` launches the same kernels one by one.
 
 End-to-end part (same device, needs mpe2): seconds per 100 env steps of MADDPG at CN-24, the
 environment, action selection, buffer writes and the one update round that falls in every 100
@@ -89,7 +90,11 @@ E2E_CONFIGS: dict[str, dict[str, Any]] = {
     "marlbuf host buffer": {"formulation": "batched", "layout": "interleaved"},
     "marlbuf device buffer": {"formulation": "batched", "layout": "interleaved", "on_device": 1},
 }
-PER_CASES = ("device buffer prioritized", "torchrl prioritized")
+PER_CASES = (
+    "device buffer prioritized",
+    "device buffer prioritized, no CUDA graph",
+    "torchrl prioritized",
+)
 E2E_STEPS = 100
 
 GPU_CASES = (
@@ -254,23 +259,33 @@ def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
     capacity = cfg["per_capacity"]
     from marlbuf.torch_backend import TorchReplayBuffer
 
-    ours = MultiAgentReplayBuffer(
-        workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
+    ours, eager = (
+        MultiAgentReplayBuffer(
+            workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
+        )
+        for _ in range(2)
     )
-    assert isinstance(ours, TorchReplayBuffer)
+    assert isinstance(ours, TorchReplayBuffer) and isinstance(eager, TorchReplayBuffer)
+    eager._graphs = None  # every update launched kernel by kernel
     peers, skipped = _torchrl_buffers(capacity, torch.device(where), uniform=False)
-    _fill([ours], list(peers.values()), workload, capacity)
+    _fill([ours, eager], list(peers.values()), workload, capacity)
     sync = _sync(where)
     gen = torch.Generator(device=where).manual_seed(0)
     td = torch.rand(BATCH, generator=gen, device=where) + 0.01  # |TD| > 0, on the device
     td_host = td.cpu()
 
-    def ours_op() -> None:
-        batch = ours.sample(BATCH)
-        ours.update_priorities(batch.indices, td, sync=False)
-        sync()
+    def op(buf: Any) -> Callable[[], None]:
+        def run() -> None:
+            batch = buf.sample(BATCH)
+            buf.update_priorities(batch.indices, td, sync=False)
+            sync()
 
-    fns: dict[str, Callable[[], Any]] = {"device buffer prioritized": ours_op}
+        return run
+
+    fns: dict[str, Callable[[], Any]] = {
+        "device buffer prioritized": op(ours),
+        "device buffer prioritized, no CUDA graph": op(eager),
+    }
     for name, rb in peers.items():
 
         def peer_op(rb: Any = rb) -> None:
@@ -281,6 +296,9 @@ def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
         fns[name] = peer_op
     timings = time_interleaved(fns, repeats=cfg["repeats"] * 4, warmup=2)
     ours.check_priority_errors()
+    eager.check_priority_errors()
+    if ours.graph_error is not None:
+        skipped["CUDA graph of the priority update"] = ours.graph_error
     return timings, skipped
 
 

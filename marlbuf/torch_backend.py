@@ -1278,6 +1278,10 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
         self.writer = RingWriter(self.capacity)
         self._pending: Tensor | None = None  # first deferred priority-update error
         self._pending_one = True  # whether it came from update_priorities (one trainer)
+        #: captured CUDA graphs of deferred priority updates (None: not used; see
+        #: ``_graphed_record``), and why graphs were turned off, if they were
+        self._graphs: dict[tuple, tuple] | None = {} if self.device.type == "cuda" else None
+        self.graph_error: str | None = None
 
     def _gather_segments(
         self, batch_codec: RowCodec, once: bool
@@ -1920,34 +1924,135 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
                 )
             if not widths.pop():
                 return  # nothing to update
-            idx = torch.stack(idx_rows)
-            td = torch.stack(td_rows)
-            safe = idx.clamp(0, self.capacity - 1)  # memory-safe reads whatever the input
-            current = self._gens[safe]
+            idx = idx_rows[0][None] if len(idx_rows) == 1 else torch.stack(idx_rows)
+            td = td_rows[0][None] if len(td_rows) == 1 else torch.stack(td_rows)
+            given = None
             if generations is not None:
-                gens = torch.stack(gen_rows)
-            elif self._handed is not None:
-                handed = torch.gather(self._handed[trainers.start : trainers.stop], 1, safe)
-                gens = torch.where(handed < 0, current, handed)  # never handed out: a gather
-            else:
-                gens = current
-            stale = gens != current
-            in_range = None
-            if not host_checked:
-                bad = (idx < 0) | (idx >= self.size)
-                in_range = ~bad.any()
-            code = sampler.apply(trainers, safe, td, stale, in_range)
+                given = gen_rows[0][None] if len(gen_rows) == 1 else torch.stack(gen_rows)
+            if not host_checked and not sync:
+                graphed = self._graphed_record(trainers, idx, td, given)
+                if graphed is not None:  # the whole device update, replayed as one graph
+                    self._defer(graphed, one)
+                    return
+            code, in_range = self._update_body(trainers, idx, td, given, not host_checked)
             if host_checked:
                 return
             record = self._error_record(trainers, idx, td, code, in_range)
             if sync:
                 self._raise_record(record.tolist(), one)
-            elif self._pending is None:
-                self._pending = record
-                self._pending_one = one
-            else:  # keep the first error
-                first_ok = self._pending[0] == _OK
-                self._pending = torch.where(first_ok, record, self._pending)
+            else:
+                self._defer(record, one)
+
+    def _defer(self, record: Tensor, one: bool) -> None:
+        """Keep ``record`` as the pending error unless an earlier one is pending (on the
+        device: nothing waits)."""
+        if self._pending is None:
+            self._pending = record.clone()
+            self._pending_one = one
+        else:  # keep the first error
+            first_ok = self._pending[0] == _OK
+            self._pending = torch.where(first_ok, record, self._pending)
+
+    def _update_body(
+        self,
+        trainers: range,
+        idx: Tensor,
+        td: Tensor,
+        given: Tensor | None,
+        check_range: bool,
+        force_stale: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The device part of a priority update: stale guard, range check and the sampler's
+        ``apply``; returns the per-entry check code and the range verdict (or None).
+        ``force_stale`` (a bool tensor) marks every entry stale when true: the update then
+        changes nothing (a CUDA graph's warm-up)."""
+        sampler = self.device_sampler
+        assert isinstance(sampler, _DevicePrioritized)
+        safe = idx.clamp(0, self.capacity - 1)  # memory-safe reads whatever the input
+        current = self._gens[safe]
+        if given is not None:
+            gens = given
+        elif self._handed is not None:
+            handed = torch.gather(self._handed[trainers.start : trainers.stop], 1, safe)
+            gens = torch.where(handed < 0, current, handed)  # never handed out: a gather
+        else:
+            gens = current
+        stale = gens != current
+        if force_stale is not None:
+            stale = stale | force_stale
+        in_range = None
+        if check_range:
+            bad = (idx < 0) | (idx >= self.size)
+            in_range = ~bad.any()
+        return sampler.apply(trainers, safe, td, stale, in_range), in_range
+
+    def _graphed_record(
+        self, trainers: range, idx: Tensor, td: Tensor, given: Tensor | None
+    ) -> Tensor | None:
+        """Run a deferred device update as a replay of a captured CUDA graph and return its
+        error record, or None where graphs do not apply (not CUDA, graphs off, the buffer not
+        full — its size is part of the graph —, or torch's sync debug mode is on, under which
+        a capture would wait for the device).
+
+        One priority update is some 80 small kernels; launched one by one from Python, their
+        launch cost is several times their GPU time. A graph per (trainers, batch shape,
+        generations given) replays them with one launch after copying the inputs into its
+        static tensors. A capture that fails turns graphs off for this buffer (the eager path
+        is the same computation)."""
+        if (
+            self._graphs is None
+            or self.device.type != "cuda"
+            or self.size != self.capacity
+            or torch.cuda.get_sync_debug_mode() != 0
+        ):
+            return None
+        key = (trainers.start, trainers.stop, tuple(idx.shape), given is not None)
+        graph = self._graphs.get(key)
+        if graph is None:
+            try:
+                graph = self._capture(trainers, tuple(idx.shape), given is not None)
+            except Exception as exc:  # any failure: the eager path computes the same
+                self._graphs = None
+                self.graph_error = f"{type(exc).__name__}: {exc}"
+                return None
+            self._graphs[key] = graph
+        static_idx, static_td, static_given, record, cuda_graph = graph
+        static_idx.copy_(idx)
+        static_td.copy_(td)
+        if static_given is not None and given is not None:
+            static_given.copy_(given)
+        cuda_graph.replay()
+        sampler = self.device_sampler
+        assert isinstance(sampler, _DevicePrioritized)
+        for t in trainers:  # what apply() notes on the host at each call
+            sampler._dirty[t] = True
+        return record
+
+    def _capture(self, trainers: range, shape: tuple[int, ...], with_given: bool) -> tuple:
+        """Capture one deferred priority update (see :meth:`_graphed_record`)."""
+        dev = self.device
+        static_idx = torch.zeros(shape, dtype=torch.int64, device=dev)
+        static_td = torch.zeros(shape, dtype=torch.float64, device=dev)
+        static_given = torch.zeros(shape, dtype=torch.int64, device=dev) if with_given else None
+        warm_up = torch.ones((), dtype=torch.bool, device=dev)
+        record = torch.zeros(6, dtype=torch.float64, device=dev)
+
+        def body() -> None:
+            code, in_range = self._update_body(
+                trainers, static_idx, static_td, static_given, True, warm_up
+            )
+            record.copy_(self._error_record(trainers, static_idx, static_td, code, in_range))
+
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            body()  # warm-up: every entry stale, so nothing changes
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            body()
+        warm_up.fill_(False)  # the replays update
+        return static_idx, static_td, static_given, record, cuda_graph
 
     def _td_tensor(
         self, td_errors: Any, shape: tuple[int, ...], sampler: Any

@@ -1410,3 +1410,65 @@ def test_running_max_equals_cummax(n):
     y = torch.cumsum(x, 0)
     y[::3] -= 1e-12  # a scan that rounded a later prefix below an earlier one
     np.testing.assert_array_equal(running_max(y).numpy(), torch.cummax(y, 0).values.numpy())
+
+
+def test_a_warm_up_update_with_every_entry_stale_changes_nothing(mixed_specs):
+    # the CUDA graph of a priority update is warmed up with every entry forced stale
+    buf = MultiAgentReplayBuffer(mixed_specs, 64, sampler=Prioritized(), seed=0, device="cpu")
+    buf.extend(**random_step_data(mixed_specs, 80, np.random.default_rng(0)))
+    batch = buf.sample(16)
+    sampler = buf.device_sampler
+    leaves, top = sampler.leaf_view().clone(), sampler.max_priority.clone()
+    idx, td = batch.indices[None], torch.rand(1, 16, dtype=torch.float64) * 50
+    code, in_range = buf._update_body(range(0, 1), idx, td, None, True, torch.tensor(True))
+    # (dropped writes land in the spare column after the leaves)
+    assert torch.equal(sampler.leaf_view(), leaves) and torch.equal(sampler.max_priority, top)
+    assert bool(in_range) and (code == 0).all()
+    buf._update_body(range(0, 1), idx, td, None, True, torch.tensor(False))
+    assert not torch.equal(sampler.leaf_view(), leaves)  # without the flag: an update
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("sampler_cls", [Prioritized, PrioritizedNeighbor])
+def test_cuda_graphed_priority_updates_equal_eager_ones(mixed_specs, sampler_cls):
+    data = random_step_data(mixed_specs, 300, np.random.default_rng(0))
+    bufs = []
+    for graphs in (True, False):
+        buf = MultiAgentReplayBuffer(mixed_specs, 256, sampler=sampler_cls(), seed=0, device="cuda")
+        buf.extend(**data)
+        if not graphs:
+            buf._graphs = None
+        bufs.append(buf)
+    graphed, eager = bufs
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for round_ in range(12):
+        td = torch.rand(2, 32, generator=gen, device="cuda", dtype=torch.float64) * 4
+        if round_ == 7:
+            td[1, 5] = float("nan")  # a deferred error: reported later, changes nothing
+        draws = []
+        for buf in bufs:
+            batches = buf.sample_for_trainers(32)
+            use_gens = round_ % 2 == 0
+            buf.update_priorities_for_trainers(
+                [b.indices for b in batches],
+                td,
+                [b.generations for b in batches] if use_gens else None,
+                sync=False,
+            )
+            draws.append(torch.stack([b.indices for b in batches]))
+        assert torch.equal(draws[0], draws[1])
+        if round_ == 7:
+            for buf in bufs:
+                with pytest.raises(ValueError, match="td_errors must be finite"):
+                    buf.check_priority_errors()
+    assert graphed.graph_error is None and len(graphed._graphs) == 2  # with and without gens
+    a, b = graphed.device_sampler, eager.device_sampler
+    assert torch.equal(a.leaf_view(), b.leaf_view())
+    assert torch.equal(a.max_priority, b.max_priority)
+    with _device_waits_raise():  # a replay waits for nothing
+        batches = graphed.sample_for_trainers(32)
+        graphed.update_priorities_for_trainers(
+            [x.indices for x in batches], td, [x.generations for x in batches], sync=False
+        )
+    graphed.check_priority_errors()
