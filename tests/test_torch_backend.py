@@ -1412,6 +1412,13 @@ def test_running_max_equals_cummax(n):
     np.testing.assert_array_equal(running_max(y).numpy(), torch.cummax(y, 0).values.numpy())
 
 
+def test_cuda_graphs_is_a_checked_opt_in(mixed_specs):
+    buf = MultiAgentReplayBuffer(mixed_specs, 8, device="cpu", cuda_graphs=True)
+    assert buf._graphs is None  # CUDA only: the CPU runs every update eagerly
+    with pytest.raises(TypeError, match="cuda_graphs must be a bool"):
+        MultiAgentReplayBuffer(mixed_specs, 8, device="cpu", cuda_graphs="yes")
+
+
 def test_a_warm_up_update_with_every_entry_stale_changes_nothing(mixed_specs):
     # the CUDA graph of a priority update is warmed up with every entry forced stale
     buf = MultiAgentReplayBuffer(mixed_specs, 64, sampler=Prioritized(), seed=0, device="cpu")
@@ -1435,15 +1442,16 @@ def test_cuda_graphed_priority_updates_equal_eager_ones(mixed_specs, sampler_cls
     data = random_step_data(mixed_specs, 300, np.random.default_rng(0))
     bufs = []
     for graphs in (True, False):
-        buf = MultiAgentReplayBuffer(mixed_specs, 256, sampler=sampler_cls(), seed=0, device="cuda")
+        buf = MultiAgentReplayBuffer(
+            mixed_specs, 256, sampler=sampler_cls(), seed=0, device="cuda", cuda_graphs=graphs
+        )
         buf.extend(**data)
-        if not graphs:
-            buf._graphs = None
         bufs.append(buf)
     graphed, eager = bufs
+    k = graphed.n_trainers
     gen = torch.Generator(device="cuda").manual_seed(3)
     for round_ in range(12):
-        td = torch.rand(2, 32, generator=gen, device="cuda", dtype=torch.float64) * 4
+        td = torch.rand(k, 32, generator=gen, device="cuda", dtype=torch.float64) * 4
         if round_ == 7:
             td[1, 5] = float("nan")  # a deferred error: reported later, changes nothing
         draws = []
