@@ -87,13 +87,13 @@ def gather_plan(
             for s in range(seg_kind.shape[0]):
                 kind = seg_kind[s]
                 dst0 = seg_dst[s] + i * seg_step[s]
-                for k in range(seg_len[s]):
-                    if kind == COPY64:
-                        out64[dst0 + k] = 0
-                    elif kind == COPY8:
-                        out8[dst0 + k] = 0
-                    else:  # COPY32 and half -> float32 both write 32-bit units
-                        out32[dst0 + k] = 0
+                stop = dst0 + seg_len[s]
+                if kind == COPY64:
+                    out64[dst0:stop] = 0
+                elif kind == COPY8:
+                    out8[dst0:stop] = 0
+                else:  # COPY32 and half -> float32 both write 32-bit units
+                    out32[dst0:stop] = 0
             continue
         successor = next_slot[slot] if next_slot.shape[0] else 0
         for s in range(seg_kind.shape[0]):

@@ -31,8 +31,7 @@ def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None
     for i in range(indices.shape[0]):
         dst = out[i]
         if indices[i] < 0:
-            for w in range(width):
-                dst[w] = 0
+            dst[:] = 0  # a memset
             continue
         src = table[indices[i]]
         for w in range(width):
@@ -123,8 +122,7 @@ def gather_rows_parallel(table: np.ndarray, indices: np.ndarray, out: np.ndarray
     for i in prange(indices.shape[0]):
         dst = out[i]
         if indices[i] < 0:
-            for w in range(width):
-                dst[w] = 0
+            dst[:] = 0  # a memset
             continue
         src = table[indices[i]]
         for w in range(width):
