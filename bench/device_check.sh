@@ -2,8 +2,8 @@
 # The device check, one command on a machine with a CUDA GPU: the torch backend's tests (the
 # CUDA tests and the CPU ones, under that machine's torch), then the `device` benchmark suite
 # (CN-24 and PP-24+8 rounds at B = 1024 on the GPU, prioritized sample + update at 1e6,
-# seconds per 100 env steps at CN-24, and the CPU comparison). About 3 minutes on an H200. Everything it
-# writes goes into $OUT (default: bench/results/device-check/):
+# seconds per 100 env steps at CN-24, and the CPU comparison). About 3 minutes on an H200.
+# Everything it writes goes into $OUT (default: bench/results/device-check/):
 #   environment.txt       python, numpy, numba, torch, CUDA device
 #   cuda-tests.txt/.xml   the CUDA tests' output and JUnit report
 #   device.json           the suite's result (rows, summary, machine); REPORT.md; device-suite.txt
