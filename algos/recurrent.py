@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from marlbuf import AgentSpec, FieldSpec, MultiAgentReplayBuffer
-from marlbuf.algos.nets import draw_uniform, gumbel_softmax
+from marlbuf.algos.nets import draw_uniform, gumbel_softmax, polyak_
 from marlbuf.samplers import Sequence
 
 Tensor = torch.Tensor
@@ -254,12 +254,12 @@ class RecurrentMADDPG:
             actor_loss = -_masked_mean(value, mask) + 1e-3 * _masked_mean(reg, mask)
             self._step(self.actor_opt[i], self.actors[i], actor_loss)
             actor_losses.append(float(actor_loss.detach()))
-        with torch.no_grad():
-            for target, source in zip(
-                self.target_actors + self.target_critics, self.actors + self.critics
-            ):
-                for pt, ps in zip(target.parameters(), source.parameters()):
-                    pt.mul_(1.0 - cfg.tau).add_(ps, alpha=cfg.tau)
+        targets, sources = self.target_actors + self.target_critics, self.actors + self.critics
+        polyak_(
+            [p for net in targets for p in net.parameters()],
+            [p for net in sources for p in net.parameters()],
+            cfg.tau,
+        )
         per_step = torch.stack(td_abs).mean(0)  # (B, T): mean |TD| over agents
         return {
             "critic_loss": float(np.mean(critic_losses)),

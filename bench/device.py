@@ -403,6 +403,26 @@ def _not_measured(part: str, label: str, cases: Any, status: str) -> list[dict[s
     return [{"part": part, "workload": label, "case": case, "status": status} for case in cases]
 
 
+def _part_rows(
+    part: str,
+    label: str,
+    cases: Any,
+    timings: dict[str, Any],
+    skip: dict[str, str],
+    extra: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One part's rows in case order: each measured case with ``extra(timing)`` (its ratios),
+    each other case with the reason it was not measured."""
+    rows = []
+    for case in cases:
+        if case in timings:
+            rows.append(_measured(part, label, case, timings[case], **extra(timings[case])))
+        else:
+            reason = skip.get(case, "not measured")
+            rows.append({"part": part, "workload": label, "case": case, "status": reason})
+    return rows
+
+
 def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dict[str, Any]:
     """Measure the CPU comparison and, where a GPU is present, every GPU case.
 
@@ -442,17 +462,14 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         _release_gpu_memory()
         skipped.update(skip)
         host = timings["host buffer + to_torch(pinned, non_blocking)"]["median"]
-        for case in GPU_CASES:
-            if case not in timings:
-                reason = skip.get(case, "not measured")
-                rows.append(
-                    {"part": "gpu", "workload": workload.label, "case": case, "status": reason}
-                )
-                continue
-            t = timings[case]
-            rows.append(
-                _measured("gpu", workload.label, case, t, time_vs_host_to_torch=t["median"] / host)
-            )
+        rows += _part_rows(
+            "gpu",
+            workload.label,
+            GPU_CASES,
+            timings,
+            skip,
+            lambda t: {"time_vs_host_to_torch": t["median"] / host},  # noqa: B023 - called now
+        )
         gpu[workload.label] = {case: round(timings[case]["median"] / host, 4) for case in timings}
         say(
             f"[device] {workload.label}: "
@@ -468,18 +485,9 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         _release_gpu_memory()
         skipped.update(skip)
         ours = per_t["device buffer prioritized"]["median"]
-        for case in PER_CASES:
-            if case not in per_t:
-                status_row = skip.get(case, "not measured")
-                rows.append(
-                    {"part": "per", "workload": per_label, "case": case, "status": status_row}
-                )
-                continue
-            rows.append(
-                _measured(
-                    "per", per_label, case, per_t[case], time_vs_ours=per_t[case]["median"] / ours
-                )
-            )
+        rows += _part_rows(
+            "per", per_label, PER_CASES, per_t, skip, lambda t: {"time_vs_ours": t["median"] / ours}
+        )
         assert isinstance(per, dict)
         if "torchrl prioritized" in per_t:
             per["torchrl_vs_ours"] = round(per_t["torchrl prioritized"]["median"] / ours, 3)
@@ -499,18 +507,14 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         _release_gpu_memory()
         skipped.update(skip)
         faithful = e2e_t.get("faithful", {}).get("median")
-        for case in E2E_CONFIGS:
-            if case not in e2e_t:
-                reason = skip.get(case, "not measured")
-                rows.append({"part": "e2e", "workload": e2e_label, "case": case, "status": reason})
-                continue
-            t = e2e_t[case]
-            row = _measured("e2e", e2e_label, case, t)
-            row["update_ms"] = 1e3 * t["update_s"]
-            row["env_step_ms"] = 1e3 * t["env_step_s"]
+
+        def e2e_extra(t: dict[str, Any]) -> dict[str, Any]:
+            extra = {"update_ms": 1e3 * t["update_s"], "env_step_ms": 1e3 * t["env_step_s"]}
             if faithful:
-                row["speedup_vs_faithful"] = faithful / t["median"]
-            rows.append(row)
+                extra["speedup_vs_faithful"] = faithful / t["median"]
+            return extra
+
+        rows += _part_rows("e2e", e2e_label, E2E_CONFIGS, e2e_t, skip, e2e_extra)
         assert isinstance(e2e, dict)
         if faithful:
             e2e.update({k: round(faithful / v["median"], 3) for k, v in e2e_t.items()})

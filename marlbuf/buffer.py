@@ -654,14 +654,16 @@ class MultiAgentReplayBuffer:
 
     def latest(self, n: int) -> Batch:
         """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
+        with self.writer.lock:
+            return self._gather(self.writer.newest(self._check_latest(n)), None, None, None)
+
+    def _check_latest(self, n: Any) -> int:
+        """``n`` of :meth:`latest`, checked against the stored transitions (under the lock)."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
             raise TypeError(f"n must be an int; got n={n!r}")
-        with self.writer.lock:
-            if not 0 < n <= self.size:
-                raise ValueError(
-                    f"n must be in [1, {self.size}] (the stored transitions); got n={n}"
-                )
-            return self._gather(self.writer.newest(int(n)), None, None, None)
+        if not 0 < n <= self.size:
+            raise ValueError(f"n must be in [1, {self.size}] (the stored transitions); got n={n}")
+        return int(n)
 
     @overload
     def stored(

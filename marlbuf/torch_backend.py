@@ -1793,15 +1793,10 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
 
     def latest(self, n: int) -> DeviceBatch:  # type: ignore[override]
         """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"n must be an int; got n={n!r}")
         with self.writer.lock:
-            if not 0 < n <= self.size:
-                raise ValueError(
-                    f"n must be in [1, {self.size}] (the stored transitions); got n={n}"
-                )
-            start = self.cursor - int(n)
-            idx = torch.arange(start, start + int(n), device=self.device) % self.capacity
+            n = self._check_latest(n)
+            start = self.cursor - n
+            idx = torch.arange(start, start + n, device=self.device) % self.capacity
             draw = _Draw(idx[None], None, None)
             return self._batches(draw, range(0, 1), False, [None])[0]
 
