@@ -24,6 +24,7 @@ import numpy as np
 from marlbuf import _config
 from marlbuf._kernels import (
     HALF_TO_FLOAT_BITS,
+    gather_lean_rows,
     gather_next_field,
     gather_plan,
     gather_rows,
@@ -594,6 +595,24 @@ class InterleavedStorage(Storage):
             done_dense // 8,
             words(done_bytes),
         )
+        # the default gather (lean rows -> dense rows batch, no conversion): three block copies
+        # per row, in 8-byte words (see gather_lean_rows)
+        next_bytes = codec.obs_bytes
+        whole, rest = divmod(next_bytes, 8)
+        next_words = whole if rest else whole - 1  # the last (partial) word goes through a mask
+        last_mask = (1 << (8 * rest)) - 1 if rest else (1 << 64) - 1
+        self._lean_rows_args = tuple(
+            np.uint64(x)
+            for x in (
+                words(codec.head_bytes),
+                codec.next_obs_start // 8,
+                next_words,
+                last_mask,
+                done_lean // 8,
+                done_dense // 8,
+                words(done_bytes),
+            )
+        )
         self._plans: dict[int, np.ndarray] = {}
         self._no_links = np.zeros(0, dtype=np.int64)
         self._no_side = np.zeros((1, 8), dtype=np.uint8)
@@ -638,6 +657,18 @@ class InterleavedStorage(Storage):
             self._gather_kernel(block.nbytes)(self.table, indices, block)
             return self.batch_codec.views(block), block
         links = self.links
+        if rows and links is not None and not self.converts:
+            # observations stored once, rows batch: head, next_obs and tail as block copies
+            gather_lean_rows(
+                self.table,
+                links.side.view(np.uint64),
+                indices,
+                links.next_slot,
+                links.side_row,
+                *self._lean_rows_args,
+                block,
+            )
+            return self.batch_codec.views(block), block
         side = links.side if links is not None else self._no_side
         kind, src, dst, length, step, from_next = self._plan(n)
         flat = block.reshape(-1)

@@ -7,6 +7,7 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 
 from marlbuf._kernels.episodes import sequence_slots
 from marlbuf._kernels.once import (
+    gather_lean_rows,
     gather_next_field,
     scatter_lean,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "find_prefix",
     "first_nonfinite",
     "first_nonfinite_half",
+    "gather_lean_rows",
     "gather_next_field",
     "gather_plan",
     "gather_rows",

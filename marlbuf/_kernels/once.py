@@ -10,6 +10,8 @@ A lean row holds a transition without its ``next_obs``. A slot's next observatio
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -97,3 +99,89 @@ def gather_next_field(
             row = side[side_row[slot]]
             for w in range(width):
                 dst[w] = row[side_offset + w]
+
+
+@njit(inline="always")
+def _copy_words(dst: np.ndarray, dst0: Any, src: np.ndarray, src0: Any, count: Any) -> None:
+    """``dst[dst0 : dst0 + count] = src[src0 : src0 + count]`` as a plain loop (unsigned
+    offsets: no negative-index wraparound test, so LLVM vectorises it)."""
+    for w in range(count):
+        dst[dst0 + w] = src[src0 + w]
+
+
+@njit(inline="always")
+def _zero_words(dst: np.ndarray, lo: Any, hi: Any) -> None:
+    for w in range(lo, hi):
+        dst[w] = 0
+
+
+@njit(cache=True, nogil=True)
+def gather_lean_rows(
+    table: np.ndarray,
+    side: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    head_words: np.uint64,
+    next_dst: np.uint64,
+    next_words: np.uint64,
+    last_mask: np.uint64,
+    tail_src: np.uint64,
+    tail_dst: np.uint64,
+    tail_words: np.uint64,
+    out: np.ndarray,
+) -> None:
+    """Lean rows -> dense batch rows: the default gather (observations stored once, rows batch,
+    no dtype conversion), three block copies per row.
+
+    A dense row is ``[head | pad | next_obs | pad | tail | pad]``; a lean row is
+    ``[head | tail | pad]``. Per gathered row the kernel copies the head (obs, action, reward)
+    and the tail (done onwards) from the row itself and the next_obs section from the
+    successor's obs section (``next_slot[slot] >= 0``) or the side row, and writes zeros in
+    every padding word, so the block equals a dense gather bit for bit. All offsets and
+    lengths are in 8-byte words and unsigned (loops without a wraparound test vectorise).
+
+    Parameters
+    ----------
+    table : ndarray, shape (capacity, lean_row_words), uint64
+        Lean storage.
+    side : ndarray, shape (side_rows, side_words), uint64
+        Side table of next_obs sections (zero past the section's last byte).
+    indices : ndarray, shape (batch,), int64
+        Filled slots, or -1 for an output row of zeros (masked sequence steps).
+    next_slot, side_row : ndarray, shape (capacity,), int64
+        Per slot, the successor slot or -1, and the side row where it is -1.
+    head_words : uint64
+        Words ``[0, head_words)`` are the same in both row formats.
+    next_dst, next_words, last_mask : uint64
+        The next_obs section starts at word ``next_dst`` of a dense row; ``next_words`` whole
+        words are copied, then one more word masked by ``last_mask`` (the low bytes that belong
+        to the section; all ones when the section ends on a word: the last word is always
+        written through the mask, which keeps the loops free of a branch).
+    tail_src, tail_dst, tail_words : uint64
+        The tail: ``tail_words`` words from word ``tail_src`` of a lean row to word
+        ``tail_dst`` of a dense row.
+    out : ndarray, shape (batch, row_words), uint64
+        Dense batch rows; overwritten.
+    """
+    row_words = np.uint64(out.shape[1])
+    zero = np.uint64(0)
+    one = np.uint64(1)
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        dst = out[i]
+        if slot < 0:
+            _zero_words(dst, zero, row_words)
+            continue
+        src = table[slot]
+        _copy_words(dst, zero, src, zero, head_words)
+        _zero_words(dst, head_words, next_dst)
+        successor = next_slot[slot]
+        nxt = table[successor] if successor >= 0 else side[side_row[slot]]
+        _copy_words(dst, next_dst, nxt, zero, next_words)
+        end = next_dst + next_words
+        dst[end] = nxt[next_words] & last_mask
+        end += one
+        _zero_words(dst, end, tail_dst)
+        _copy_words(dst, tail_dst, src, tail_src, tail_words)
+        _zero_words(dst, tail_dst + tail_words, row_words)
