@@ -18,9 +18,13 @@ from marlbuf._kernels import (
     fill_new_slots,
     find_prefix,
     locality_sample,
+    merge_distinct,
     neighbor_indices,
     per_sample,
     rebuild,
+    selection_sample,
+    sorted_slots,
+    sorted_uniforms,
 )
 from marlbuf._kernels.sumtree import (
     MODE_ABS,
@@ -42,6 +46,52 @@ from marlbuf.writer import EpisodeIndex
 
 #: name -> class, for rebuilding a sampler from ``Sampler.config()`` when a buffer is loaded.
 SAMPLERS: dict[str, type[Sampler]] = {}
+
+
+#: Orders a batch's indices can come in (the ``order`` argument of :class:`Uniform` and
+#: :class:`Prioritized`): ``"random"``, the order they were drawn in; ``"memory"``, ascending slot
+#: (storage) order, generated directly in that order (:mod:`marlbuf._kernels.ordered`).
+ORDERS: tuple[str, ...] = ("random", "memory")
+#: The ``order`` of ``Uniform()`` and ``Prioritized()`` when none is given.
+DEFAULT_ORDER = "random"
+
+
+def _check_order(order: Any) -> str:
+    if not isinstance(order, str) or order not in ORDERS:
+        raise ValueError(
+            f"order must be one of {ORDERS}; got order={order!r} (use 'memory' for indices in "
+            "ascending slot order or 'random' for draw order)"
+        )
+    return order
+
+
+def ascending_uniform(
+    batch_size: int, size: int, rng: np.random.Generator, replace: bool
+) -> np.ndarray:
+    """``batch_size`` uniform slots of ``[0, size)`` in ascending order (shape (B,), int64).
+
+    With replacement: the sorted sample of i.i.d. uniform slots, from ``B + 1`` exponential
+    spacings. Without: a uniform ``B``-subset, strictly increasing: the distinct values of i.i.d.
+    draws (in sorted chunks) until ``B`` are seen, or selection sampling over every slot when
+    ``B`` exceeds :data:`marlbuf._config.SELECTION_SAMPLING_FRACTION` of ``size``. Needs
+    ``1 <= batch_size`` and, without replacement, ``batch_size <= size``.
+    """
+    out = np.empty(batch_size, dtype=np.int64)
+    if replace:
+        sorted_slots(rng.standard_exponential(batch_size + 1), size, out)
+        return out
+    if batch_size > _config.SELECTION_SAMPLING_FRACTION * size:
+        selection_sample(rng.random(size), batch_size, out)
+        return out
+    spare = np.empty(batch_size, dtype=np.int64)
+    draws = np.empty(batch_size, dtype=np.int64)
+    kept = 0
+    while kept < batch_size:  # each chunk draws as many values as are missing: never too many
+        chunk = draws[: batch_size - kept]
+        sorted_slots(rng.standard_exponential(chunk.shape[0] + 1), size, chunk)
+        kept = merge_distinct(out, kept, chunk, spare)
+        out, spare = spare, out
+    return out
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -153,12 +203,21 @@ class Uniform(Sampler):
     ----------
     replace : bool, default True
         Draw with replacement (as openai/maddpg's ``make_index``) or without.
+    order : {"random", "memory"}, default :data:`DEFAULT_ORDER`
+        Order of a batch's indices. ``"random"``: the order of independent draws.
+        ``"memory"``: ascending slot order, so the gather reads the storage front to back; the
+        batch has the same distribution as a *set* (the sorted ``"random"`` sample: with
+        replacement, repeated slots sit next to each other; without, a uniform subset), but
+        its rows are no longer exchangeable by position. Once the ring has wrapped, ascending
+        slot order is storage order, not age. A learner that treats a mini-batch as a set
+        (MADDPG, TD learners: losses are means over the batch) is unaffected.
     """
 
-    def __init__(self, replace: bool = True) -> None:
+    def __init__(self, replace: bool = True, order: str = DEFAULT_ORDER) -> None:
         if not isinstance(replace, (bool, np.bool_)):
             raise TypeError(f"replace must be a bool; got replace={replace!r}")
         self.replace = bool(replace)
+        self.order = _check_order(order)
 
     def sample(
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
@@ -170,12 +229,14 @@ class Uniform(Sampler):
                 batch_size,
                 "distinct slots" if not self.replace else "as many rows",
             )
+        if self.order == "memory":
+            return ascending_uniform(batch_size, size, rng, self.replace), None
         if self.replace:
             return rng.integers(0, size, size=batch_size, dtype=np.int64), None
         return rng.choice(size, size=batch_size, replace=False).astype(np.int64), None
 
     def config(self) -> dict[str, Any]:
-        return {"replace": self.replace}
+        return {"replace": self.replace, "order": self.order}
 
 
 class Neighbor(Sampler):
@@ -257,6 +318,12 @@ class Prioritized(Sampler):
     priority : {"abs", "squared", "given"}, default "abs"
         Priority from a TD error ``d``: ``|d| + eps``, ``d**2 + eps``, or ``d + eps`` when the
         caller passes priorities (then negative values are an error).
+    order : {"random", "memory"}, default :data:`DEFAULT_ORDER`
+        ``"memory"``: the ``B`` prefix-sum targets are drawn in ascending order (the order
+        statistics of ``B`` uniforms, from exponential spacings), so the tree descents return
+        slots in ascending slot (storage) order; the draws stay independent as a set (slot
+        frequencies ``∝ p^alpha``), and weights and priority updates follow the indices.
+        ``"random"``: the order of independent draws.
 
     Examples
     --------
@@ -282,10 +349,12 @@ class Prioritized(Sampler):
         beta: float | LinearBeta | dict[str, Any] = 0.5,
         eps: float = 1e-6,
         priority: str = "abs",
+        order: str = DEFAULT_ORDER,
     ) -> None:
         self.alpha, self.beta, self.eps, self.priority = check_priority_args(
             alpha, beta, eps, priority
         )
+        self.order = _check_order(order)
 
     def bind(self, capacity: int, n_trainers: int) -> None:
         super().bind(capacity, n_trainers)
@@ -314,7 +383,11 @@ class Prioritized(Sampler):
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
         self._check_sampleable(batch_size, size, trainer)
-        uniforms = rng.random(batch_size)
+        if self.order == "memory":
+            uniforms = np.empty(batch_size, dtype=np.float64)
+            sorted_uniforms(rng.standard_exponential(batch_size + 1), uniforms)
+        else:
+            uniforms = rng.random(batch_size)
         indices = np.empty(batch_size, dtype=np.int64)
         weights = np.empty(batch_size, dtype=np.float32)
         beta = self.beta_for(trainer)
@@ -370,7 +443,13 @@ class Prioritized(Sampler):
 
     def config(self) -> dict[str, Any]:
         beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
-        return {"alpha": self.alpha, "beta": beta, "eps": self.eps, "priority": self.priority}
+        return {
+            "alpha": self.alpha,
+            "beta": beta,
+            "eps": self.eps,
+            "priority": self.priority,
+            "order": self.order,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
@@ -415,6 +494,12 @@ class PrioritizedNeighbor(Prioritized):
     predictor : RunLengthPredictor or dict, optional
         Replaces the threshold predictor built from ``thresholds``/``run_lengths`` (a dict is
         ``RunLengthPredictor.to_dict()`` output).
+
+    Notes
+    -----
+    Rows come in draw order (there is no ``order`` argument): a batch uses a random number of
+    references, the first ones drawn, so references drawn in ascending order would favour low
+    slots; each run is already contiguous in memory.
     """
 
     _track_max: ClassVar[bool] = True
@@ -431,7 +516,7 @@ class PrioritizedNeighbor(Prioritized):
         priority: str = "abs",
         predictor: RunLengthPredictor | dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(alpha, beta, eps, priority)
+        super().__init__(alpha, beta, eps, priority, order="random")
         if weights not in self.WEIGHT_MODES:
             raise ValueError(f"weights must be one of {self.WEIGHT_MODES}; got weights={weights!r}")
         self.weights = str(weights)
@@ -564,8 +649,10 @@ class PrioritizedNeighbor(Prioritized):
         return mass / expected_length
 
     def config(self) -> dict[str, Any]:
+        config = super().config()
+        del config["order"]  # always draw order (see the class notes)
         return {
-            **super().config(),
+            **config,
             "weights": self.weights,
             "predictor": self.predictor.to_dict(),
         }

@@ -77,6 +77,12 @@ class RowCodec:
             self.specs, _config.ROW_ALIGN_BYTES, None, global_fields=self.global_fields, alive=alive
         )
         self.row_words = self.row_bytes // 8
+        #: per slot, what :meth:`views` needs: (field, agent, offset, shape, dtype, strides of
+        #: one item)
+        self._view_plan = [
+            (s.field, s.agent, s.offset, s.shape, s.dtype, _c_strides(s.shape, s.dtype))
+            for s in self.slots
+        ]
         # observations stored once: the obs section is [0, obs_bytes); the next_obs section
         # [next_obs_start, next_obs_start + obs_bytes) has the same internal layout. The lean
         # row keeps obs, action, reward at the same offsets and lays out the tail (done, extras,
@@ -399,12 +405,21 @@ class RowCodec:
         """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64).
 
         Global fields are keyed by the agent :data:`marlbuf.spec.GLOBAL`."""
-        raw = rows.view(np.uint8)
         n = rows.shape[0]
         out: RowViews = {f: {} for f in self.field_names}
-        for s in self.slots:
-            part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
-            out[s.field][s.agent] = part.reshape((n, *s.shape))
+        if not rows.flags.c_contiguous:
+            raw = rows.view(np.uint8)
+            for s in self.slots:
+                part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
+                out[s.field][s.agent] = part.reshape((n, *s.shape))
+            return out
+        row_bytes = rows.shape[1] * rows.itemsize
+        # one ndarray construction per view (a slice, .view and .reshape cost three): the
+        # view's base is ``rows``, so it keeps ``rows`` (and what owns its memory) alive
+        for field_name, agent, offset, shape, dtype, inner in self._view_plan:
+            out[field_name][agent] = np.ndarray(
+                (n, *shape), dtype, rows, offset, (row_bytes, *inner)
+            )
         return out
 
     def arrange(self, values: tuple[Any, ...], keywords: Mapping[str, Any], method: str) -> tuple:
@@ -700,6 +715,16 @@ def _first_nonfinite(rows: np.ndarray, dt: np.dtype, starts: np.ndarray, counts:
     if dt.itemsize == 2:  # Numba has no float16 arithmetic: test the bits
         return int(first_nonfinite_half(rows.view(np.uint16), starts, counts))
     return int(first_nonfinite(rows.view(dt), starts, counts))
+
+
+def _c_strides(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    """Byte strides of a C-contiguous array of ``shape`` and ``dtype``."""
+    strides = []
+    step = dtype.itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
 
 
 def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:

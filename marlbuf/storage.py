@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,23 +61,27 @@ class _Lease:
 
     Every array handed out for a batch is a view whose ``base`` chain ends at a lease (NumPy
     collapses view chains to the first object that is not an array), and ``torch.from_numpy``,
-    DLPack capsules and ``memoryview`` all keep that chain alive. So the lease is garbage
-    collected exactly when nothing can reach the block's memory any more; a
-    ``weakref.finalize`` then hands the block back to the pool. No interpreter reference-count
-    constant is involved. The lease keeps the raw memory alive itself, so a batch outlives its
-    buffer safely.
+    DLPack capsules and ``memoryview`` all keep that chain alive. So the lease is destroyed
+    exactly when nothing can reach the block's memory any more, and its ``__del__`` hands the
+    block back to the pool. No interpreter reference-count constant is involved. The lease
+    keeps the raw memory alive itself, so a batch outlives its buffer safely.
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "_raw")
+    __slots__ = ("__array_interface__", "__weakref__", "_pool", "_raw", "_token")
 
-    def __init__(self, raw: np.ndarray, start: int, nbytes: int) -> None:
+    def __init__(self, raw: np.ndarray, address: int, nbytes: int, pool: BlockPool, token: int):
         self._raw = raw
+        self._pool = pool
+        self._token = token
         self.__array_interface__ = {
-            "data": (raw.ctypes.data + start, False),
+            "data": (address, False),
             "shape": (nbytes,),
             "typestr": "|u1",
             "version": 3,
         }
+
+    def __del__(self) -> None:
+        self._pool._release(self._token)
 
 
 class BlockPool:
@@ -86,21 +89,22 @@ class BlockPool:
 
     A fresh output block of a MADDPG round at N = 24 is 29 MB; allocating it anew for each
     batch costs more than the gather itself (the kernel first faults in every new page). A
-    block is handed out wrapped in a :class:`_Lease`; when the last view of it dies, the lease's
-    finalizer marks the block free. Blocks still referenced are never touched: correctness does
-    not depend on the caller dropping batches, only the speed does. At most ``max_blocks``
-    blocks are kept; beyond that a new block is allocated and the oldest is forgotten (it stays
-    valid for whoever still holds it).
+    block is handed out wrapped in a :class:`_Lease`; when the last view of it dies, the lease
+    marks the block free. Blocks still referenced are never touched: correctness does not
+    depend on the caller dropping batches, only the speed does. At most ``max_blocks`` blocks
+    are kept; beyond that a new block is allocated and the oldest is forgotten (it stays valid
+    for whoever still holds it).
     """
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
-        self._blocks: list[tuple[int, np.ndarray]] = []  # (token, raw uint8 memory)
+        # (token, raw uint8 memory, address of its first 64-byte-aligned byte)
+        self._blocks: list[tuple[int, np.ndarray, int]] = []
         self._busy: set[int] = set()  # tokens of blocks some batch still references
         self._next_token = 0  # tokens are never reused (ids of freed arrays may be)
-        # finalizers run in whichever thread drops the last reference; acquire may run in a
-        # sampling thread: both take this lock
-        self._lock = threading.Lock()
+        # a lease may die in any thread, also inside acquire (a garbage collection started by
+        # an allocation there): re-entrant, so that such a release cannot deadlock
+        self._lock = threading.RLock()
 
     def _release(self, token: int) -> None:
         with self._lock:
@@ -110,25 +114,24 @@ class BlockPool:
         """A 64-byte-aligned ``uint8`` array of ``nbytes`` that no one else references."""
         align = _config.ROW_ALIGN_BYTES
         with self._lock:
-            chosen: tuple[int, np.ndarray] | None = None
-            for token, raw in self._blocks:
-                if raw.nbytes == nbytes + align and token not in self._busy:
-                    chosen = (token, raw)
+            chosen: tuple[int, np.ndarray, int] | None = None
+            for block in self._blocks:
+                if block[1].nbytes == nbytes + align and block[0] not in self._busy:
+                    chosen = block
                     break
             if chosen is None:
-                chosen = (self._next_token, np.empty(nbytes + align, dtype=np.uint8))
+                raw = np.empty(nbytes + align, dtype=np.uint8)
+                address = raw.ctypes.data
+                chosen = (self._next_token, raw, address + (-address) % align)
                 self._next_token += 1
                 self._blocks.append(chosen)
                 if len(self._blocks) > self.max_blocks:
                     # forget the oldest: it stays valid for its holder, it is just not recycled
-                    forgotten, _ = self._blocks.pop(0)
+                    forgotten = self._blocks.pop(0)[0]
                     self._busy.discard(forgotten)
-            token, raw = chosen
+            token, raw, address = chosen
             self._busy.add(token)
-        start = (-raw.ctypes.data) % align
-        lease = _Lease(raw, start, nbytes)
-        weakref.finalize(lease, self._release, token)
-        return np.asarray(lease)
+        return np.asarray(_Lease(raw, address, nbytes, self, token))
 
 
 def available_memory_bytes() -> int | None:

@@ -106,11 +106,11 @@ def test_dropped_batches_are_recycled_and_the_pool_stays_bounded(layout):
     # that watching the blocks does not itself keep them out of recycling
     pool = buf.storage.pool
     churn(buf, 3)
-    known = [weakref.ref(block) for _, block in pool._blocks]
+    known = [weakref.ref(block) for _, block, _ in pool._blocks]
     allocated = 0
     for _ in range(100):
         churn(buf, 1)
-        for _, block in pool._blocks:
+        for _, block, _ in pool._blocks:
             if not any(ref() is block for ref in known):
                 known.append(weakref.ref(block))
                 allocated += 1

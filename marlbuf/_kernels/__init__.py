@@ -11,6 +11,12 @@ from marlbuf._kernels.once import (
     gather_next_field,
     scatter_lean,
 )
+from marlbuf._kernels.ordered import (
+    merge_distinct,
+    selection_sample,
+    sorted_slots,
+    sorted_uniforms,
+)
 from marlbuf._kernels.plan import (
     HALF_TO_FLOAT_BITS,
     first_nonfinite_half,
@@ -46,11 +52,15 @@ __all__ = [
     "gather_rows",
     "gather_rows_parallel",
     "locality_sample",
+    "merge_distinct",
     "neighbor_indices",
     "per_sample",
     "rebuild",
     "scatter_lean",
     "scatter_rows",
+    "selection_sample",
     "sequence_slots",
     "set_leaves",
+    "sorted_slots",
+    "sorted_uniforms",
 ]
