@@ -406,3 +406,48 @@ def r2d2_priority(td: np.ndarray, valid: np.ndarray, eta: float) -> np.ndarray:
         values = [abs(float(x)) for x, k in zip(row, keep) if k]
         out.append(eta * max(values) + (1 - eta) * sum(values) / len(values))
     return np.array(out)
+
+
+# ------------------------------------------------------------------ memory-ordered draws
+# (marlbuf/_kernels/ordered.py)
+
+
+def sorted_uniforms(exponentials: np.ndarray) -> np.ndarray:
+    """Normalised partial sums of the spacings: ``(E_0 + .. + E_k) / (E_0 + .. + E_B)``, in a
+    plain loop (the sums accumulate left to right, as the kernel's)."""
+    total = 0.0
+    for e in exponentials:
+        total += float(e)
+    out, partial = [], 0.0
+    for e in exponentials[:-1]:
+        partial += float(e)
+        out.append(partial / total)
+    return np.array(out, dtype=np.float64)
+
+
+def sorted_slots(exponentials: np.ndarray, size: int) -> np.ndarray:
+    """``min(floor(partial sum * (size / total)), size - 1)`` per spacing but the last."""
+    total = 0.0
+    for e in exponentials:
+        total += float(e)
+    scale = size / total
+    out, partial = [], 0.0
+    for e in exponentials[:-1]:
+        partial += float(e)
+        out.append(min(int(np.floor(partial * scale)), size - 1))
+    return np.array(out, dtype=np.int64)
+
+
+def merge_distinct(kept: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The sorted distinct union of two arrays."""
+    return np.array(sorted(set(kept.tolist()) | set(new.tolist())), dtype=np.int64)
+
+
+def selection_sample(uniforms: np.ndarray, count: int) -> np.ndarray:
+    """Algorithm S one slot at a time: take slot ``t`` with probability
+    ``(count - taken) / (size - t)`` (``u < that``, written without a division)."""
+    size, taken = len(uniforms), []
+    for t, u in enumerate(uniforms):
+        if len(taken) < count and (size - t) * u < count - len(taken):
+            taken.append(t)
+    return np.array(taken, dtype=np.int64)
