@@ -18,9 +18,11 @@ API of the NumPy buffer; what differs is where the data lives and what a batch h
   rows live in table rows after the ring. A gather reads every next_obs with one
   ``index_select`` from the successor's row or the side row (``torch.where`` of the links).
 * **Sampling** - indices are drawn on the device from a seeded ``torch.Generator``: ``Uniform``
-  by ``randint``/``randperm``, ``Neighbor`` references by ``randperm`` (with dense float32 rows
-  each run is then one contiguous block of rows), ``Prioritized``/``PrioritizedNeighbor`` from
-  float64 prefix sums (see :class:`_DevicePrioritized`). With dense float32 rows a batch is one
+  by ``randint``/``randperm`` (``order="memory"``: sorted uniforms from exponential spacings, or
+  a sorted ``randperm`` prefix without replacement), ``Neighbor`` references by ``randperm``
+  (with dense float32 rows each run is then one contiguous block of rows),
+  ``Prioritized``/``PrioritizedNeighbor`` from float64 prefix sums (see
+  :class:`_DevicePrioritized`). With dense float32 rows a batch is one
   ``index_select`` of whole rows into a preallocated output (a whole MADDPG round is one
   ``index_select`` into one ``(T * B, row)`` block); other formats take one per merged segment
   of the NumPy buffer's gather plan (three for lean float32 rows). Nothing in ``sample``,
@@ -548,15 +550,35 @@ class _DeviceSampler:
         """Restore :meth:`state_dict` output (nothing for stateless samplers)."""
 
 
+def _sorted_uniforms(k: int, batch_size: int, gen: torch.Generator, device: Any) -> Tensor:
+    """(k, B) float64: per row the order statistics of B i.i.d. uniforms, from B + 1 exponential
+    spacings (as :func:`marlbuf._kernels.sorted_uniforms`). A parallel prefix sum need not be
+    monotone to the last bit, so a running maximum keeps every row non-decreasing."""
+    spacings = torch.empty((k, batch_size + 1), dtype=torch.float64, device=device)
+    partial = spacings.exponential_(generator=gen).cumsum(dim=1)
+    return torch.cummax(partial[:, :-1] / partial[:, -1:], dim=1).values
+
+
 class _DeviceUniform(_DeviceSampler):
     def __init__(self, sampler: Uniform, capacity: int, n_trainers: int, device: Any) -> None:
         super().__init__(sampler, capacity, n_trainers, device)
         self.replace = sampler.replace
+        self.ordered = sampler.order == "memory"
 
     def draw(self, trainers: range, batch_size: int, size: int, gen: torch.Generator) -> _Draw:
         if size < 1 or batch_size > size:
             what = "as many rows" if self.replace else "distinct slots"
             raise _not_enough_data(batch_size, size, batch_size, what)
+        if self.ordered and self.replace:  # ascending slots: floor of sorted uniforms
+            uniforms = _sorted_uniforms(len(trainers), batch_size, gen, self.device)
+            slots = (uniforms * size).to(torch.int64).clamp_(max=size - 1)
+            return _Draw(slots, None, None)
+        if self.ordered:  # a uniform subset, sorted
+            subsets = [
+                torch.randperm(size, generator=gen, device=self.device)[:batch_size]
+                for _ in trainers
+            ]
+            return _Draw(torch.stack(subsets).sort(dim=1).values, None, None)
         rows = []
         for _ in trainers:
             if self.replace:
@@ -621,6 +643,7 @@ class _DevicePrioritized(_DeviceSampler):
         self.eps = sampler.eps
         self.priority = sampler.priority
         self.locality = isinstance(sampler, PrioritizedNeighbor)
+        self.ordered = sampler.order == "memory"  # never with locality (draw order there)
         f64 = torch.float64
         shape = (n_trainers, capacity + 1)  # + the column that absorbs dropped writes
         self.leaves = torch.zeros(shape, dtype=f64, device=device)
@@ -705,12 +728,15 @@ class _DevicePrioritized(_DeviceSampler):
         self._refresh(trainers)
         self._check_sampleable(batch_size, size, trainers)
         rows = slice(trainers.start, trainers.stop)
-        uniforms = torch.stack(
-            [
-                torch.rand(batch_size, generator=gen, device=self.device, dtype=torch.float64)
-                for _ in trainers
-            ]
-        )
+        if self.ordered:  # ascending targets: the searches return ascending slots
+            uniforms = _sorted_uniforms(len(trainers), batch_size, gen, self.device)
+        else:
+            uniforms = torch.stack(
+                [
+                    torch.rand(batch_size, generator=gen, device=self.device, dtype=torch.float64)
+                    for _ in trainers
+                ]
+            )
         cum = self._cum[rows]
         total = cum[:, -1:]
         below = torch.nextafter(total, torch.zeros_like(total))  # largest target < total

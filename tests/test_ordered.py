@@ -311,3 +311,26 @@ def test_prioritized_memory_order_skips_zero_priority_slots() -> None:
     for _ in range(20):
         indices = buf.sample(500).indices
         assert set(indices.tolist()) <= {0, 5, 63} and np.all(np.diff(indices) >= 0)
+
+
+# ---------------------------------------------------------------------- torch backend (CPU)
+@pytest.mark.parametrize(
+    ("sampler", "strict"),
+    [
+        (Uniform(order="memory"), False),
+        (Uniform(replace=False, order="memory"), True),
+        (Prioritized(order="memory"), False),
+    ],
+)
+def test_torch_backend_draws_in_memory_order(sampler: Sampler, strict: bool) -> None:
+    pytest.importorskip("torch")
+    buf = MultiAgentReplayBuffer(SPECS, 40, sampler=sampler, seed=0, device="cpu")
+    buf.extend(**random_step_data(SPECS, 30, np.random.default_rng(0)))
+    counts = np.zeros(40)
+    for _ in range(200):
+        for batch in buf.sample_for_trainers(20):
+            indices = batch.indices.numpy()
+            assert np.all(np.diff(indices) >= (1 if strict else 0))
+            counts += np.bincount(indices, minlength=40)
+    assert counts[30:].sum() == 0  # only filled slots
+    assert stats.chisquare(counts[:30]).pvalue > ALPHA  # fresh priorities: all equal
