@@ -11,6 +11,31 @@ import numpy as np
 from marlbuf.spec import FIELDS
 
 
+class DrawnIndices(np.ndarray):
+    """The ``indices`` of a sampled batch: an int64 array that also knows the write generation
+    of each slot when it was drawn (:attr:`generations`).
+
+    ``update_priorities(batch.indices, td)`` reads them, so an update is judged against its own
+    draw in any order of updates (an older batch updated after a newer batch of the same slots
+    is still exact). Only the array the batch handed out carries them: any array derived from
+    it (a slice, a copy, arithmetic, ``np.asarray`` of a list) has ``generations = None``, and
+    ``update_priorities`` then falls back to the buffer's record of the latest hand-out (pass
+    ``generations=`` for indices that come from elsewhere).
+    """
+
+    generations: np.ndarray | None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.generations = None  # a derived array: its entries may be reordered or filtered
+
+    @staticmethod
+    def of(indices: np.ndarray, generations: np.ndarray) -> DrawnIndices:
+        """``indices`` (shape (B,), int64) viewed as drawn at ``generations`` (shape (B,))."""
+        drawn = indices.view(DrawnIndices)
+        drawn.generations = generations
+        return drawn
+
+
 @dataclass
 class Batch:
     """One mini-batch: every agent's fields at the same ``B`` slots.
@@ -23,8 +48,9 @@ class Batch:
         Per agent, shape ``(B, *action_shape)``.
     reward, done : dict[str, ndarray]
         Per agent, shape ``(B,)``, float32.
-    indices : ndarray, shape (B,), int64
-        The slots the rows came from (pass them back to ``update_priorities``).
+    indices : DrawnIndices, shape (B,), int64
+        The slots the rows came from (pass them back to ``update_priorities``); an ndarray
+        that also carries the slots' write generations at the draw.
     generations : ndarray, shape (B,), int64
         Write generation of each slot when it was sampled: ``update_priorities`` uses it to
         drop updates for slots overwritten since.

@@ -109,3 +109,49 @@ def test_update_with_generations_drops_overwritten_slots(sampler):
     np.testing.assert_array_equal(
         after[f"leaves {TRAINER}"][stale], before[f"leaves {TRAINER}"][stale]
     )
+
+
+@pytest.mark.parametrize("sampler", [Prioritized, PrioritizedNeighbor])
+def test_old_batch_updated_after_a_newer_batch_of_the_same_slots(sampler):
+    """``update_priorities(old.indices, td)`` after a newer batch drew the same slots again,
+    with the slots overwritten in between: the old update is dropped (its rows are gone), the
+    newer one applies; in either order of the two updates."""
+    for newer_first in (True, False):
+        rng = np.random.default_rng(1)
+        buf = MultiAgentReplayBuffer(SPECS, CAPACITY, sampler=sampler(), seed=3)
+        steps(buf, CAPACITY, rng)
+        old = buf.sample(64, trainer=TRAINER)  # with replacement: every slot, many times
+        steps(buf, CAPACITY, rng)  # every slot overwritten: the old batch's rows are gone
+        new = buf.sample(64, trainer=TRAINER)
+        assert set(old.indices.tolist()) & set(new.indices.tolist())
+        td_old = np.full(64, 1e3)  # would dominate the tree if it were (wrongly) applied
+        td_new = np.arange(1, 65, dtype=np.float64)
+        if newer_first:
+            buf.update_priorities(new.indices, td_new, trainer=TRAINER)
+            before = tree_state(buf)
+            buf.update_priorities(old.indices, td_old, trainer=TRAINER)
+            for key, value in tree_state(buf).items():
+                np.testing.assert_array_equal(value, before[key], err_msg=key)
+        else:
+            before = tree_state(buf)
+            buf.update_priorities(old.indices, td_old, trainer=TRAINER)
+            for key, value in tree_state(buf).items():
+                np.testing.assert_array_equal(value, before[key], err_msg=key)
+            buf.update_priorities(new.indices, td_new, trainer=TRAINER)
+        # the newer batch's slots carry the newer batch's priorities (the last duplicate wins)
+        leaves = buf.sampler.trees.leaves(TRAINER)
+        last = {int(s): td for s, td in zip(new.indices, td_new)}
+        for slot, td in last.items():
+            assert leaves[slot] == pytest.approx((td + buf.sampler.eps) ** buf.sampler.alpha)
+
+
+def test_drawn_indices_carry_generations_only_on_the_handed_out_array():
+    rng = np.random.default_rng(2)
+    buf = MultiAgentReplayBuffer(SPECS, CAPACITY, sampler=Prioritized(), seed=0)
+    steps(buf, CAPACITY, rng)
+    batch = buf.sample(8, trainer=0)
+    np.testing.assert_array_equal(batch.indices.generations, batch.generations)
+    assert batch.indices.dtype == np.int64 and batch.indices.shape == (8,)
+    for derived in (batch.indices[::-1], batch.indices.copy(), batch.indices + 0):
+        assert derived.generations is None
+    assert type(np.asarray(batch.indices.tolist())) is np.ndarray
