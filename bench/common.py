@@ -193,3 +193,37 @@ def per_workload(
         if row["case"] not in skip:
             out.setdefault(row["workload"], {})[row["case"]] = round(float(row[column]), 3)
     return out
+
+
+def check(
+    name: str, ratio: float, limit: float, at_most: bool = True, **ident: Any
+) -> dict[str, Any]:
+    """One same-run check: ``ratio`` against ``limit`` (``at_most``: the ratio must not exceed
+    it; else it must reach it). A ratio that is not finite (a case that did not run) is
+    ``SKIP``. ``ident`` (workload, kind, a note, ...) is kept in the returned row."""
+    finite = bool(np.isfinite(ratio))
+    passed = ratio <= limit if at_most else ratio >= limit
+    return {
+        "check": name,
+        **ident,
+        "ratio": float(ratio),
+        "limit": float(limit),
+        "bound": "at most" if at_most else "at least",
+        "status": "SKIP" if not finite else ("PASS" if passed else "FAIL"),
+    }
+
+
+def checks_markdown(checks: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table of :func:`check` rows: check, where, ratio, limit and PASS/FAIL."""
+    rows = [
+        {
+            **c,
+            "where": " ".join(str(c[k]) for k in ("workload", "kind") if c.get(k)),
+            "ratio": f"{c['ratio']:.3g}" if c["status"] != "SKIP" else "—",
+            "limit": f"{'≤' if c['bound'] == 'at most' else '≥'} {c['limit']:g}",
+            "result": c["status"],
+            "note": c.get("note", ""),
+        }
+        for c in checks
+    ]
+    return markdown_table(rows, ["check", "where", "ratio", "limit", "result", "note"])

@@ -1,24 +1,37 @@
 """Drop-in, end to end: two MADDPG codebases with their own buffer and with marlbuf swapped in.
 
 The consumers (:mod:`marlbuf.bench.consumers`) are complete PyTorch MADDPG loops written the way
-two popular kinds of codebase write them:
+two popular kinds of codebase write them. marlbuf enters each as a user would build it, with the
+library's defaults (no tuning options); a case that exists for a tuning option is labelled so
+(column ``buffer``) and sits beside the default case:
 
 * **per_agent** — one buffer object per agent (``buffers[i].add(...)`` every step; a trainer
   draws ``np.random.choice(len, B, replace=False)`` and reads every agent's buffer with
-  ``sample_index``); marlbuf enters as :func:`marlbuf.compat.maddpg.make_buffers` with
-  ``Uniform(replace=False)``.
+  ``sample_index``). Case ``marlbuf``: :func:`marlbuf.compat.maddpg.make_buffers` with
+  ``Uniform(replace=False)`` (the consumer's draw without replacement) and float32 fields (what
+  the consumer stores).
 * **joint** — one ``push(obs_n, act_n, rew_n, next_obs_n, done_n)`` / ``sample(B)`` buffer
-  returning per-agent tensor lists with normalised rewards; marlbuf enters as
-  ``MultiAgentReplayBuffer.add`` / ``sample`` + ``Batch.as_lists()`` + ``torch.from_numpy``
-  (rewards normalised from ``stored("reward")``), with ``batch_layout="per_agent"`` (case
-  ``marlbuf``) and with the default ``"rows"`` layout (case ``marlbuf_rows``).
+  returning per-agent tensor lists with normalised rewards. Case ``marlbuf``:
+  ``MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(replace=False))`` behind ``push`` /
+  ``sample`` + ``Batch.as_lists()`` + ``torch.from_numpy`` (rewards normalised from
+  ``stored("reward")``). Case ``marlbuf_per_agent_batches``: the same with the tuning option
+  ``batch_layout="per_agent"`` (contiguous per-agent arrays).
 
-For every agent count and consumer, all cases are built from the same seeded environment
-(:func:`marlbuf.envs.make`'s cooperative navigation, continuous actions, vectorized step: the
-same cost in every case) and prefilled with the same synthetic transitions (capacity 1e5,
-lowered where one table would exceed ``TABLE_BUDGET_BYTES``; filling is not timed). The run
-first checks that the swapped buffer returns the consumer's arrays at the same indices. Then,
-repeats interleaved across cases:
+Every agent count, consumer and case is prefilled (not timed) with the same synthetic
+transitions of each of two data kinds (:data:`marlbuf.bench.workloads.DATA_KINDS`):
+
+* ``streams`` — MPE-like: every step's next observation is the following step's observation,
+  except at an episode end every 25 steps;
+* ``independent`` — next observations unrelated to the following observations, as in a
+  shuffled dataset.
+
+marlbuf's buffers are filled with one ``extend`` call per chunk of steps (the per-agent adapter
+takes its first step through ``add``, which allocates its store); column ``next_obs`` records
+how the default buffer chose to keep next observations for that data. Capacity 1e5, lowered
+where one table would exceed ``TABLE_BUDGET_BYTES``. The run first checks that the swapped
+buffer returns the consumer's arrays at the same indices. All cases are built from the same
+seeded environment (:func:`marlbuf.envs.make`'s cooperative navigation, continuous actions,
+vectorized step: the same cost in every case). Then, repeats interleaved across cases:
 
 * ``write_us`` — the consumer's write path per environment step (every agent's ``add`` / one
   ``push``), on env-shaped transitions;
@@ -27,16 +40,31 @@ repeats interleaved across cases:
 * ``per100_s`` — 100 environment steps of the training loop: action selection, env step, write,
   and the one update round that falls in every 100 steps.
 
-``ratio_*`` columns are case / the consumer's own buffer (below 1: marlbuf is faster).
+``ratio_*`` columns are case / the consumer's own buffer (below 1: marlbuf is faster): ratios
+of medians, except ``ratio_per100``, the median of the ratios of the windows timed in the same
+round. ``sample_speedup`` is the own buffer's sampling call over the case's. The Amdahl bound,
+from the same run: ``own_buffer_s`` is the time the own buffer spends in its calls in a 100-step
+window (100 writes and one sampling call per trainer), ``own_buffer_share`` its share of the
+window; ``gain_s`` is the own window minus the case's (median of the same-round differences),
+and ``gain_vs_own_buffer`` that gain over ``own_buffer_s`` (1: as if the buffer cost nothing;
+0: no gain; negative: slower). Where the buffer's share is a few percent (3 agents, the quick
+sizes) the gain is within the noise of the window and this ratio swings widely.
+
+Targets, reported as PASS/FAIL for the default cases (``targets`` in the payload, a table in the
+markdown; a miss is reported, not an error): the sampling call at least 3x faster than the own
+buffer's at 12 and 24 agents; whole runs (``per100_s``) never slower; the whole-run gain at least
+70% of ``own_buffer_s``.
 
 A write-path micro-benchmark completes it: one step from PettingZoo-style dicts with integer
-(discrete) actions through ``MultiAgentReplayBuffer.add`` (stored one-hot) against a minimal
-per-agent NumPy row write (one-hot, then five row assignments per agent).
+(discrete) actions through a default ``MultiAgentReplayBuffer``'s ``add`` (stored one-hot)
+against a minimal per-agent NumPy row write (one-hot, then five row assignments per agent), on
+both data kinds.
 """
 
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -45,11 +73,20 @@ import numpy as np
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf.bench.adapters import capacity_for
-from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.common import (
+    check,
+    checks_markdown,
+    markdown_table,
+    quiet_threads,
+    time_interleaved,
+)
+from marlbuf.bench.sampling import FILL_CHUNK
+from marlbuf.bench.workloads import DATA_KINDS, steps_of_kind
 
 SUITE = "dropin"
 STEPS = 100  # environment steps per timed window (one update round in each)
 ACTION_DIM = 5
+EPISODE_STEPS = 25  # episode length of the streams in the write-path micro-benchmark
 
 #: Full-size run.
 FULL: dict[str, Any] = {
@@ -66,43 +103,52 @@ QUICK: dict[str, Any] = {
     "agents": (3, 12),
     "capacity": 2_000,
     "batch_size": 128,
-    "repeats": 3,
+    "repeats": 5,
     "write_agents": (3, 12, 24),
     "write_steps": 50,
     "write_repeats": 5,
 }
 
 METRICS = ("write_us", "sample_ms", "update_ms", "per100_s")
+#: the prefill data's keys (the consumers' field names) and the buffer's fields they hold
+FIELDS = ("obs", "act", "rew", "next_obs", "done")
+BUFFER_FIELDS = ("obs", "action", "reward", "next_obs", "done")
+
+#: what each case's buffer is, as its ``buffer`` column says
+BUFFERS = {
+    "own": "the consumer's own",
+    "marlbuf": "marlbuf, defaults",
+    "marlbuf_per_agent_batches": 'marlbuf, batch_layout="per_agent" (tuning option)',
+}
+#: targets for the default cases: agent counts where the sampling call must be SAMPLE_SPEEDUP
+#: times faster; the whole run at most WHOLE_RUN_RATIO of the own buffer's; the whole-run gain at
+#: least AMDAHL_SHARE of the time the own buffer spends in its calls
+SAMPLE_SPEEDUP_AGENTS = (12, 24)
+SAMPLE_SPEEDUP = 3.0
+WHOLE_RUN_RATIO = 1.0
+AMDAHL_SHARE = 0.70
 
 
 # ------------------------------------------------------------------------------ prefill data
-def make_data(obs_dims: list[int], capacity: int, seed: int) -> dict[str, list[np.ndarray]]:
-    """Per agent, ``capacity`` synthetic transitions: observations along one trajectory (step
-    t's next observation is step t+1's observation), actions in [0, 1), normal rewards, no
-    terminations. ``obs`` and ``next_obs`` are views of one array per agent."""
-    rng = np.random.default_rng(seed)
-    traj = [rng.random((capacity + 1, d), np.float32) for d in obs_dims]
-    return {
-        "obs": [t[:-1] for t in traj],
-        "act": [rng.random((capacity, ACTION_DIM), np.float32) for _ in obs_dims],
-        "rew": [rng.standard_normal(capacity).astype(np.float32) for _ in obs_dims],
-        "next_obs": [t[1:] for t in traj],
-        "done": [np.zeros(capacity, np.float32) for _ in obs_dims],
+def make_data(
+    obs_dims: list[int], capacity: int, seed: int, kind: str
+) -> dict[str, list[np.ndarray]]:
+    """Per agent, ``capacity`` synthetic transitions of data kind ``kind`` (see the module
+    docstring): lists in agent order under ``obs``, ``act``, ``rew``, ``next_obs``, ``done``."""
+    specs = {
+        f"agent_{i}": AgentSpec(obs_shape=(d,), action_shape=(ACTION_DIM,))
+        for i, d in enumerate(obs_dims)
     }
+    steps = steps_of_kind(kind, specs, capacity, np.random.default_rng(seed))
+    return {key: list(steps[field].values()) for key, field in zip(FIELDS, BUFFER_FIELDS)}
 
 
-def env_transitions(obs_dims: list[int], steps: int, seed: int) -> list[tuple[Any, ...]]:
-    """``steps`` transitions shaped as the environment returns them: per-agent lists of float32
-    observations and actions, a float64 reward array and a bool done array."""
-    rng = np.random.default_rng(seed)
-    n = len(obs_dims)
-    out = []
-    for _ in range(steps):
-        obs = [rng.random(d, np.float32) for d in obs_dims]
-        act = [rng.random(ACTION_DIM, np.float32) for _ in obs_dims]
-        nxt = [rng.random(d, np.float32) for d in obs_dims]
-        out.append((obs, act, rng.standard_normal(n), nxt, np.zeros(n, dtype=bool)))
-    return out
+def _chunks(data: dict[str, list[np.ndarray]], start: int) -> Any:
+    """``data`` from step ``start`` on, in chunks of ``FILL_CHUNK`` steps (field lists)."""
+    total = len(data["obs"][0])
+    for begin in range(start, total, FILL_CHUNK):
+        end = min(total, begin + FILL_CHUNK)
+        yield [[x[begin:end] for x in data[f]] for f in FIELDS]
 
 
 def fill_own_per_agent(buffers: list[Any], data: dict[str, list[np.ndarray]]) -> None:
@@ -117,10 +163,10 @@ def fill_own_per_agent(buffers: list[Any], data: dict[str, list[np.ndarray]]) ->
 
 def fill_marlbuf_per_agent(buffers: list[Any], data: dict[str, list[np.ndarray]]) -> None:
     for i, buf in enumerate(buffers):  # the first step through add(): allocates the store
-        buf.add(*(data[f][i][0] for f in ("obs", "act", "rew", "next_obs", "done")))
+        buf.add(*(data[f][i][0] for f in FIELDS))
     store = buffers[0].store.buffer
-    rest = {f: [x[1:] for x in data[f]] for f in ("obs", "act", "rew", "next_obs", "done")}
-    store.extend(rest["obs"], rest["act"], rest["rew"], rest["next_obs"], rest["done"])
+    for chunk in _chunks(data, 1):
+        store.extend(*chunk)
 
 
 def fill_own_joint(buf: Any, data: dict[str, list[np.ndarray]]) -> None:
@@ -134,15 +180,45 @@ def fill_own_joint(buf: Any, data: dict[str, list[np.ndarray]]) -> None:
 
 
 def fill_marlbuf_joint(buf: Any, data: dict[str, list[np.ndarray]]) -> None:
-    buf.buffer.extend(data["obs"], data["act"], data["rew"], data["next_obs"], data["done"])
+    for chunk in _chunks(data, 0):
+        buf.buffer.extend(*chunk)
+
+
+def _filled(fill: Callable[[Any, Any], None], buf: Any, data: Any) -> list[str]:
+    """Run ``fill(buf, data)``; the warnings it raised (e.g. the side-table warning of a
+    default buffer holding independent transitions), recorded instead of printed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fill(buf, data)
+    return sorted({type(w.message).__name__ for w in caught})
+
+
+def env_transitions(obs_dims: list[int], steps: int, seed: int, kind: str) -> list[tuple[Any, ...]]:
+    """``steps`` transitions shaped as the environment returns them (per-agent lists of float32
+    observations and actions, a float64 reward array and a bool done array), of data kind
+    ``kind``: with ``"streams"`` a step's next observations are the following step's, except at
+    an episode end every ``EPISODE_STEPS`` steps."""
+    if kind not in DATA_KINDS:
+        raise ValueError(f"kind must be one of {DATA_KINDS}; got kind={kind!r}")
+    rng = np.random.default_rng(seed)
+    n = len(obs_dims)
+    observations = [[rng.random(d, np.float32) for d in obs_dims] for _ in range(steps + 1)]
+    out = []
+    for t in range(steps):
+        act = [rng.random(ACTION_DIM, np.float32) for _ in obs_dims]
+        linked = kind == "streams" and (t + 1) % EPISODE_STEPS
+        nxt = observations[t + 1] if linked else [rng.random(d, np.float32) for d in obs_dims]
+        out.append((observations[t], act, rng.standard_normal(n), nxt, np.zeros(n, dtype=bool)))
+    return out
 
 
 # ------------------------------------------------------------------------------ consumers
 def build_cases(
     consumer: str, n: int, capacity: int, batch_size: int, data: dict[str, list[np.ndarray]]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The consumer's training loops, one per case, each with its own env (same seed) and a
-    buffer prefilled with ``data``."""
+    buffer prefilled with ``data``; and per marlbuf case, how its buffer keeps next
+    observations (``next_obs``) and the warnings the fill raised (``fill_warnings``)."""
     from marlbuf.bench.consumers import joint, per_agent
     from marlbuf.envs import make
 
@@ -152,23 +228,29 @@ def build_cases(
     settings: dict[str, Any] = {"batch_size": batch_size, "update_every": STEPS, "seed": 0}
     obs_dims = env().obs_dims
     loops: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {}
     if consumer == "per_agent":
         own = per_agent.own_buffers(capacity, obs_dims, ACTION_DIM)
         fill_own_per_agent(own, data)
         loops["own"] = per_agent.PerAgentMADDPG(env(), own, **settings)
         ours = per_agent.marlbuf_buffers(capacity, obs_dims, ACTION_DIM, seed=0)
-        fill_marlbuf_per_agent(ours, data)
+        caught = _filled(fill_marlbuf_per_agent, ours, data)
+        info["marlbuf"] = {"next_obs": ours[0].store.buffer.next_obs, "fill_warnings": caught}
         loops["marlbuf"] = per_agent.PerAgentMADDPG(env(), ours, **settings)
-        return loops
+        return loops, info
     act_dims = [ACTION_DIM] * n
     own_joint = joint.JointReplayBuffer(capacity, obs_dims, act_dims)
     fill_own_joint(own_joint, data)
     loops["own"] = joint.JointMADDPG(env(), own_joint, **settings)
-    for case, layout in (("marlbuf", "per_agent"), ("marlbuf_rows", "rows")):
-        swapped = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, layout, seed=0)
-        fill_marlbuf_joint(swapped, data)
+    for case, options in (
+        ("marlbuf", {}),
+        ("marlbuf_per_agent_batches", {"batch_layout": "per_agent"}),
+    ):
+        swapped = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, seed=0, **options)
+        caught = _filled(fill_marlbuf_joint, swapped, data)
+        info[case] = {"next_obs": swapped.buffer.next_obs, "fill_warnings": caught}
         loops[case] = joint.JointMADDPG(env(), swapped, **settings)
-    return loops
+    return loops, info
 
 
 def check_same_data(consumer: str, loops: dict[str, Any], capacity: int) -> None:
@@ -192,14 +274,15 @@ def check_same_data(consumer: str, loops: dict[str, Any], capacity: int) -> None
 
 
 def measure_consumer(
-    consumer: str, n: int, capacity: int, batch_size: int, repeats: int
+    consumer: str, n: int, capacity: int, batch_size: int, repeats: int, kind: str
 ) -> list[dict[str, Any]]:
-    """Rows (one per case) of the four metrics for one consumer at ``n`` agents."""
-    data = make_data([6 * n] * n, capacity, seed=n)
-    loops = build_cases(consumer, n, capacity, batch_size, data)
+    """Rows (one per case) of the four metrics and the Amdahl columns for one consumer at
+    ``n`` agents, prefilled with data of kind ``kind``."""
+    data = make_data([6 * n] * n, capacity, seed=n, kind=kind)
+    loops, info = build_cases(consumer, n, capacity, batch_size, data)
     del data
     check_same_data(consumer, loops, capacity)
-    transitions = env_transitions([6 * n] * n, STEPS, seed=100 + n)
+    transitions = env_transitions([6 * n] * n, STEPS, seed=100 + n, kind=kind)
 
     def writes(loop: Any) -> Callable[[], None]:
         def run() -> None:
@@ -208,7 +291,7 @@ def measure_consumer(
 
         return run
 
-    timings: dict[str, dict[str, dict[str, float]]] = {}
+    timings: dict[str, dict[str, dict[str, Any]]] = {}
     timings["write_us"] = time_interleaved(
         {c: writes(loop) for c, loop in loops.items()}, repeats=repeats, warmup=1
     )
@@ -225,6 +308,8 @@ def measure_consumer(
         {c: partial(loop.run_steps, STEPS) for c, loop in loops.items()},
         repeats=repeats,
         warmup=1,
+        rotate=True,
+        keep_samples=True,
     )
     for case, loop in loops.items():
         expected = 2 * (repeats + 1)  # the update_ms rounds, then one per 100-step window
@@ -233,37 +318,94 @@ def measure_consumer(
     scale = {"write_us": 1e6 / STEPS, "sample_ms": 1e3, "update_ms": 1e3, "per100_s": 1.0}
     rows = []
     for case in loops:
-        row: dict[str, Any] = {"consumer": consumer, "agents": n, "case": case}
+        row: dict[str, Any] = {"consumer": consumer, "kind": kind, "agents": n, "case": case}
+        row["buffer"] = BUFFERS[case]
         row["capacity"] = capacity
+        row["next_obs"] = info.get(case, {}).get("next_obs", "stored")
+        row["fill_warnings"] = ", ".join(info.get(case, {}).get("fill_warnings", []))
         for metric in METRICS:
             row[metric] = timings[metric][case]["median"] * scale[metric]
             row[f"{metric}_min"] = timings[metric][case]["min"] * scale[metric]
         row["repeats"] = repeats
         rows.append(row)
     own = rows[0]
+    # the own buffer's calls in one 100-step window: STEPS writes, one sampling call per
+    # trainer (the window's update round); what a free buffer would take off the window
+    own_buffer_s = STEPS * own["write_us"] * 1e-6 + n * own["sample_ms"] * 1e-3
+    windows = {case: np.array(t["samples"]) for case, t in timings["per100_s"].items()}
     for row in rows:
         for metric in METRICS:
             row[f"ratio_{metric.rsplit('_', 1)[0]}"] = row[metric] / own[metric]
+        # whole windows: paired within each timed round (the slow drift of a shared machine
+        # hits both windows of a pair alike), then the median
+        row["ratio_per100"] = float(np.median(windows[row["case"]] / windows["own"]))
+        row["sample_speedup"] = own["sample_ms"] / row["sample_ms"]
+        row["own_buffer_s"] = own_buffer_s
+        row["own_buffer_share"] = own_buffer_s / own["per100_s"]
+        row["gain_s"] = float(np.median(windows["own"] - windows[row["case"]]))
+        row["gain_vs_own_buffer"] = row["gain_s"] / own_buffer_s
     del loops
     gc.collect()
     return rows
 
 
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PASS/FAIL of the default marlbuf cases against the targets (module docstring)."""
+    out = []
+    for row in rows:
+        if row["case"] != "marlbuf":
+            continue
+        ident: dict[str, Any] = {"workload": f"{row['consumer']} N={row['agents']}"}
+        ident["kind"] = row["kind"]
+        if row["agents"] in SAMPLE_SPEEDUP_AGENTS:
+            out.append(
+                check(
+                    "sampling call: own / marlbuf",
+                    row["sample_speedup"],
+                    SAMPLE_SPEEDUP,
+                    at_most=False,
+                    **ident,
+                )
+            )
+        out.append(
+            check("100 env steps: marlbuf / own", row["ratio_per100"], WHOLE_RUN_RATIO, **ident)
+        )
+        out.append(
+            check(
+                "whole-run gain / own buffer's time in its calls",
+                row["gain_vs_own_buffer"],
+                AMDAHL_SHARE,
+                at_most=False,
+                **ident,
+            )
+        )
+    return out
+
+
 # ------------------------------------------------------------------------------ write path
-def measure_write(n: int, steps: int, repeats: int) -> list[dict[str, Any]]:
-    """One step of PettingZoo-style dicts with integer actions: ``add`` vs NumPy rows."""
+def measure_write(
+    n: int, steps: int, repeats: int, kind: str = "independent"
+) -> list[dict[str, Any]]:
+    """One step of PettingZoo-style dicts with integer actions: ``add`` (a default buffer) vs
+    NumPy rows. ``kind``: ``"streams"`` (a step's next observation is the following step's
+    observation, except at an episode end every 25 steps) or ``"independent"`` (unrelated)."""
+    if kind not in DATA_KINDS:
+        raise ValueError(f"kind must be one of {DATA_KINDS}; got kind={kind!r}")
     agents = [f"agent_{i}" for i in range(n)]
     obs_dim, capacity = 6 * n, 10_000
     rng = np.random.default_rng(n)
+    observations = [{a: rng.random(obs_dim, np.float32) for a in agents} for _ in range(steps + 1)]
     step_dicts = [
         (
-            {a: rng.random(obs_dim, np.float32) for a in agents},
+            observations[t],
             {a: int(rng.integers(ACTION_DIM)) for a in agents},
             {a: float(rng.standard_normal()) for a in agents},
-            {a: rng.random(obs_dim, np.float32) for a in agents},
+            observations[t + 1]
+            if kind == "streams" and (t + 1) % EPISODE_STEPS
+            else {a: rng.random(obs_dim, np.float32) for a in agents},
             {a: False for a in agents},
         )
-        for _ in range(steps)
+        for t in range(steps)
     ]
     specs = {
         a: AgentSpec(obs_shape=(obs_dim,), action_shape=(ACTION_DIM,), n_discrete_actions=5)
@@ -313,6 +455,7 @@ def measure_write(n: int, steps: int, repeats: int) -> list[dict[str, Any]]:
     return [
         {
             "agents": n,
+            "kind": kind,
             "case": case,
             "us_per_step": t["median"] / steps * 1e6,
             "us_per_step_min": t["min"] / steps * 1e6,
@@ -331,43 +474,67 @@ def run(quick: bool = False) -> dict[str, Any]:
     for n in sizes["agents"]:
         capacity = sizes["capacity"] or capacity_for(n)[0]
         for consumer in ("per_agent", "joint"):
-            print(f"[dropin] {consumer} consumer, N={n}, capacity {capacity}", flush=True)
-            rows += measure_consumer(consumer, n, capacity, sizes["batch_size"], sizes["repeats"])
+            for kind in DATA_KINDS:
+                print(
+                    f"[dropin] {consumer} consumer, N={n}, {kind}, capacity {capacity}", flush=True
+                )
+                rows += measure_consumer(
+                    consumer, n, capacity, sizes["batch_size"], sizes["repeats"], kind
+                )
     write_rows: list[dict[str, Any]] = []
-    for n in sizes["write_agents"]:
-        write_rows += measure_write(n, sizes["write_steps"], sizes["write_repeats"])
+    for kind in DATA_KINDS:
+        for n in sizes["write_agents"]:
+            write_rows += measure_write(n, sizes["write_steps"], sizes["write_repeats"], kind)
+    checks = targets(rows)
 
     summary: dict[str, Any] = {}
     for row in rows:
         if row["case"] == "own":
             continue
-        key = f"{row['consumer']}/{row['case']}/N={row['agents']}"
+        key = f"{row['consumer']}/{row['case']}/{row['kind']}/N={row['agents']}"
         summary[key] = {m: round(row[f"ratio_{m.rsplit('_', 1)[0]}"], 3) for m in METRICS}
+        for column in ("sample_speedup", "own_buffer_share", "gain_vs_own_buffer"):
+            summary[key][column] = round(row[column], 3)
     for row in write_rows:
         if row["case"] == "marlbuf_add":
-            summary[f"write_add_vs_numpy_rows/N={row['agents']}"] = round(
+            summary[f"write_add_vs_numpy_rows/{row['kind']}/N={row['agents']}"] = round(
                 row["ratio_vs_numpy_rows"], 3
             )
-    columns = ["consumer", "agents", "case", *METRICS]
+    summary["targets_missed"] = [
+        f"{c['check']} ({c['workload']}, {c['kind']}): {c['ratio']:.3g}"
+        for c in checks
+        if c["status"] == "FAIL"
+    ]
+    columns = ["consumer", "kind", "agents", "case", "next_obs", *METRICS]
     columns += [f"ratio_{m.rsplit('_', 1)[0]}" for m in METRICS]
-    write_columns = ["agents", "case", "us_per_step", "ratio_vs_numpy_rows"]
+    columns += ["sample_speedup", "own_buffer_share", "gain_vs_own_buffer"]
+    write_columns = ["kind", "agents", "case", "us_per_step", "ratio_vs_numpy_rows"]
     markdown = (
-        markdown_table(rows, columns)
+        "Cases: "
+        + "; ".join(f"`{case}`: {what}" for case, what in BUFFERS.items())
+        + ".\n\n"
+        + markdown_table(rows, columns)
+        + "\n\nTargets (default marlbuf cases; a miss is reported, not an error):\n\n"
+        + checks_markdown(checks)
         + "\n\nWrite path, one step from PettingZoo-style dicts with integer actions:\n\n"
         + markdown_table(write_rows, write_columns)
     )
     return {
         "rows": rows,
         "write_rows": write_rows,
+        "targets": checks,
         "markdown": markdown,
         "summary": summary,
         "config": {
             **{k: v for k, v in sizes.items() if k != "capacity"},
             "capacity": sizes["capacity"] or "1e5, lowered to fit 384 MiB per table",
+            "data_kinds": list(DATA_KINDS),
+            "fill_chunk": FILL_CHUNK,
             "steps_per_window": STEPS,
             "env": "marlbuf.envs cooperative_navigation, continuous actions, seed 0",
             "threads": threads,
-            "what": "medians of interleaved repeats; ratio_* = case / own buffer",
+            "what": "medians of interleaved repeats; ratio_* = case / own buffer; "
+            "gain_vs_own_buffer = (own - case time per 100 steps) / own buffer's time in its calls",
         },
     }
 

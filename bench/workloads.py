@@ -108,6 +108,29 @@ def episode_steps(
     }
 
 
+#: the two kinds of data the default format is measured on: ``"streams"`` (MPE-like: every
+#: step's next_obs is the following step's obs, except at an episode end every 25 steps) and
+#: ``"independent"`` (next_obs unrelated to the following obs, as in a shuffled dataset)
+DATA_KINDS = ("streams", "independent")
+
+
+def steps_of_kind(
+    kind: str,
+    specs: dict[str, AgentSpec],
+    steps: int,
+    rng: np.random.Generator,
+    first: int = 0,
+) -> dict[str, dict[str, np.ndarray]]:
+    """``steps`` timesteps of one of the :data:`DATA_KINDS` for ``extend``: streams from
+    :func:`episode_steps` (``first`` continues their episodes), independent transitions from
+    :func:`random_steps`."""
+    if kind == "streams":
+        return episode_steps(specs, steps, rng, first=first)
+    if kind == "independent":
+        return random_steps(specs, steps, rng)
+    raise ValueError(f"kind must be one of {DATA_KINDS}; got kind={kind!r}")
+
+
 PAPER_WORKLOADS = [
     Workload("cooperative_navigation", 3),
     Workload("cooperative_navigation", 6),

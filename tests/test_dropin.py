@@ -75,7 +75,9 @@ def test_joint_consumer_learns_the_same_with_marlbuf(batch_layout, norm_rews):
     own = joint.JointMADDPG(env, own_buf, norm_rews=norm_rews, **SETTINGS)
     own.run_steps(STEPS)
     env = _env()
-    swapped = _ConsumerIndicesJoint(CAPACITY, env.obs_dims, env.action_dims, batch_layout)
+    swapped = _ConsumerIndicesJoint(
+        CAPACITY, env.obs_dims, env.action_dims, batch_layout=batch_layout
+    )
     ours = joint.JointMADDPG(env, swapped, norm_rews=norm_rews, **SETTINGS)
     ours.run_steps(STEPS)
     _assert_same_run(own, ours)
@@ -83,38 +85,66 @@ def test_joint_consumer_learns_the_same_with_marlbuf(batch_layout, norm_rews):
 
 def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
     tiny = {"agents": (2,), "capacity": 300, "batch_size": 32, "repeats": 1}
-    tiny.update(write_agents=(2,), write_steps=10, write_repeats=1)
+    tiny.update(write_agents=(2,), write_steps=30, write_repeats=1)
     monkeypatch.setattr(dropin, "QUICK", tiny)
     payload = dropin.run(quick=True)
     rows = payload["rows"]
-    assert [(r["consumer"], r["case"]) for r in rows] == [
-        ("per_agent", "own"),
-        ("per_agent", "marlbuf"),
-        ("joint", "own"),
-        ("joint", "marlbuf"),
-        ("joint", "marlbuf_rows"),
+    kinds = ("streams", "independent")
+    assert [(r["consumer"], r["kind"], r["case"]) for r in rows] == [
+        *[("per_agent", kind, case) for kind in kinds for case in ("own", "marlbuf")],
+        *[
+            ("joint", kind, case)
+            for kind in kinds
+            for case in ("own", "marlbuf", "marlbuf_per_agent_batches")
+        ],
     ]
     for row in rows:
         assert row["agents"] == 2 and row["capacity"] == 300
+        assert row["buffer"] == dropin.BUFFERS[row["case"]]
         for metric in ("write_us", "sample_ms", "update_ms", "per100_s"):
             assert row[metric] > 0
         assert {"ratio_write", "ratio_sample", "ratio_update", "ratio_per100"} <= set(row)
-    assert [r["case"] for r in payload["write_rows"]] == ["numpy_rows", "marlbuf_add"]
+        assert row["sample_speedup"] > 0 and row["own_buffer_s"] > 0
+        assert 0 < row["own_buffer_share"] and np.isfinite(row["gain_vs_own_buffer"])
+    assert "tuning option" in dropin.BUFFERS["marlbuf_per_agent_batches"]
+    assert [(r["kind"], r["case"]) for r in payload["write_rows"]] == [
+        (kind, case) for kind in kinds for case in ("numpy_rows", "marlbuf_add")
+    ]
     assert payload["write_rows"][0]["ratio_vs_numpy_rows"] == 1.0
-    assert set(payload["summary"]) == {
-        "per_agent/marlbuf/N=2",
-        "joint/marlbuf/N=2",
-        "joint/marlbuf_rows/N=2",
-        "write_add_vs_numpy_rows/N=2",
+    expected = {
+        f"{consumer}/{case}/{kind}/N=2"
+        for kind in kinds
+        for consumer, case in (
+            ("per_agent", "marlbuf"),
+            ("joint", "marlbuf"),
+            ("joint", "marlbuf_per_agent_batches"),
+        )
     }
-    assert set(payload["summary"]["joint/marlbuf/N=2"]) == set(dropin.METRICS)
+    expected |= {f"write_add_vs_numpy_rows/{kind}/N=2" for kind in kinds}
+    assert set(payload["summary"]) == expected | {"targets_missed"}
+    assert set(dropin.METRICS) <= set(payload["summary"]["joint/marlbuf/streams/N=2"])
+    # targets only for the default cases; the sampling-call target applies at 12 and 24 agents
+    assert {(t["workload"], t["kind"]) for t in payload["targets"]} == {
+        (f"{consumer} N=2", kind) for consumer in ("per_agent", "joint") for kind in kinds
+    }
+    assert all(t["status"] in ("PASS", "FAIL") for t in payload["targets"])
     path = common.write_result("dropin", payload, quick=True, out_dir=tmp_path)
     assert path.name == "dropin-quick.json"
     record = json.loads(path.read_text())
     assert record["suite"] == "dropin" and record["config"]["batch_size"] == 32
     assert "dropin" in cli.SUITES
     report = cli.write_report(tmp_path, quick=True).read_text()
-    assert "## dropin" in report and "marlbuf_rows" in report and "numpy_rows" in report
+    assert "## dropin" in report and "marlbuf_per_agent_batches" in report
+    assert "numpy_rows" in report and ("PASS" in report or "FAIL" in report)
+
+
+def test_write_path_streams_link_next_obs_to_the_following_obs():
+    transitions = dropin.env_transitions([4, 4], 60, seed=0, kind="streams")
+    for t, (_, _, _, nxt, _) in enumerate(transitions[:-1]):
+        follows = all(np.array_equal(a, b) for a, b in zip(nxt, transitions[t + 1][0]))
+        assert follows == bool((t + 1) % dropin.EPISODE_STEPS)
+    independent = dropin.env_transitions([4, 4], 10, seed=0, kind="independent")
+    assert not any(np.array_equal(independent[t][3][0], independent[t + 1][0][0]) for t in range(9))
 
 
 def test_docs_joint_buffer_snippet_matches_the_consumer_buffer():

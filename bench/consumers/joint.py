@@ -14,9 +14,9 @@ sampler, ``Batch.as_lists()`` and ``torch.from_numpy``. The reward normalisation
 ``stored("reward")`` with the consumer's float32 arithmetic (so learning stays bit-identical)
 and recomputes it only when the buffer has been written to since (``total_writes``): the
 consumer's own buffer makes that pass over every stored reward at every sample call, N times
-per update round although nothing is written during the round. ``batch_layout="per_agent"``
-makes every per-agent array contiguous, which the per-agent networks here read faster than
-strided views.
+per update round although nothing is written during the round. The buffer is built with the
+library's defaults; the tuning option ``batch_layout="per_agent"`` makes every per-agent array
+contiguous, which the per-agent networks here may read faster than strided views.
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ class MarlbufJointBuffer:
         Capacity in environment steps.
     obs_dims, act_dims : sequence of int
         Per agent.
-    batch_layout : {"per_agent", "rows"}
-        ``"per_agent"``: contiguous per-agent arrays (what per-agent networks want);
-        ``"rows"``: strided views into the gathered rows.
+    batch_layout : {"rows", "per_agent"}, optional
+        Not given: the library's default (``"rows"``: strided views into the gathered rows).
+        ``"per_agent"``: contiguous per-agent arrays (a tuning option for per-agent networks).
     seed : int, optional
         Seeds the buffer's sampler.
     """
@@ -129,15 +129,16 @@ class MarlbufJointBuffer:
         max_steps: int,
         obs_dims: Sequence[int],
         act_dims: Sequence[int],
-        batch_layout: str = "per_agent",
+        batch_layout: str | None = None,
         seed: int | None = None,
     ) -> None:
         specs = {
             f"agent_{i}": AgentSpec(obs_shape=(o,), action_shape=(a,))
             for i, (o, a) in enumerate(zip(obs_dims, act_dims))
         }
+        options: dict[str, Any] = {} if batch_layout is None else {"batch_layout": batch_layout}
         self.buffer = MultiAgentReplayBuffer(
-            specs, max_steps, sampler=Uniform(replace=False), batch_layout=batch_layout, seed=seed
+            specs, max_steps, sampler=Uniform(replace=False), seed=seed, **options
         )
         self._stats: list[tuple[np.float32, np.float32]] = []
         self._stats_at = -1  # buffer.total_writes when _stats was computed
