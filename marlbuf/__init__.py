@@ -6,7 +6,7 @@ subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench
 """
 
 from marlbuf.batch import Batch, SequenceBatch, TorchBatch
-from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 
 __version__ = "0.1.0"
@@ -17,6 +17,7 @@ __all__ = [
     "Batch",
     "FieldSpec",
     "MultiAgentReplayBuffer",
+    "NextObsWarning",
     "SequenceBatch",
     "TorchBatch",
     "__version__",

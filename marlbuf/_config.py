@@ -14,6 +14,10 @@ ARRAY_ALIGN_BYTES = 4096
 #: Warn when a buffer will use more than this fraction of the memory the OS reports available.
 MEMORY_WARN_FRACTION = 0.8
 
+#: A buffer with observations stored once warns (``NextObsWarning``) once it holds at least this
+#: many steps and more than half of them keep their next_obs in the side table.
+SIDE_TABLE_WARN_ROWS = 1024
+
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
 SAVE_VERSION = 3

@@ -11,7 +11,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from marlbuf import _config, mapped, persistence
-from marlbuf.batch import Batch, SequenceBatch, as_sequences
+from marlbuf.batch import Batch, DrawnIndices, SequenceBatch, as_sequences
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.samplers import Sequence as SequenceSampler
@@ -31,6 +31,15 @@ from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 #: how next observations are stored: once (from the successor's obs, a side table where they
 #: differ) or as a field of every row
 NEXT_OBS_MODES = ("once", "stored")
+#: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
+NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
+
+
+class NextObsWarning(UserWarning):
+    """Most stored steps of a buffer with observations stored once keep their ``next_obs`` in
+    the side table: the data are not streams of consecutive steps (or several environments
+    are written in turn on one stream), so the format costs memory and time instead of saving
+    them. Raised once per buffer."""
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -62,13 +71,22 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
-    next_obs : {"once", "stored"}, default "once"
+    next_obs : {"auto", "once", "stored"}, default "auto"
+        ``"auto"``: ``"once"``, unless the buffer's first write is an ``extend`` of
+        consecutive steps in which most ``next_obs`` differ from the following step's ``obs``
+        (independent transitions: a dataset, shuffled transitions, or environments written in
+        turn): the buffer then stores them ``"stored"`` (it is still empty, so nothing is
+        converted; :attr:`next_obs` tells which format was chosen; a memory-mapped buffer, or
+        one where the dense rows would not fit in memory, keeps ``"once"``).
         ``"once"``: observations are stored once; a transition's ``next_obs`` is read from the
         ``obs`` of the next step of the same stream, and where they differ (termination,
         truncation, reset, the newest step) from a side table, detected by comparing values at
         write time (no episode flags needed; exact in every case, see
         :class:`marlbuf.writer.NextObsLinks`). About half the memory for MPE-style rows; batches
-        are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row.
+        are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row. With
+        ``"once"`` (chosen or automatic), a buffer in which most stored steps end up in the side
+        table warns once (:class:`NextObsWarning`), naming ``stream=``, ``add_envs`` and
+        ``next_obs="stored"``.
     batch_dtype : {"float32", "storage"}, default "float32"
         Half-precision storage (``AgentSpec(obs_dtype=np.float16)``, per agent and field)
         halves the bytes stored and read; by default the gather kernel converts such fields to
@@ -136,6 +154,10 @@ class MultiAgentReplayBuffer:
     episodes: EpisodeIndex | None = None
     #: the sampler when it is a :class:`marlbuf.samplers.Sequence`
     _sequence: SequenceSampler | None = None
+    #: ``next_obs="auto"`` before the first write chose the format; whether the side-table
+    #: warning was given (class defaults for backends with their own ``__init__``)
+    _choose_format = False
+    _format_warned = False
 
     def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
         # device=...: the torch backend (imported only then, so marlbuf needs no torch)
@@ -160,7 +182,7 @@ class MultiAgentReplayBuffer:
         n_trainers: int | None = None,
         parallel_gather: bool = False,
         batch_layout: str = "rows",
-        next_obs: str = "once",
+        next_obs: str = "auto",
         batch_dtype: str = "float32",
         path: str | os.PathLike[str] | None = None,
         durable: bool = False,
@@ -171,8 +193,14 @@ class MultiAgentReplayBuffer:
         _store: mapped.MappedStore | None = None,
     ) -> None:
         self.specs = normalize_specs(specs)
-        if next_obs not in NEXT_OBS_MODES:
-            raise ValueError(f"next_obs must be one of {NEXT_OBS_MODES}; got next_obs={next_obs!r}")
+        if next_obs not in NEXT_OBS_CHOICES:
+            raise ValueError(
+                f"next_obs must be one of {NEXT_OBS_CHOICES}; got next_obs={next_obs!r}"
+            )
+        #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
+        self._choose_format = next_obs == "auto" and path is None and _store is None
+        next_obs = "once" if next_obs == "auto" else next_obs
+        self._format_warned = False
         #: fields stored once per step for all agents (``global_fields=``), and whether each
         #: step records which agents are alive (``alive=``)
         self.global_fields, self.alive = check_row_options(self.specs, global_fields, alive)
@@ -467,6 +495,10 @@ class MultiAgentReplayBuffer:
             if truncated is not None and truncated is not False:
                 ends = ends | truncated
         with writer.lock:
+            if self._choose_format:
+                self._choose_format = False  # decided by the first write, whatever it is
+                if steps > 1 and isinstance(streams, int) and self._independent(rows):
+                    self._store_next_obs()
             if self._mapped is not None:  # the redo record first: a crash never sees half a write
                 self._mapped.log(rows, steps, streams)
             skip, slots = writer.plan(steps)
@@ -512,6 +544,72 @@ class MultiAgentReplayBuffer:
             self.sampler.on_write(slots)
             if self._mapped is not None:
                 self._mapped.committed(self)
+            if self.links is not None and not self._format_warned:
+                self._check_side_share()
+
+    def _independent(self, rows: np.ndarray) -> bool:
+        """Whether most of the consecutive staged ``rows`` (one stream) have a ``next_obs``
+        that differs from the following row's ``obs`` (independent transitions)."""
+        raw = rows.view(np.uint8)
+        codec = self._codec
+        obs = raw[1:, : codec.obs_bytes]
+        previous_next = raw[:-1, codec.next_obs_start : codec.next_obs_start + codec.obs_bytes]
+        linked = int(np.count_nonzero((previous_next == obs).all(axis=1)))
+        return 2 * linked < rows.shape[0] - 1
+
+    def _store_next_obs(self) -> None:
+        """Switch the (still empty) buffer to ``next_obs="stored"``, if its dense rows fit in
+        memory (else it keeps ``"once"``, and the side-table warning explains)."""
+        storage = self.storage
+        needed = estimate(
+            self.specs,
+            self.capacity,
+            storage.layout,
+            "stored",
+            prioritized=self.sampler.weighted,
+            n_trainers=self.n_trainers,
+            episodes=self.sampler.needs_episodes,
+            global_fields=self.global_fields,
+            alive=self.alive,
+        )
+        available = available_memory_bytes()
+        if available is not None and needed.total_bytes > _config.MEMORY_WARN_FRACTION * (
+            available + storage.nbytes
+        ):
+            return
+        dense = make_storage(
+            storage.layout,
+            self.specs,
+            self.capacity,
+            storage.pool.max_blocks,
+            self._codec,
+            storage.batch_layout,
+            None,
+            storage.batch_dtype,
+        )
+        dense.parallel_gather = storage.parallel_gather
+        self.storage = dense
+        self.links = None
+        self.next_obs = "stored"
+
+    def _check_side_share(self) -> None:
+        """Warn once when most stored steps keep their next_obs in the side table."""
+        size = self.writer.size
+        links = self.links
+        assert links is not None
+        if size < _config.SIDE_TABLE_WARN_ROWS or 2 * links.side_rows_used <= size:
+            return
+        self._format_warned = True
+        warnings.warn(
+            f"{links.side_rows_used} of the {size} stored steps keep their next_obs in the side "
+            "table: this buffer stores observations once (next_obs='once'), which saves memory "
+            "only when a step's next_obs is the obs of the next step written on the same "
+            "stream. Write each environment on its own stream (add(..., stream=k), or "
+            "add_envs for vectorized environments); for independent transitions (a dataset, "
+            "shuffled steps) build the buffer with next_obs='stored'",
+            NextObsWarning,
+            stacklevel=4,
+        )
 
     # ----------------------------------------------------------------------------- sampling
     def _check_trainer(self, trainer: Any) -> int:
@@ -730,7 +828,8 @@ class MultiAgentReplayBuffer:
         out_block: np.ndarray | None,
     ) -> Batch:
         """Gather under ``writer.lock`` (held by the caller)."""
-        fields, block = self.storage.gather(np.ascontiguousarray(indices), out_block)
+        indices = np.ascontiguousarray(indices)
+        fields, block = self.storage.gather(indices, out_block)
         generations = self.writer.write_generation[indices]
         if self._handed is not None and trainer is not None:
             self._handed[trainer, indices] = generations
@@ -740,7 +839,7 @@ class MultiAgentReplayBuffer:
             reward=fields["reward"],
             next_obs=fields["next_obs"],
             done=fields["done"],
-            indices=indices,
+            indices=DrawnIndices.of(indices, generations),
             generations=generations,
             weights=weights,
             trainer=trainer,
@@ -772,8 +871,9 @@ class MultiAgentReplayBuffer:
         if self._handed is not None and trainer is not None:
             self._handed[trainer, starts] = generations
             sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
+        drawn = DrawnIndices.of(starts, generations)
         return as_sequences(
-            gathered, mask, burn_in, slots, starts, generations, weights, trainer, zeroed=zeroed
+            gathered, mask, burn_in, slots, drawn, generations, weights, trainer, zeroed=zeroed
         )
 
     def update_priorities(
@@ -786,13 +886,16 @@ class MultiAgentReplayBuffer:
         """Feed TD errors back to a prioritized sampler (one priority tree per trainer).
 
         Updates for slots overwritten since they were sampled are dropped, never applied to
-        the new contents. Two ways to know which:
+        the new contents. How the buffer knows which:
 
-        * ``update_priorities(batch.indices, td, trainer=t)``: the buffer remembers the write
-          generation of every slot it last handed to trainer ``t`` (right for the usual
-          sample-then-update loop);
-        * ``generations=batch.generations``: exact for any order, e.g. asynchronous learners
-          that update an older batch after a newer one was drawn for the same trainer.
+        * ``update_priorities(batch.indices, td, trainer=t)``: ``batch.indices`` (a
+          :class:`marlbuf.batch.DrawnIndices`) carries the write generations of its draw, so
+          this is exact in any order of updates (an older batch updated after a newer one);
+        * ``generations=batch.generations``: the same, for indices that travelled elsewhere
+          (copied, converted to a tensor and back, sent to another process);
+        * plain indices without generations: the buffer's record of the write generation of
+          every slot it last handed to trainer ``t`` (right for the usual sample-then-update
+          loop).
 
         With a prioritized :class:`marlbuf.samplers.Sequence` sampler, ``indices`` are the
         sequences' training starts (``batch.indices``) and ``td_errors`` one value per sequence
@@ -811,6 +914,8 @@ class MultiAgentReplayBuffer:
                         f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
                         f"dtype {gens.dtype}"
                     )
+            elif isinstance(indices, DrawnIndices) and indices.generations is not None:
+                gens = indices.generations  # exact: the generations of this very draw
             elif self._handed is not None:
                 gens = self._handed[trainer, idx]
                 gens = np.where(gens < 0, current, gens)  # never handed out: an explicit gather
@@ -871,13 +976,22 @@ class MultiAgentReplayBuffer:
         _check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         global_fields, alive = row_options_of(state)
+        # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
+        # chose "stored" from its first write loads into a new default buffer)
+        adopt_dense = (
+            self._choose_format and self.size == 0 and state.get("next_obs", "stored") == "stored"
+        )
         mismatch = [
             (k, mine, theirs)
             for k, mine, theirs in (
                 ("specs", self.specs, specs),
                 ("capacity", self.capacity, state["capacity"]),
                 ("layout", self.layout, state["layout"]),
-                ("next_obs", self.next_obs, state.get("next_obs", "stored")),
+                (
+                    "next_obs",
+                    "stored" if adopt_dense else self.next_obs,
+                    state.get("next_obs", "stored"),
+                ),
                 ("global_fields", self.global_fields, global_fields),
                 ("alive", self.alive, alive),
                 ("n_trainers", self.n_trainers, state["n_trainers"]),
@@ -890,6 +1004,21 @@ class MultiAgentReplayBuffer:
                 f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
                 "the state; build the buffer with MultiAgentReplayBuffer.load instead"
             )
+        if not adopt_dense:
+            self._load_checked(state, adopt)
+            return
+        before = (self.storage, self.links, self.next_obs)
+        self._choose_format = False
+        self._store_next_obs()
+        try:
+            self._load_checked(state, adopt)
+        except BaseException:  # a rejected state leaves the buffer as it was
+            self.storage, self.links, self.next_obs = before
+            self._choose_format = True
+            raise
+
+    def _load_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+        """:meth:`_load_state` once the state's format matches this buffer's."""
         size = int(state["size"])
         arrays = self.storage.arrays()
         if set(state["storage"]) != set(arrays):
@@ -1328,4 +1457,4 @@ def _check_header(state: Mapping[str, Any]) -> None:
             )
 
 
-__all__ = ["MultiAgentReplayBuffer", "make_rng"]
+__all__ = ["MultiAgentReplayBuffer", "NextObsWarning", "make_rng"]

@@ -278,7 +278,8 @@ def storage_destinations(
     buffer: MultiAgentReplayBuffer, header: Mapping[str, Any]
 ) -> dict[str, np.ndarray]:
     """``buffer``'s storage arrays by array path when the state ``header`` describes storage of
-    the same shape (specs, global fields, alive mask, capacity, layout); otherwise none, and
+    the same shape (specs, global fields, alive mask, capacity, layout, next_obs format);
+    otherwise none, and
     the arrays are read as usual (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains
     the mismatch)."""
     from marlbuf.buffer import row_options_of
@@ -290,6 +291,7 @@ def storage_destinations(
             and row_options_of(header) == (buffer.global_fields, buffer.alive)
             and header["capacity"] == buffer.capacity
             and header["layout"] == buffer.layout
+            and header.get("next_obs", "stored") == buffer.next_obs
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         fits = False

@@ -662,13 +662,20 @@ class InterleavedStorage(Storage):
         links = self.links
         if rows and links is not None and not self.converts:
             # observations stored once, rows batch: head, next_obs and tail as block copies
+            head, next_dst, next_words, last_mask, tail_src, tail_dst, tail = self._lean_rows_args
             gather_lean_rows(
                 self.table,
                 links.side.view(np.uint64),
                 indices,
                 links.next_slot,
                 links.side_row,
-                *self._lean_rows_args,
+                head,
+                next_dst,
+                next_words,
+                last_mask,
+                tail_src,
+                tail_dst,
+                tail,
                 block,
             )
             return self.batch_codec.views(block), block

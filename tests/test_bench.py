@@ -74,6 +74,82 @@ def test_cli_lists_and_rejects_unknown_suites(capsys):
         cli.main(["no_such_suite"])
 
 
+def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
+    import importlib.util
+
+    from marlbuf.bench import guard
+
+    tiny = dict(guard.QUICK, workloads=[Workload("cooperative_navigation", 3)], capacity=3_000)
+    tiny.update(repeats=2, min_sample_s=0.0, per_capacity=5_000, per_repeats=2)
+    tiny.update(add_steps=5, add_repeats=1)
+    monkeypatch.setattr(guard, "QUICK", tiny)
+    # the Neighbor check's limits are set at 24 agents; give CN-3 one to run its path here
+    monkeypatch.setattr(guard, "NEIGHBOR_LIMITS", {"CN-3": 0.6})
+    payload = guard.run(quick=True, progress=False)
+    check_schema(payload)
+    kinds = ("streams", "independent")
+    expected = {
+        (name, "CN-3", kind)
+        for kind in kinds
+        for name in (
+            "default round / dense round",
+            "dense round / bare row gather",
+            "Neighbor(64) round / uniform round, default format",
+        )
+    }
+    expected |= {("add / NumPy row write", f"N={n}", kind) for n in (3, 24) for kind in kinds}
+    expected.add(("PER sample + update: cpprb / marlbuf", "capacity 5,000", ""))
+    checks = payload["checks"]
+    assert {(c["check"], c["workload"], c["kind"]) for c in checks} == expected
+    has_cpprb = importlib.util.find_spec("cpprb") is not None
+    for c in checks:
+        if c["status"] == "SKIP":  # only the cpprb comparison, without cpprb
+            assert not has_cpprb and c["check"].startswith("PER") and "cpprb" in c["note"]
+            continue
+        assert c["status"] in ("PASS", "FAIL")
+        assert np.isfinite(c["ratio"]) and c["ratio"] > 0 and c["limit"] > 0
+        assert (c["status"] == "PASS") == (
+            c["ratio"] <= c["limit"] if c["bound"] == "at most" else c["ratio"] >= c["limit"]
+        )
+    limits = {(c["check"], c["kind"]): c["limit"] for c in checks}
+    assert limits["default round / dense round", "streams"] == 1.10
+    assert limits["default round / dense round", "independent"] == 1.25
+    assert len(payload["failed_checks"]) == payload["summary"]["failed"]
+    assert payload["summary"]["failed"] == sum(c["status"] == "FAIL" for c in checks)
+    rounds = [r for r in payload["rows"] if "ms_median" in r]
+    assert {r["case"] for r in rounds} == {
+        "default",
+        "dense",
+        "bare_row_gather",
+        "default+neighbor64",
+    }
+    for row in rounds:
+        assert row["ms_median"] > 0 and row["floor_ms_from_bandwidth"] > 0
+    assert payload["config"]["copy_bandwidth_GBps"] > 0
+    for name, *_ in expected:
+        assert name in payload["markdown"]
+    assert "guard" in cli.SUITES
+    path = common.write_result("guard", payload, quick=True, out_dir=tmp_path)
+    assert json.loads(path.read_text())["suite"] == "guard"
+
+
+def test_failed_checks_set_the_exit_status_except_in_quick(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    fake = types.ModuleType("fake_guard_suite")
+    fake.SUITE = "fake"
+
+    def run(quick=False):
+        return {"rows": [{"case": "x", "ms_median": 1.0}], "summary": {}, "failed_checks": ["x"]}
+
+    fake.run = run
+    monkeypatch.setitem(sys.modules, "fake_guard_suite", fake)
+    monkeypatch.setitem(cli.SUITES, "fake", "fake_guard_suite")
+    assert cli.main(["fake", "--quick", "--out", str(tmp_path)]) == 0
+    assert cli.main(["fake", "--out", str(tmp_path)]) == 1
+
+
 def test_time_interleaved_counts_calls():
     calls = {"a": 0, "b": 0}
 

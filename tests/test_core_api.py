@@ -57,19 +57,20 @@ def test_fast_add_equals_complete_path(discrete_specs, layout, discrete):
     assert fast.cursor == slow.cursor == 4 and len(fast) == 16
 
 
+@pytest.mark.parametrize("next_obs", ["once", "stored"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_extend_and_add_envs_equal_adds(discrete_specs, layout):
+def test_extend_and_add_envs_equal_adds(discrete_specs, layout, next_obs):
     rng = np.random.default_rng(2)
     steps = [_python_step(discrete_specs, rng, True) for _ in range(7)]
     stacked = {
         f: {a: np.stack([np.asarray(s[f][a]) for s in steps]) for a in discrete_specs}
         for f in FIELDS
     }
-    by_add = MultiAgentReplayBuffer(discrete_specs, 5, layout=layout)
+    by_add = MultiAgentReplayBuffer(discrete_specs, 5, layout=layout, next_obs=next_obs)
     for s in steps:
         by_add.add(**s)
     for method in ("extend", "add_envs"):
-        other = MultiAgentReplayBuffer(discrete_specs, 5, layout=layout)
+        other = MultiAgentReplayBuffer(discrete_specs, 5, layout=layout, next_obs=next_obs)
         getattr(other, method)(**stacked)
         for key, arr in by_add.storage.arrays().items():
             assert arr.tobytes() == other.storage.arrays()[key].tobytes(), (method, key)

@@ -218,7 +218,9 @@ def test_load_into_an_existing_buffer(tmp_path, mixed_specs):
     buf.extend(**random_step_data(mixed_specs, 19, np.random.default_rng(2)))
     path = tmp_path / "buf.npz"
     buf.save(path)
-    other = MultiAgentReplayBuffer(mixed_specs, 16, seed=5)
+    # the same format as the saved buffer (which chose it from its first write), so the file
+    # streams into the existing table
+    other = MultiAgentReplayBuffer(mixed_specs, 16, seed=5, next_obs=buf.next_obs)
     table = other.storage.table
     persistence.load_into(other, path)
     assert other.storage.table is table
