@@ -451,3 +451,32 @@ def selection_sample(uniforms: np.ndarray, count: int) -> np.ndarray:
         if len(taken) < count and (size - t) * u < count - len(taken):
             taken.append(t)
     return np.array(taken, dtype=np.int64)
+
+
+def gather_lean_rows(
+    table: np.ndarray,
+    side: np.ndarray,
+    indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    codec: Any,
+) -> np.ndarray:
+    """Dense batch rows (uint64, shape (B, row_words)) from lean rows, byte by byte: the head
+    and the tail from the row, the next_obs section from the successor's obs or the side row,
+    zeros elsewhere; index -1 is a row of zeros."""
+    lean_tail, dense_tail, tail_bytes = codec.done_span
+    out = np.zeros((indices.shape[0], codec.row_words), dtype=np.uint64)
+    raw = out.view(np.uint8)
+    lean = table.view(np.uint8)
+    side_bytes = side.view(np.uint8)
+    for i, slot in enumerate(indices.tolist()):
+        if slot < 0:
+            continue
+        raw[i, : codec.head_bytes] = lean[slot, : codec.head_bytes]
+        source = lean[next_slot[slot]] if next_slot[slot] >= 0 else side_bytes[side_row[slot]]
+        start = codec.next_obs_start
+        raw[i, start : start + codec.obs_bytes] = source[: codec.obs_bytes]
+        raw[i, dense_tail : dense_tail + tail_bytes] = lean[
+            slot, lean_tail : lean_tail + tail_bytes
+        ]
+    return out
