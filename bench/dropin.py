@@ -442,9 +442,12 @@ def measure_write(
         for obs, act, rew, nxt, done in step_dicts:
             buf.add(obs, act, rew, nxt, done)
 
-    times = time_interleaved(
-        {"numpy_rows": numpy_rows, "marlbuf_add": marlbuf_add}, repeats=repeats, warmup=1
-    )
+    with warnings.catch_warnings(record=True) as caught:  # recorded in the rows, not printed
+        warnings.simplefilter("always")
+        times = time_interleaved(
+            {"numpy_rows": numpy_rows, "marlbuf_add": marlbuf_add}, repeats=repeats, warmup=1
+        )
+    warned = ", ".join(sorted({type(w.message).__name__ for w in caught}))
     # both wrote the same last step
     last = (cursor[0] - 1) % capacity
     got = buf.gather(np.array([(buf.cursor - 1) % capacity]))
@@ -461,6 +464,7 @@ def measure_write(
             "us_per_step_min": t["min"] / steps * 1e6,
             "ratio_vs_numpy_rows": t["median"] / base,
             "repeats": t["n"],
+            "warnings": warned if case == "marlbuf_add" else "",
         }
         for case, t in times.items()
     ]
@@ -508,7 +512,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     columns = ["consumer", "kind", "agents", "case", "next_obs", *METRICS]
     columns += [f"ratio_{m.rsplit('_', 1)[0]}" for m in METRICS]
     columns += ["sample_speedup", "own_buffer_share", "gain_vs_own_buffer"]
-    write_columns = ["kind", "agents", "case", "us_per_step", "ratio_vs_numpy_rows"]
+    write_columns = ["kind", "agents", "case", "us_per_step", "ratio_vs_numpy_rows", "warnings"]
     markdown = (
         "Cases: "
         + "; ".join(f"`{case}`: {what}" for case, what in BUFFERS.items())

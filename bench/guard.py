@@ -244,14 +244,16 @@ def measure_add(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
         for n, limit in ADD_LIMITS.items():
             write_rows = dropin.measure_write(n, cfg["add_steps"], cfg["add_repeats"], kind)
             rows += [{"workload": f"add N={n}", **r} for r in write_rows]
-            ratio = next(r for r in write_rows if r["case"] == "marlbuf_add")
+            add = next(r for r in write_rows if r["case"] == "marlbuf_add")
+            note = f"add warned: {add['warnings']}" if add["warnings"] else ""
             checks.append(
                 check(
                     "add / NumPy row write",
-                    ratio["ratio_vs_numpy_rows"],
+                    add["ratio_vs_numpy_rows"],
                     limit,
                     workload=f"N={n}",
                     kind=kind,
+                    note=note,
                 )
             )
     return rows, checks
