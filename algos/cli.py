@@ -31,6 +31,7 @@ from marlbuf.algos.config import (
     ENVS,
     FORMULATIONS,
     LAYOUTS,
+    SAMPLE_ORDERS,
     SAMPLERS,
     TrainConfig,
 )
@@ -51,6 +52,7 @@ CONFIG_FLAGS: dict[str, tuple[str, ...]] = {
     "env_impl": ("env_impl",),
     "layout": ("layout",),
     "sampler": ("sampler",),
+    "sample_order": ("sample_order",),
     "run_length": ("run_length",),
     "alpha": ("alpha",),
     "beta": ("beta",),
@@ -109,6 +111,13 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--layout", choices=LAYOUTS, default="interleaved", help="buffer layout")
     p.add_argument("--sampler", choices=SAMPLERS, default="uniform", help="buffer sampler")
+    p.add_argument(
+        "--sample-order",
+        choices=SAMPLE_ORDERS,
+        default=TrainConfig.sample_order,
+        help="uniform/prioritized: indices in draw order (random) or ascending slot order "
+        "(memory: the same batch as a set, gathered front to back)",
+    )
     p.add_argument(
         "--run-length",
         type=int,
@@ -238,6 +247,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         env_impl=args.env_impl,
         layout=args.layout,
         sampler=args.sampler,
+        sample_order=args.sample_order,
         run_length=args.run_length,
         alpha=args.alpha,
         beta=args.beta,

@@ -9,6 +9,10 @@ from typing import Any
 ALGOS = ("maddpg", "matd3")
 ENVS = ("cooperative_navigation", "predator_prey")
 SAMPLERS = ("uniform", "neighbor", "prioritized", "prioritized_neighbor")
+#: Index orders of the uniform and prioritized samplers (``marlbuf.samplers.ORDERS``).
+SAMPLE_ORDERS = ("random", "memory")
+#: The order of configurations saved before :attr:`TrainConfig.sample_order` existed.
+LEGACY_SAMPLE_ORDER = "random"
 LAYOUTS = ("interleaved", "agent_major")
 FORMULATIONS = ("batched", "loop")
 ENV_IMPLS = ("fast", "mpe2")
@@ -45,6 +49,11 @@ class TrainConfig:
     """Buffer storage layout: ``"interleaved"`` (one gather per trainer) or ``"agent_major"``."""
     sampler: str = "uniform"
     """``uniform``, ``neighbor``, ``prioritized`` or ``prioritized_neighbor``."""
+    sample_order: str = "random"
+    """Uniform and prioritized samplers: ``"random"`` (indices in draw order) or ``"memory"``
+    (ascending slot order: the same batch as a set, gathered front to back through the
+    storage; see ``marlbuf.samplers.Uniform``). The neighbor samplers draw runs in draw order
+    and ignore it."""
     run_length: int = 1
     """Neighbor sampler: contiguous slots per reference. 1 (B distinct slots, no runs) is the
     longest that kept uniform's final return on cooperative navigation in the locality sweep
@@ -147,6 +156,7 @@ class TrainConfig:
             ("algo", ALGOS),
             ("env", ENVS),
             ("sampler", SAMPLERS),
+            ("sample_order", SAMPLE_ORDERS),
             ("layout", LAYOUTS),
             ("formulation", FORMULATIONS),
             ("env_impl", ENV_IMPLS),
@@ -258,9 +268,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        """Inverse of :meth:`to_dict`; unknown keys are an error. A configuration saved before
+        ``sample_order`` existed drew in :data:`LEGACY_SAMPLE_ORDER` and keeps it."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(names)}")
-        return cls(**data)
+        return cls(**{"sample_order": LEGACY_SAMPLE_ORDER, **data})

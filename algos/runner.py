@@ -106,7 +106,7 @@ def episode_seed(seed: int, episode: int, evaluation: bool = False) -> int:
 def build_sampler(config: TrainConfig) -> Sampler:
     """The buffer sampler named by ``config.sampler`` with its options."""
     if config.sampler == "uniform":
-        return Uniform()
+        return Uniform(order=config.sample_order)
     if config.sampler == "neighbor":
         return Neighbor(run_length=config.run_length)
     from marlbuf.prioritized import LinearBeta
@@ -114,7 +114,9 @@ def build_sampler(config: TrainConfig) -> Sampler:
 
     beta = LinearBeta(config.beta, config.beta_final, steps=config.beta_anneal_rounds)
     if config.sampler == "prioritized":
-        return Prioritized(alpha=config.alpha, beta=beta, eps=config.priority_eps)
+        return Prioritized(
+            alpha=config.alpha, beta=beta, eps=config.priority_eps, order=config.sample_order
+        )
     return PrioritizedNeighbor(alpha=config.alpha, beta=beta, eps=config.priority_eps)
 
 

@@ -20,8 +20,16 @@ The verdict per (env, n) is the reward study's (:func:`marlbuf.bench.rewards.sum
 same seed and Welch t <= -2. The **recommended run length** is the fastest one (geometric mean
 of the time ratios over the timing workloads) that does not lose reward on any environment.
 
-Run ``python -m marlbuf.bench.locality [--quick] [--cache PATH] [--part rewards|timing|all]``
-or ``marlbuf bench locality``; the figure is :func:`plot` (``figures/locality.png``).
+A third part, **order**, times the other kind of locality, which changes no distribution:
+batches gathered in ascending slot order (``order="memory"``, the same distribution as a set)
+against draw order (``order="random"``), for ``Uniform`` and ``Prioritized``
+(:data:`ORDER_SAMPLERS`), per workload, capacity and storage format (:data:`ORDER_STORAGES`);
+the ratio memory / random of the same sampler, paired within each round. Its reward side is the
+reward study's ``uniform_memory`` case.
+
+Run ``python -m marlbuf.bench.locality [--quick] [--cache PATH] [--part rewards|timing|order|all]``
+or ``marlbuf bench locality``; the figure is :func:`plot` (``figures/locality.png``). A single
+part run by hand writes ``locality-<part>[-quick].json``, leaving the full record in place.
 """
 
 from __future__ import annotations
@@ -39,14 +47,22 @@ from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench import rewards
 from marlbuf.bench.common import RESULTS_DIR, markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.sampling import BATCH, FILL_CHUNK, _marlbuf_round, _share_storage
-from marlbuf.bench.workloads import Workload, random_steps
-from marlbuf.samplers import Neighbor, Sampler, Uniform
+from marlbuf.bench.workloads import Workload, episode_steps, random_steps
+from marlbuf.memory import estimate
+from marlbuf.samplers import ORDERS, Neighbor, Prioritized, Sampler, Uniform
 
 SUITE = "locality"
 #: Neighbor run lengths swept (each divides the timing batch 1024 and the reward batch 256).
 RUN_LENGTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 #: Parts of the suite, in the order they run.
-PARTS = ("rewards", "timing")
+PARTS = ("rewards", "timing", "order")
+#: The order part's samplers; each is timed in every order of :data:`marlbuf.samplers.ORDERS`
+#: (cases ``<sampler>_<order>``, e.g. ``uniform_memory``), against its own ``random`` case.
+ORDER_SAMPLERS: dict[str, type[Sampler]] = {"uniform": Uniform, "prioritized": Prioritized}
+#: The order part's storage formats: label -> the buffer's ``next_obs``.
+ORDER_STORAGES: dict[str, str] = {"once": "once", "stored": "stored"}
+#: A paired round-time ratio (memory / random) up to this counts as "not slower" (noise).
+ORDER_NOISE = 1.02
 
 FULL: dict[str, Any] = {
     "run_lengths": RUN_LENGTHS,
@@ -73,6 +89,22 @@ FULL: dict[str, Any] = {
         # (floating-point results differ between CPUs), used for a second set of verdicts
         "repeat_uniform": True,
     },
+    "order": {
+        "workloads": [
+            Workload("cooperative_navigation", 3),
+            Workload("cooperative_navigation", 6),
+            Workload("cooperative_navigation", 12),
+            Workload("cooperative_navigation", 24),
+            Workload("predator_prey", 24),
+        ],
+        "capacities": [100_000, 1_000_000],
+        "storages": list(ORDER_STORAGES),
+        "samplers": list(ORDER_SAMPLERS),
+        "repeats": 41,
+        # one buffer at a time; a capacity whose table would exceed this is lowered (and the
+        # row says so): 1e6 rows of CN-24 are 28 GB, more than a 24 GiB machine has
+        "table_budget_bytes": 6_000_000_000,
+    },
 }
 #: ``marlbuf bench --quick``: CN-3 only, tiny buffer, one seed of 60 episodes at batch 64.
 QUICK: dict[str, Any] = {
@@ -91,6 +123,14 @@ QUICK: dict[str, Any] = {
         "reuse_from": None,
         "repeat_check": 0,
         "repeat_uniform": False,
+    },
+    "order": {
+        "workloads": [Workload("cooperative_navigation", 3)],
+        "capacities": [5_000],
+        "storages": list(ORDER_STORAGES),
+        "samplers": list(ORDER_SAMPLERS),
+        "repeats": 3,
+        "table_budget_bytes": 100_000_000,
     },
 }
 
@@ -161,6 +201,130 @@ def time_rounds(
         del storage, fns
         gc.collect()
     return rows
+
+
+# ------------------------------------------------------------------------------------ order
+
+
+def order_capacity(workload: Workload, capacity: int, next_obs: str, budget: int) -> int:
+    """``capacity``, lowered to a multiple of the fill chunk when the table of ``next_obs``
+    rows would exceed ``budget`` bytes."""
+    row = estimate(workload.specs(), 1, next_obs=next_obs).table_row_bytes
+    fitting = budget // row // FILL_CHUNK * FILL_CHUNK
+    return int(min(capacity, max(FILL_CHUNK, fitting)))
+
+
+def time_orders(
+    workloads: Sequence[Workload],
+    capacities: Sequence[int],
+    storages: Sequence[str],
+    repeats: int,
+    table_budget_bytes: int,
+    progress: bool = True,
+    samplers: Sequence[str] = ("uniform",),
+) -> list[dict[str, Any]]:
+    """Round time of batches in ascending slot order vs draw order, per sampler of
+    :data:`ORDER_SAMPLERS`, workload, capacity and storage format: every case shares one buffer
+    (filled with 25-step episode streams, see :func:`marlbuf.bench.workloads.episode_steps`)
+    and is timed in the same rotated interleaved repeats; one row per (workload, capacity,
+    storage, case), its ratios to the same sampler's ``random`` case."""
+    cases = {f"{kind}_{order}": (kind, order) for kind in samplers for order in ORDERS}
+    rows: list[dict[str, Any]] = []
+    for workload in workloads:
+        specs = workload.specs()
+        for requested in capacities:
+            for storage in storages:
+                next_obs = ORDER_STORAGES[storage]
+                capacity = order_capacity(workload, requested, next_obs, table_budget_bytes)
+                where = f"{workload.label} {storage} {capacity}"
+                if progress:
+                    print(f"[locality/order] {where}: filling ...", flush=True)
+                buf = MultiAgentReplayBuffer(
+                    specs, capacity, layout="interleaved", seed=0, next_obs=next_obs
+                )
+                rng = np.random.default_rng(0)
+                for start in range(0, capacity, FILL_CHUNK):
+                    steps = min(FILL_CHUNK, capacity - start)
+                    buf.extend(**episode_steps(specs, steps, rng, first=start))
+                fns = {}
+                for i, (name, (kind, order)) in enumerate(cases.items()):
+                    handle = _share_storage(buf, ORDER_SAMPLERS[kind](order=order), seed=i)
+                    # a sampler bound after the fill: give it the stored slots (priority 1)
+                    handle.sampler.on_write(np.arange(len(buf), dtype=np.int64))
+                    fns[name] = _marlbuf_round(handle, "")
+                timings = time_interleaved(
+                    fns, repeats=repeats, warmup=1, rotate=True, keep_samples=True
+                )
+                for name, t in timings.items():
+                    kind, order = cases[name]
+                    base = timings[f"{kind}_random"]
+                    rows.append(
+                        {
+                            "workload": workload.label,
+                            "n_trainers": workload.n_trainers,
+                            "capacity": capacity,
+                            "requested_capacity": requested,
+                            "storage": storage,
+                            "case": name,
+                            "sampler": kind,
+                            "order": order,
+                            "ms_median": 1e3 * t["median"],
+                            "ms_min": 1e3 * t["min"],
+                            "ms_max": 1e3 * t["max"],
+                            "first_call_ms": 1e3 * t["first_call"],
+                            "time_vs_random": t["median"] / base["median"],
+                            "time_vs_random_min": t["min"] / base["min"],
+                            "time_vs_random_paired": float(
+                                np.median(np.divide(t["samples"], base["samples"]))
+                            ),
+                        }
+                    )
+                if progress:
+                    print(
+                        f"[locality/order] {where}: "
+                        + ", ".join(f"{k} {1e3 * v['median']:.2f} ms" for k, v in timings.items())
+                        + " (paired memory/random: "
+                        + ", ".join(
+                            f"{r['sampler']} {r['time_vs_random_paired']:.3f}"
+                            for r in rows[-len(cases) :]
+                            if r["order"] == "memory"
+                        )
+                        + ")",
+                        flush=True,
+                    )
+                del buf, fns
+                gc.collect()
+    return rows
+
+
+def order_verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The order part's reading per sampler: memory / random per (workload, storage,
+    capacity), the largest paired ratio, and whether memory order is never slower (every paired
+    ratio <= :data:`ORDER_NOISE`), i.e. whether it may be that sampler's default."""
+    kinds = list(dict.fromkeys(r["sampler"] for r in rows))
+    return {kind: _order_verdict([r for r in rows if r["sampler"] == kind]) for kind in kinds}
+
+
+def _order_verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    memory = [r for r in rows if r["order"] == "memory"]
+    ratios = {
+        f"{r['workload']}/{r['storage']}/{r['capacity']}": round(r["time_vs_random_paired"], 3)
+        for r in memory
+    }
+    paired = [r["time_vs_random_paired"] for r in memory]
+    worst = max(memory, key=lambda r: r["time_vs_random_paired"]) if memory else None
+    return {
+        "rule": f"memory order may be the default if no paired ratio (memory / random, median "
+        f"of per-round ratios) exceeds {ORDER_NOISE}",
+        "paired_ratios": ratios,
+        "max_paired_ratio": max(paired) if paired else None,
+        "min_paired_ratio": min(paired) if paired else None,
+        "geomean_paired_ratio": float(np.exp(np.mean(np.log(paired)))) if paired else None,
+        "worst_case": (
+            f"{worst['workload']}/{worst['storage']}/{worst['capacity']}" if worst else None
+        ),
+        "never_slower": bool(paired) and max(paired) <= ORDER_NOISE,
+    }
 
 
 # ---------------------------------------------------------------------------------- rewards
@@ -426,6 +590,21 @@ def run(
             t["workloads"], run_lengths, t["capacity"], t["repeats"], progress
         )
         walls["timing"] = time.perf_counter() - start
+    order_rows: list[dict[str, Any]] = []
+    order_cfg = cfg.get("order")
+    if "order" in parts and order_cfg:
+        start = time.perf_counter()
+        order_rows = time_orders(
+            order_cfg["workloads"],
+            order_cfg["capacities"],
+            order_cfg["storages"],
+            order_cfg["repeats"],
+            order_cfg["table_budget_bytes"],
+            progress,
+            order_cfg.get("samplers", ("uniform",)),
+        )
+        walls["order"] = time.perf_counter() - start
+    order = order_verdict(order_rows)
     workloads = list(dict.fromkeys(r["workload"] for r in timing_rows))
     alt_table = reward_part.get("table_vs_retrained_uniform") or []
     front = frontier(run_lengths, timing_rows, reward_part["table"], alt_table)
@@ -461,9 +640,24 @@ def run(
             "time_vs_uniform_paired",
         ],
     )
+    order_md = markdown_table(
+        [r for r in order_rows if r["order"] == "memory"],
+        [
+            "sampler",
+            "workload",
+            "storage",
+            "capacity",
+            "ms_median",
+            "time_vs_random",
+            "time_vs_random_min",
+            "time_vs_random_paired",
+        ],
+    )
     rc = cfg["rewards"]
     return {
         "rows": timing_rows,
+        "order_rows": order_rows,
+        "order": order,
         "frontier": front,
         "recommendation": rec,
         "uniform_baseline": baseline,
@@ -485,8 +679,23 @@ def run(
             },
             "repeat_checks_identical": [c["identical_curve"] for c in reward_part["repeat_checks"]],
             "vs_retrained_uniform": rec.get("vs_retrained_uniform"),
+            "order": {
+                kind: {
+                    k: verdict[k]
+                    for k in (
+                        "never_slower",
+                        "max_paired_ratio",
+                        "geomean_paired_ratio",
+                        "worst_case",
+                    )
+                }
+                for kind, verdict in order.items()
+            },
         },
-        "markdown": frontier_markdown(front, workloads) + "\n\n" + timing_md,
+        "markdown": frontier_markdown(front, workloads)
+        + "\n\n"
+        + timing_md
+        + ("\n\nMemory order vs draw order:\n\n" + order_md if order_rows else ""),
         "config": {
             "run_lengths": list(run_lengths),
             "parts": list(parts),
@@ -502,6 +711,26 @@ def run(
                 "per-round ratios (paired)",
                 "threads": threads,
             },
+            "order": (
+                {
+                    "batch_size": BATCH,
+                    "layout": "interleaved",
+                    "workloads": [w.label for w in order_cfg["workloads"]],
+                    "capacities": list(order_cfg["capacities"]),
+                    "storages": {s: ORDER_STORAGES[s] for s in order_cfg["storages"]},
+                    "samplers": list(order_cfg.get("samplers", ("uniform",))),
+                    "repeats": order_cfg["repeats"],
+                    "table_budget_bytes": order_cfg["table_budget_bytes"],
+                    "data": "25-step episode streams (episode_steps)",
+                    "what": "one MADDPG sampling round (sample_for_trainers) per sampler in "
+                    "memory order and in draw order, every case sharing one buffer's storage "
+                    "(prioritized: fresh trees, every priority 1); repeats interleaved, the "
+                    "order rotated each round; ratio memory / random of the same sampler: of "
+                    "the medians, of the minima, and the median of the per-round ratios",
+                }
+                if order_cfg
+                else None
+            ),
             "rewards": {
                 "envs": list(rc["envs"]),
                 "seeds": list(rc["seeds"]),
@@ -609,10 +838,14 @@ if __name__ == "__main__":  # pragma: no cover
     payload = run(quick=ns.quick, workers=ns.workers, cache=ns.cache, parts=chosen)
     print(payload["markdown"])
     print(json.dumps(payload["recommendation"], indent=1))
-    path = write_result(SUITE, payload, ns.quick)
+    print(json.dumps(payload["order"], indent=1))
+    # one part alone gets a file of its own: the suite's record (every part) stays as it is
+    path = write_result(SUITE if ns.part == "all" else f"{SUITE}-{ns.part}", payload, ns.quick)
     print(path)
-    print(
-        plot(
-            json.loads(path.read_text()), RESULTS_DIR / ("figures-quick" if ns.quick else "figures")
+    if ns.part == "all":
+        print(
+            plot(
+                json.loads(path.read_text()),
+                RESULTS_DIR / ("figures-quick" if ns.quick else "figures"),
+            )
         )
-    )

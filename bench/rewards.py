@@ -1,12 +1,14 @@
 """Reward preservation across samplers (the paper's Figs. 10-11): does sampling faster cost reward?
 
 MADDPG is trained with every sampler — ``uniform``, ``neighbor`` with run length 16 and 64,
-``prioritized`` (PER) and ``prioritized_neighbor`` (prioritized-locality) — on cooperative
+``prioritized`` (PER), ``prioritized_neighbor`` (prioritized-locality) and ``uniform_memory``
+(uniform batches in ascending slot order: the same distribution as a set) — on cooperative
 navigation with 3 and 6 agents and predator-prey with 3 predators + 1 prey, several seeds each.
 Every run records its reward curve (mean return per block of episodes) and its final return
 (mean over the last :data:`FINAL_FRACTION` of the training episodes). The summary gives, per
 environment and sampler, mean ± std over seeds of the final return, the difference to uniform,
-and whether it lies within uniform's seed spread.
+and whether it lies within uniform's seed spread, with a paired t-test over seeds (same seed =
+same initial weights and environment episodes).
 
 Returns are in the original MPE's units (what openai/maddpg prints and the paper plots):
 cooperative navigation sums the (shared) reward over agents; predator-prey's headline is the
@@ -40,14 +42,18 @@ from marlbuf.bench.common import markdown_table
 SUITE = "rewards"
 
 #: Sampler variants compared: label -> TrainConfig overrides. Run lengths divide the batch.
+#: ``uniform`` and ``prioritized`` pin draw order (what their recorded runs used, whatever the
+#: trainers' default order); ``uniform_memory`` is uniform in ascending slot order.
 SAMPLERS: dict[str, dict[str, Any]] = {
-    "uniform": {"sampler": "uniform"},
+    "uniform": {"sampler": "uniform", "sample_order": "random"},
     "neighbor_16": {"sampler": "neighbor", "run_length": 16},
     "neighbor_64": {"sampler": "neighbor", "run_length": 64},
-    "prioritized": {"sampler": "prioritized"},
+    "prioritized": {"sampler": "prioritized", "sample_order": "random"},
     "prioritized_neighbor": {"sampler": "prioritized_neighbor"},
     # uniform sampling from float16 observation storage (float32 batches)
-    "uniform_float16": {"sampler": "uniform", "obs_dtype": "float16"},
+    "uniform_float16": {"sampler": "uniform", "obs_dtype": "float16", "sample_order": "random"},
+    # the same uniform batches as sets, indices in ascending slot order
+    "uniform_memory": {"sampler": "uniform", "sample_order": "memory"},
 }
 #: Labels ``neighbor_<n>`` for any other run length n are accepted too (see
 #: :func:`sampler_overrides`); the locality suite sweeps them.
@@ -77,6 +83,8 @@ FULL: dict[str, Any] = {
     "seeds": [0, 1, 2],
     "episodes": 2500,
     "block": 50,
+    # uniform_memory is compared with uniform on cooperative navigation only (not PP-3+1)
+    "skip": {"PP-3+1": ["uniform_memory"]},
     # the neighbor samplers again at the paper's batch of 1024 (64 refs x 16, 16 refs x 64):
     # does a loss at batch 256 (16 refs x 16, 4 refs x 64) come from too few references?
     "supplement": {
@@ -88,7 +96,7 @@ FULL: dict[str, Any] = {
 #: The quick run (CI, ``marlbuf bench --quick``): well under a minute. Tests patch it smaller.
 QUICK: dict[str, Any] = {
     "envs": ["CN-3"],
-    "samplers": ["uniform", "neighbor_16"],
+    "samplers": ["uniform", "neighbor_16", "uniform_memory"],
     "seeds": [0],
     "episodes": 60,
     "block": 10,
@@ -104,6 +112,8 @@ TABLE_COLUMNS = [
     "final_std",
     "diff_vs_uniform",
     "welch_t",
+    "paired_t",
+    "paired_p",
     "within_uniform_range",
     "verdict",
 ]
@@ -322,6 +332,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
                 (entry["final_std"] ** 2 + base_std**2) / max(1, min(len(finals), len(base_finals)))
             )
             entry["welch_t"] = float(diff / spread) if spread > 0 else 0.0
+            entry.update(paired_test(entry["paired_diffs"]))
             entry["verdict"] = _verdict(entry, base_finals)
         table.append(entry)
         key = f"{env}/{sampler}"
@@ -332,6 +343,31 @@ def summarize(rows: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
             in ("final_mean", "final_std", "diff_vs_uniform", "within_uniform_range", "verdict")
         }
     return table, summary
+
+
+def paired_test(diffs: Sequence[float]) -> dict[str, Any]:
+    """Paired t-test of per-seed differences to uniform (same seed, same initial weights and
+    episodes): ``paired_t = mean / (std / sqrt(n))``, ``paired_df = n - 1`` and the two-sided
+    ``paired_p`` (from scipy when it is installed, else ``None``). With fewer than two seeds, or
+    differences all equal, ``paired_t`` is ``None`` (0 when they are all zero)."""
+    values = np.asarray(diffs, dtype=np.float64)
+    n = len(values)
+    out: dict[str, Any] = {"paired_t": None, "paired_df": max(0, n - 1), "paired_p": None}
+    if n < 2:
+        return out
+    spread = float(values.std(ddof=1))
+    if spread == 0.0:
+        out["paired_t"] = 0.0 if not values.any() else None
+        out["paired_p"] = 1.0 if not values.any() else 0.0
+        return out
+    t = float(values.mean() / (spread / np.sqrt(n)))
+    out["paired_t"] = t
+    try:
+        from scipy import stats
+    except ImportError:  # pragma: no cover - scipy comes with the [dev] extra
+        return out
+    out["paired_p"] = float(2.0 * stats.t.sf(abs(t), n - 1))
+    return out
 
 
 #: |Welch t| from which a difference below/above every uniform seed counts as a loss/gain.
@@ -368,11 +404,13 @@ def run(
     settings = {**SETTINGS, **sizes.get("settings", {})}
     episodes, block = int(sizes["episodes"]), int(sizes["block"])
     # seed-major order: an interrupted study still has whole seeds of every (env, sampler)
+    skip = sizes.get("skip", {})
     specs = [
         run_spec(env, sampler, seed, episodes, block, settings)
         for seed in sizes["seeds"]
         for env in sizes["envs"]
         for sampler in sizes["samplers"]
+        if sampler not in skip.get(env, ())
     ]
     supplement = sizes.get("supplement")
     extra_settings = {**settings, **supplement["settings"]} if supplement else {}
@@ -414,6 +452,7 @@ def run(
         "config": {
             "envs": {e: ENVS[e] for e in sizes["envs"]},
             "samplers": {s: SAMPLERS[s] for s in sizes["samplers"]},
+            "skipped": {env: list(names) for env, names in skip.items()},
             "seeds": list(sizes["seeds"]),
             "episodes": episodes,
             "block": block,

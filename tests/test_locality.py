@@ -131,3 +131,46 @@ def test_time_interleaved_rotates_and_keeps_samples():
     assert "".join(calls) == "abcbcacab"
     assert all(len(t["samples"]) == 3 and t["n"] == 3 for t in out.values())
     assert "samples" not in common.time_interleaved(cases, repeats=1, warmup=0)["a"]
+
+
+def test_order_part_times_memory_against_draw_order(monkeypatch):
+    tiny = dict(TINY)
+    tiny["order"] = {
+        "workloads": [Workload("cooperative_navigation", 3)],
+        "capacities": [2_000, 10_000],
+        "storages": ["once", "stored"],
+        "samplers": ["uniform", "prioritized"],
+        "repeats": 2,
+        "table_budget_bytes": 1_000_000,  # lowers 10_000 CN-3 rows to the fill chunk, 5_000
+    }
+    monkeypatch.setattr(locality, "QUICK", tiny)
+    payload = locality.run(quick=True, progress=False, parts=("order",))
+    rows = payload["order_rows"]
+    assert payload["rows"] == [] and payload["reward_rows"] == []
+    assert len(rows) == 2 * 2 * 4  # capacities x storages x (2 samplers x 2 orders)
+    assert {r["case"] for r in rows} == {
+        "uniform_random",
+        "uniform_memory",
+        "prioritized_random",
+        "prioritized_memory",
+    }
+    for row in rows:
+        assert 0 < row["ms_min"] <= row["ms_median"] <= row["ms_max"]
+        assert row["capacity"] <= row["requested_capacity"]
+        assert row["case"] == f"{row['sampler']}_{row['order']}"
+        if row["order"] == "random":
+            assert row["time_vs_random"] == row["time_vs_random_paired"] == 1.0
+    lowered = {r["storage"]: r["capacity"] for r in rows if r["requested_capacity"] == 10_000}
+    assert lowered == {"once": 5_000, "stored": 5_000}
+    assert set(payload["order"]) == {"uniform", "prioritized"}
+    for kind, order in payload["order"].items():
+        assert len(order["paired_ratios"]) == 4 and isinstance(order["never_slower"], bool)
+        assert order["never_slower"] == (order["max_paired_ratio"] <= locality.ORDER_NOISE)
+        assert payload["summary"]["order"][kind]["worst_case"] in order["paired_ratios"]
+    assert "Memory order vs draw order" in payload["markdown"]
+    assert payload["config"]["order"]["storages"] == {"once": "once", "stored": "stored"}
+
+
+def test_order_part_is_skipped_without_its_config(payload):
+    assert payload["order_rows"] == [] and payload["order"] == {}
+    assert payload["config"]["order"] is None

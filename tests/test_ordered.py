@@ -334,3 +334,45 @@ def test_torch_backend_draws_in_memory_order(sampler: Sampler, strict: bool) -> 
             counts += np.bincount(indices, minlength=40)
     assert counts[30:].sum() == 0  # only filled slots
     assert stats.chisquare(counts[:30]).pvalue > ALPHA  # fresh priorities: all equal
+
+
+# ------------------------------------------------------------------------------- trainers
+def test_train_config_sample_order() -> None:
+    from marlbuf.algos.config import LEGACY_SAMPLE_ORDER, TrainConfig
+
+    assert TrainConfig(sample_order="memory").sample_order == "memory"
+    with pytest.raises(ValueError, match=r"sample_order must be one of .*got sample_order='up'"):
+        TrainConfig(sample_order="up")
+    saved = TrainConfig(sample_order="memory").to_dict()
+    assert TrainConfig.from_dict(saved).sample_order == "memory"
+    del saved["sample_order"]  # a configuration written before the field existed
+    assert TrainConfig.from_dict(saved).sample_order == LEGACY_SAMPLE_ORDER == "random"
+
+
+@pytest.mark.parametrize(
+    ("sampler", "order", "expected"),
+    [
+        ("uniform", "memory", "memory"),
+        ("uniform", "random", "random"),
+        ("prioritized", "memory", "memory"),
+        ("prioritized_neighbor", "memory", "random"),  # runs: always draw order
+    ],
+)
+def test_trainers_build_the_ordered_sampler(sampler: str, order: str, expected: str) -> None:
+    pytest.importorskip("torch")
+    from marlbuf.algos import TrainConfig, build_sampler
+
+    built = build_sampler(TrainConfig(sampler=sampler, sample_order=order))
+    assert built.order == expected  # type: ignore[attr-defined]
+
+
+def test_train_cli_flag_sets_the_order() -> None:
+    pytest.importorskip("torch")
+    from marlbuf.algos.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["--sample-order", "memory"])
+    assert config_from_args(args).sample_order == "memory"
+    default = config_from_args(build_parser().parse_args([]))
+    from marlbuf.algos.config import TrainConfig
+
+    assert default.sample_order == TrainConfig().sample_order

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from marlbuf.bench import common, rewards
@@ -104,3 +105,41 @@ def test_precision_suite_compares_float16_storage_with_uniform(monkeypatch, tmp_
     assert samplers == {"uniform", "uniform_float16"}
     assert {t["sampler"] for t in payload["table"]} == samplers
     assert payload["config"]["reused_float32_runs"] == 0
+
+
+def test_uniform_memory_case_and_the_paired_test():
+    assert rewards.sampler_overrides("uniform_memory") == {
+        "sampler": "uniform",
+        "sample_order": "memory",
+    }
+    assert rewards.sampler_overrides("uniform")["sample_order"] == "random"
+    assert "uniform_memory" in rewards.QUICK["samplers"]
+    assert "uniform_memory" in rewards.FULL["samplers"]
+    assert rewards.FULL["skip"] == {"PP-3+1": ["uniform_memory"]}
+    # t = mean / (std / sqrt(n)) = 2 / (1 / sqrt(3)); with 2 degrees of freedom the two-sided
+    # p-value is 1 - |t| / sqrt(2 + t^2)
+    out = rewards.paired_test([1.0, 2.0, 3.0])
+    t = 2.0 * np.sqrt(3.0)
+    assert out["paired_t"] == pytest.approx(t) and out["paired_df"] == 2
+    assert out["paired_p"] == pytest.approx(1.0 - t / np.sqrt(2.0 + t * t))
+    assert rewards.paired_test([0.5]) == {"paired_t": None, "paired_df": 0, "paired_p": None}
+    assert rewards.paired_test([0.0, 0.0])["paired_p"] == 1.0
+
+
+def test_skip_leaves_a_sampler_out_of_one_env(monkeypatch):
+    tiny = {
+        "envs": ["CN-3", "PP-3+1"],
+        "samplers": ["uniform", "uniform_memory"],
+        "skip": {"PP-3+1": ["uniform_memory"]},
+        "seeds": [0],
+        "episodes": 8,
+        "block": 4,
+        "settings": {"batch_size": 16, "warmup_steps": 50, "update_every": 25},
+    }
+    monkeypatch.setattr(rewards, "QUICK", tiny)
+    payload = rewards.run(quick=True, progress=False, workers=1)
+    runs = {(r["env"], r["sampler"]) for r in payload["rows"]}
+    assert runs == {("CN-3", "uniform"), ("CN-3", "uniform_memory"), ("PP-3+1", "uniform")}
+    entry = {(t["env"], t["sampler"]): t for t in payload["table"]}[("CN-3", "uniform_memory")]
+    assert {"paired_t", "paired_p", "paired_df"} <= set(entry)
+    assert payload["config"]["skipped"] == {"PP-3+1": ["uniform_memory"]}
