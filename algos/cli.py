@@ -114,9 +114,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--sample-order",
         choices=SAMPLE_ORDERS,
-        default=TrainConfig.sample_order,
-        help="uniform/prioritized: indices in draw order (random) or ascending slot order "
-        "(memory: the same batch as a set, gathered front to back)",
+        default=None,
+        help="uniform/prioritized: indices in ascending slot order (memory: the same batch as a "
+        "set, gathered front to back) or in draw order (random); default: the sampler's own "
+        "(uniform memory, prioritized random)",
     )
     p.add_argument(
         "--run-length",

@@ -49,11 +49,12 @@ class TrainConfig:
     """Buffer storage layout: ``"interleaved"`` (one gather per trainer) or ``"agent_major"``."""
     sampler: str = "uniform"
     """``uniform``, ``neighbor``, ``prioritized`` or ``prioritized_neighbor``."""
-    sample_order: str = "random"
-    """Uniform and prioritized samplers: ``"random"`` (indices in draw order) or ``"memory"``
-    (ascending slot order: the same batch as a set, gathered front to back through the
-    storage; see ``marlbuf.samplers.Uniform``). The neighbor samplers draw runs in draw order
-    and ignore it."""
+    sample_order: str | None = None
+    """Uniform and prioritized samplers: ``"memory"`` (indices in ascending slot order: the
+    same batch as a set, gathered front to back through the storage; see
+    ``marlbuf.samplers.Uniform``), ``"random"`` (draw order), or ``None``: the sampler's
+    default (uniform: memory, prioritized: random; docs/training.md, "Choosing a run length").
+    The neighbor samplers draw runs in draw order and ignore it."""
     run_length: int = 1
     """Neighbor sampler: contiguous slots per reference. 1 (B distinct slots, no runs) is the
     longest that kept uniform's final return on cooperative navigation in the locality sweep
@@ -156,7 +157,7 @@ class TrainConfig:
             ("algo", ALGOS),
             ("env", ENVS),
             ("sampler", SAMPLERS),
-            ("sample_order", SAMPLE_ORDERS),
+            ("sample_order", (None, *SAMPLE_ORDERS)),
             ("layout", LAYOUTS),
             ("formulation", FORMULATIONS),
             ("env_impl", ENV_IMPLS),

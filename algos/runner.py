@@ -105,8 +105,9 @@ def episode_seed(seed: int, episode: int, evaluation: bool = False) -> int:
 
 def build_sampler(config: TrainConfig) -> Sampler:
     """The buffer sampler named by ``config.sampler`` with its options."""
+    order = {} if config.sample_order is None else {"order": config.sample_order}
     if config.sampler == "uniform":
-        return Uniform(order=config.sample_order)
+        return Uniform(**order)
     if config.sampler == "neighbor":
         return Neighbor(run_length=config.run_length)
     from marlbuf.prioritized import LinearBeta
@@ -114,9 +115,7 @@ def build_sampler(config: TrainConfig) -> Sampler:
 
     beta = LinearBeta(config.beta, config.beta_final, steps=config.beta_anneal_rounds)
     if config.sampler == "prioritized":
-        return Prioritized(
-            alpha=config.alpha, beta=beta, eps=config.priority_eps, order=config.sample_order
-        )
+        return Prioritized(alpha=config.alpha, beta=beta, eps=config.priority_eps, **order)
     return PrioritizedNeighbor(alpha=config.alpha, beta=beta, eps=config.priority_eps)
 
 

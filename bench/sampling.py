@@ -8,7 +8,9 @@ one process, repeats interleaved:
   ``sample_index`` per agent;
 * ``numpy_per_agent`` — preallocated per-agent arrays, fancy indexing (a strong baseline);
 * marlbuf ``agent_major`` and ``interleaved`` layouts × ``uniform`` and ``neighbor`` samplers
-  through ``sample_for_trainers``, with fresh output arrays each round and with ``out=`` reuse.
+  through ``sample_for_trainers``, with fresh output arrays each round and with ``out=`` reuse;
+  ``uniform`` cases draw in draw order (``Uniform(order="random")``), ``uniform_memory`` cases
+  the same distribution in ascending slot order (``Uniform()``'s default).
 
 Also measured: the *copy floor* — one contiguous ``memcpy`` per trainer of exactly the bytes its
 batch gathers, timed in the same interleaved repeats as the cases (so machine noise hits it
@@ -39,6 +41,17 @@ SUITE = "sampling"
 BATCH = 1024
 FILL_CHUNK = 5_000
 
+
+def draw_order() -> Sampler:
+    """Uniform in draw order: the sampler of the ``uniform`` cases."""
+    return Uniform(order="random")
+
+
+def memory_order() -> Sampler:
+    """Uniform in ascending slot order: the sampler of the ``uniform_memory`` cases."""
+    return Uniform(order="memory")
+
+
 #: marlbuf cases: name -> (layout, sampler factory, variant, storage). Variants: "" (defaults:
 #: serial kernels, pooled batch memory, the ``sample_for_trainers`` round), "out" (``out=``
 #: reuse of the previous round's batches), "parallel" (the opt-in threaded gather), "stream" (the
@@ -49,20 +62,22 @@ FILL_CHUNK = 5_000
 #: stored once), "lean16" (stored once, float16 observations, float32 batches converted in the
 #: gather), "lean16s" (the same, batches in storage precision).
 MARLBUF_CASES: dict[str, tuple[str, Callable[[], Sampler], str, str]] = {
-    "agent_major+uniform": ("agent_major", Uniform, "", "dense"),
+    "agent_major+uniform": ("agent_major", draw_order, "", "dense"),
     "agent_major+neighbor64": ("agent_major", lambda: Neighbor(64), "", "dense"),
-    "interleaved+uniform": ("interleaved", Uniform, "", "dense"),
+    "interleaved+uniform": ("interleaved", draw_order, "", "dense"),
+    "interleaved+uniform_memory": ("interleaved", memory_order, "", "dense"),
     "interleaved+neighbor16": ("interleaved", lambda: Neighbor(16), "", "dense"),
     "interleaved+neighbor64": ("interleaved", lambda: Neighbor(64), "", "dense"),
-    "interleaved+uniform+out": ("interleaved", Uniform, "out", "dense"),
-    "interleaved+uniform+parallel": ("interleaved", Uniform, "parallel", "dense"),
+    "interleaved+uniform+out": ("interleaved", draw_order, "out", "dense"),
+    "interleaved+uniform+parallel": ("interleaved", draw_order, "parallel", "dense"),
     "interleaved+neighbor64+parallel": ("interleaved", lambda: Neighbor(64), "parallel", "dense"),
-    "interleaved+uniform+stream": ("interleaved", Uniform, "stream", "dense"),
-    "interleaved+uniform+per_agent": ("interleaved", Uniform, "per_agent", "dense"),
-    "lean+uniform": ("interleaved", Uniform, "", "lean"),
-    "lean+uniform+stream": ("interleaved", Uniform, "stream", "lean"),
-    "lean16+uniform+stream": ("interleaved", Uniform, "stream", "lean16"),
-    "lean16s+uniform+stream": ("interleaved", Uniform, "stream", "lean16s"),
+    "interleaved+uniform+stream": ("interleaved", draw_order, "stream", "dense"),
+    "interleaved+uniform+per_agent": ("interleaved", draw_order, "per_agent", "dense"),
+    "lean+uniform": ("interleaved", draw_order, "", "lean"),
+    "lean+uniform_memory": ("interleaved", memory_order, "", "lean"),
+    "lean+uniform+stream": ("interleaved", draw_order, "stream", "lean"),
+    "lean16+uniform+stream": ("interleaved", draw_order, "stream", "lean16"),
+    "lean16s+uniform+stream": ("interleaved", draw_order, "stream", "lean16s"),
     "lean16+neighbor64+stream": ("interleaved", lambda: Neighbor(64), "stream", "lean16"),
     "lean16s+neighbor64+stream": ("interleaved", lambda: Neighbor(64), "stream", "lean16s"),
 }
@@ -334,6 +349,12 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "interleaved_per_agent_time_vs_uniform": by_case["interleaved+uniform+per_agent"][
                 "time_vs_interleaved_uniform"
             ],
+            # the same uniform distribution in ascending slot order, per storage
+            "dense_memory_order_time_vs_draw_order": by_case["interleaved+uniform_memory"][
+                "time_vs_interleaved_uniform"
+            ],
+            "lean_memory_order_time_vs_draw_order": by_case["lean+uniform_memory"]["ms_median"]
+            / by_case["lean+uniform"]["ms_median"],
             "dense_round_vs_lean16_stream": by_case["interleaved+uniform"]["ms_median"]
             / by_case["lean16+uniform+stream"]["ms_median"],
             "dense_round_vs_lean16s_stream": by_case["interleaved+uniform"]["ms_median"]

@@ -198,6 +198,13 @@ def test_sampling_has_the_lean_and_streaming_cases(monkeypatch):
     assert {"lean16+uniform+stream", "lean16s+uniform+stream", "bare_row_gather"} <= cases
     summary = payload["summary"]["CN-3"]
     assert summary["dense_round_vs_lean16_stream"] > 0
+    # the same uniform distribution in draw order and in ascending slot order
+    assert {"interleaved+uniform_memory", "lean+uniform_memory"} <= cases
+    assert summary["dense_memory_order_time_vs_draw_order"] > 0
+    assert summary["lean_memory_order_time_vs_draw_order"] > 0
+    handles = sampling._fill(TINY["workloads"][0], 5_000, seed=0)["marlbuf"]
+    assert handles["interleaved+uniform"].sampler.order == "random"
+    assert handles["lean+uniform_memory"].sampler.order == "memory"
 
 
 def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):

@@ -337,9 +337,27 @@ def test_torch_backend_draws_in_memory_order(sampler: Sampler, strict: bool) -> 
 
 
 # ------------------------------------------------------------------------------- trainers
+def test_defaults_uniform_memory_prioritized_random() -> None:
+    assert Uniform().order == "memory" and Uniform(replace=False).order == "memory"
+    assert Prioritized().order == "random"
+    assert Uniform().config() == {"replace": True, "order": "memory"}
+    # a configuration saved before the option existed rebuilds with today's default
+    assert Sampler.from_config("Uniform", {"replace": True}).order == "memory"
+
+
+def test_drop_in_adapters_keep_the_originals_draw_order() -> None:
+    from marlbuf.compat.maddpg import ReplayBuffer
+    from marlbuf.compat.tf2marl import EfficientReplayBuffer
+
+    assert ReplayBuffer(1e3).store.sampler.order == "random"
+    tf2 = EfficientReplayBuffer(1e3, 2, [(3,), (3,)], [(2,), (2,)])
+    assert tf2.buffer.sampler.order == "random"
+
+
 def test_train_config_sample_order() -> None:
     from marlbuf.algos.config import LEGACY_SAMPLE_ORDER, TrainConfig
 
+    assert TrainConfig().sample_order is None
     assert TrainConfig(sample_order="memory").sample_order == "memory"
     with pytest.raises(ValueError, match=r"sample_order must be one of .*got sample_order='up'"):
         TrainConfig(sample_order="up")
@@ -356,6 +374,8 @@ def test_train_config_sample_order() -> None:
         ("uniform", "random", "random"),
         ("prioritized", "memory", "memory"),
         ("prioritized_neighbor", "memory", "random"),  # runs: always draw order
+        ("uniform", None, "memory"),  # None: each sampler's own default
+        ("prioritized", None, "random"),
     ],
 )
 def test_trainers_build_the_ordered_sampler(sampler: str, order: str, expected: str) -> None:

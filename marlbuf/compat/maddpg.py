@@ -121,7 +121,8 @@ class SharedStore:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
         self.dtype: np.dtype | None = dtype
-        self.sampler = Uniform() if sampler is None else sampler
+        # draw order, as openai's make_index (ascending slots: pass Uniform(order='memory'))
+        self.sampler = Uniform(order="random") if sampler is None else sampler
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must be a marlbuf.samplers.Sampler; got {sampler!r}")
         if self.sampler.weighted:
@@ -448,7 +449,7 @@ def make_buffers(
     dtype : float dtype, optional
         Store and return every field in this dtype (e.g. ``np.float32``). By default each field
         keeps the dtype the original buffer would return.
-    sampler : Sampler, default ``Uniform()``
+    sampler : Sampler, default ``Uniform(order="random")``
         How ``make_index`` draws (e.g. ``Neighbor(16)`` for cache-locality sampling).
     seed : int or numpy Generator, optional
         Randomness of ``make_index`` / ``make_latest_index`` (openai uses the global

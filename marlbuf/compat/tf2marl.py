@@ -41,7 +41,7 @@ from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
 from marlbuf.prioritized import parse_beta
-from marlbuf.samplers import Prioritized, Sampler
+from marlbuf.samplers import Prioritized, Sampler, Uniform
 from marlbuf.spec import AgentSpec
 
 #: what ``sample`` returns: (obs_n, acts_n, rew, next_obs_n, done)
@@ -79,7 +79,8 @@ class EfficientReplayBuffer:
     obs_shape_n, act_shape_n : sequence of shapes
         Per agent, e.g. ``[(18,), (18,), (18,)]`` or tf2marl's ``np.array([[18], [18], [18]])``.
     sampler : Sampler, optional
-        Index sampler (default ``Uniform()``: with replacement, as the original).
+        Index sampler (default ``Uniform(order="random")``: with replacement, in draw order, as
+        the original).
     seed : int or numpy Generator, optional
         Source of randomness.
     layout : {"interleaved", "agent_major"}
@@ -113,7 +114,7 @@ class EfficientReplayBuffer:
             specs,
             check_size(size),
             layout=layout,
-            sampler=sampler,
+            sampler=Uniform(order="random") if sampler is None else sampler,
             seed=seed,
             n_trainers=n_trainers,
         )
