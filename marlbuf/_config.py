@@ -42,6 +42,13 @@ SEARCH_CHUNK_MIN = 32
 #: two threads, while 576-byte rows x 1024 (0.6 MB) were 0.9x (thread start-up dominates).
 PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
 
+#: The general gather (per-agent batches, float16 -> float32) copies the rows of a block into a
+#: staging area of about this many bytes (kept in cache), then applies its plan to them
+#: segment by segment; at least ``GATHER_BLOCK_MIN_ROWS`` rows per block (wide rows: the
+#: staging area then fits the second-level cache rather than the first).
+GATHER_BLOCK_BYTES = 48 * 1024
+GATHER_BLOCK_MIN_ROWS = 16
+
 #: Torch backend (``MultiAgentReplayBuffer(..., device="cuda")``): staged rows travel to the
 #: device through two pinned host buffers of this size, used in turn, so that one is filled
 #: while the other's copy runs (a larger write is sent in chunks).

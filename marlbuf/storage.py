@@ -25,9 +25,9 @@ from marlbuf._kernels import (
     HALF_TO_FLOAT_BITS,
     gather_lean_rows,
     gather_next_field,
-    gather_plan,
     gather_rows,
     gather_rows_parallel,
+    gather_segments,
     scatter_lean,
     scatter_rows,
 )
@@ -616,6 +616,10 @@ class InterleavedStorage(Storage):
                 words(done_bytes),
             )
         )
+        #: rows per block of the general gather (its staging area stays in cache)
+        self._block_rows = max(
+            _config.GATHER_BLOCK_MIN_ROWS, _config.GATHER_BLOCK_BYTES // self.table_row_bytes
+        )
         self._plans: dict[int, np.ndarray] = {}
         self._no_links = np.zeros(0, dtype=np.int64)
         self._no_side = np.zeros((1, 8), dtype=np.uint8)
@@ -682,15 +686,11 @@ class InterleavedStorage(Storage):
         side = links.side if links is not None else self._no_side
         kind, src, dst, length, step, from_next = self._plan(n)
         flat = block.reshape(-1)
-        gather_plan(
+        # every batch block is a whole number of 8-byte words (rows of words, or per-agent
+        # arrays each starting on a cache line), so all three views cover it
+        gather_segments(
             self.table,
-            self.table.view(np.uint32),
-            self.table.view(np.uint16),
-            self.table.view(np.uint8),
             side.view(np.uint64),
-            side.view(np.uint32),
-            side.view(np.uint16),
-            side,
             indices,
             links.next_slot if links is not None else self._no_links,
             links.side_row if links is not None else self._no_links,
@@ -701,9 +701,10 @@ class InterleavedStorage(Storage):
             step,
             from_next,
             HALF_TO_FLOAT_BITS,
-            flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat[:0].view(np.uint64),
-            flat.view(np.uint32) if flat.nbytes % 4 == 0 else flat[:0].view(np.uint32),
+            flat.view(np.uint64),
+            flat.view(np.uint32),
             flat.view(np.uint8),
+            self._block_rows,
         )
         if rows:
             return self.batch_codec.views(block), block

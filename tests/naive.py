@@ -341,6 +341,8 @@ def gather_plan(
     unit = {0: (np.uint64, np.uint64), 1: (np.uint32, np.uint32), 2: (np.uint8, np.uint8)}
     out = np.zeros(out_bytes, dtype=np.uint8)
     for i, slot in enumerate(indices):
+        if slot < 0:  # a masked sequence step: every segment stays zero
+            continue
         for kind, src, dst, length, step, from_next in plan.T:
             row = table[slot]
             if from_next:

@@ -91,6 +91,7 @@ def test_gather_plan_matches_naive(rows_output):
     next_slot = np.where(rng.random(20) < 0.3, -1, (np.arange(20) + 1) % 20).astype(np.int64)
     side_row = np.where(next_slot < 0, rng.integers(0, 4, 20), -1).astype(np.int64)
     idx = rng.integers(0, 20, size=9).astype(np.int64)
+    idx[[2, 7]] = -1  # masked sequence steps: every segment zero
     n = idx.shape[0]
     # (kind, src units, length units, unit bytes of the destination, from_next)
     segments = [
@@ -121,6 +122,16 @@ def test_gather_plan_matches_naive(rows_output):
     )  # fmt: skip
     expected = naive.gather_plan(table, side, idx, next_slot, side_row, plan_arr, total)
     np.testing.assert_array_equal(out, expected)
+    # the blocked kernel the storages run: the same plan, the same bytes, any block size
+    from marlbuf._kernels import gather_segments
+
+    for block_rows in (1, 4, 64):
+        fast = np.zeros(total, dtype=np.uint8)
+        gather_segments(
+            table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
+            HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast, block_rows,
+        )  # fmt: skip
+        np.testing.assert_array_equal(fast, expected, err_msg=f"block_rows={block_rows}")
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from marlbuf._kernels.plan import (
     HALF_TO_FLOAT_BITS,
     first_nonfinite_half,
     gather_plan,
+    gather_segments,
 )
 from marlbuf._kernels.rows import (
     first_nonfinite,
@@ -50,6 +51,7 @@ __all__ = [
     "gather_next_field",
     "gather_plan",
     "gather_rows",
+    "gather_segments",
     "gather_rows_parallel",
     "locality_sample",
     "merge_distinct",
