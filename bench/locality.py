@@ -6,7 +6,8 @@ The reward study (:mod:`marlbuf.bench.rewards`) found that plain neighbor sampli
 
 * **time** — the MADDPG sampling round (``sample_for_trainers``: N trainers x B = 1024, every
   agent's fields gathered per trainer) on the interleaved layout, for ``Neighbor(n)`` and for
-  ``Uniform()`` (the same-run baseline) sharing one buffer's storage, repeats interleaved
+  ``Uniform(order="random")`` (the same-run baseline, in draw order as the reward study's
+  ``uniform`` runs) sharing one buffer's storage, repeats interleaved
   (the :mod:`marlbuf.bench.sampling` machinery); ratio = time / uniform's time, of the medians
   and of the minima.
 * **return** — MADDPG trained with ``neighbor_<n>`` and ``uniform`` under exactly the reward
@@ -163,7 +164,7 @@ def time_rounds(
         rng = np.random.default_rng(0)
         for start in range(0, capacity, FILL_CHUNK):
             storage.extend(**random_steps(specs, min(FILL_CHUNK, capacity - start), rng))
-        samplers: dict[str, Sampler] = {"uniform": Uniform()}
+        samplers: dict[str, Sampler] = {"uniform": Uniform(order="random")}
         samplers.update({label(n): Neighbor(n) for n in run_lengths})
         fns = {
             name: _marlbuf_round(_share_storage(storage, sampler, seed=i), "")
