@@ -11,6 +11,13 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from marlbuf import _config, mapped, persistence
+from marlbuf._kernels import (
+    commit_dense_step,
+    commit_lean_step,
+    store_dense_step,
+    store_lean_step,
+)
+from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, SequenceBatch, as_sequences
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Sampler, Uniform
@@ -24,7 +31,7 @@ from marlbuf.spec import (
     interleaved_row_layout,
     normalize_specs,
 )
-from marlbuf.staging import RowCodec, steps_of
+from marlbuf.staging import RowCodec, StepItems, steps_of
 from marlbuf.storage import Storage, available_memory_bytes, make_storage
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
@@ -158,6 +165,9 @@ class MultiAgentReplayBuffer:
     #: warning was given (class defaults for backends with their own ``__init__``)
     _choose_format = False
     _format_warned = False
+    #: what the one-step commit of ``add`` needs, for the storage and sampler it was made for
+    #: (see :meth:`_step_target`)
+    _step: tuple[Any, ...] | None = None
 
     def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
         # device=...: the torch backend (imported only then, so marlbuf needs no torch)
@@ -387,16 +397,34 @@ class MultiAgentReplayBuffer:
         {agent: bool}`` may set the flags explicitly (an agent given as not alive keeps the
         values given for it). An unknown keyword is a ``TypeError``.
         """
+        codec = self._codec
         values = (obs, action, reward, next_obs, done)
-        if fields or self._codec.more:
-            values = self._codec.arrange(values, fields, "add")
-        stream = _check_stream(stream)
-        cut = _check_truncated(truncated, self.agents, None)
+        if fields or codec.more:
+            values = codec.arrange(values, fields, "add")
+        if type(stream) is not int or stream < 0:
+            stream = _check_stream(stream)
+        cut = False if truncated is False else _check_truncated(truncated, self.agents, None)
+        step = self._step
+        if step is None or step[0] is not self.storage or step[1] is not self.sampler:
+            step = self._step = self._step_target()
+        items = None
+        if step[3] and self._mapped is None:
+            # the common case: checked and stored by one kernel call under the storage lock
+            # (no staging row, so the writer lock is not needed)
+            items = codec.step_items(values)
+            if items is not None and self._store_step(step, items, stream):
+                return
         with self.writer.write_lock:
-            rows = self._codec.stage_fast(values, None)
+            # else staged (one kernel, or NumPy per field, or the complete checks), committed
+            rows = codec.stage_step(values, items)
             if rows is None:
-                rows, _ = self._codec.stage(dict(zip(self._codec.field_names, values)), None)
-            self._commit(rows, 1, stream, cut)
+                rows = codec.stage_fast(values, None)
+                if rows is None:
+                    rows, _ = codec.stage(dict(zip(codec.field_names, values)), None)
+            if step[2] is None:
+                self._commit(rows, 1, stream, cut)
+            else:
+                self._commit_step(step, rows, stream, bool(cut))
 
     def extend(
         self,
@@ -545,6 +573,176 @@ class MultiAgentReplayBuffer:
             if self._mapped is not None:
                 self._mapped.committed(self)
             if self.links is not None and not self._format_warned:
+                self._check_side_share()
+
+    def _step_target(self) -> tuple[Any, ...]:
+        """What ``add`` needs to write one step, for the current storage and sampler:
+        ``(storage, sampler, table, direct, on_write, typed)``. ``table`` is the storage's row table
+        when a commit kernel can store a staged row there (interleaved rows in RAM, this
+        class's own commit), else ``None`` (:meth:`_commit` then); ``direct`` says whether the
+        store kernels may check and store a step straight from the caller's values (also: no
+        sequence bookkeeping, no fields beyond the five; memory-mapped buffers are told apart
+        per call); ``on_write`` is the sampler's hook, ``None`` when it does nothing; ``typed``
+        the table viewed in the dtype of the five fields (for the store kernels)."""
+        storage, sampler = self.storage, self.sampler
+        table = getattr(storage, "table", None)
+        kernel = (
+            type(self)._commit is MultiAgentReplayBuffer._commit
+            and storage.layout == "interleaved"
+            and type(table) is np.ndarray
+            and table.dtype == np.uint64
+            and table.flags.c_contiguous
+        )
+        plan = self._codec._step
+        direct = kernel and plan is not None and self.episodes is None and not self._codec.more
+        on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
+        typed = None
+        if direct and table is not None and plan is not None:
+            typed = table.view(plan.dtype)
+        return storage, sampler, table if kernel else None, direct, on_write, typed
+
+    def _store_step(self, step: tuple[Any, ...], items: StepItems, stream: int) -> bool:
+        """Check and store one step of ``add`` (``items``: :meth:`RowCodec.step_items`) by one
+        kernel call under the storage lock (:func:`marlbuf._kernels.store_dense_step` /
+        :func:`~marlbuf._kernels.store_lean_step`); ``False`` when the kernel declined it
+        (nothing changed: the caller stages it, and the complete checks explain)."""
+        _, _, _, _, on_write, table = step
+        plan = self._codec._step
+        assert plan is not None
+        writer = self.writer
+        links = self.links
+        with writer.lock:
+            slot = writer.cursor
+            generation = writer.total_writes
+            try:
+                if links is None:
+                    if not store_dense_step(
+                        *items,
+                        plan.plan,
+                        plan.dense_gaps,
+                        table,
+                        slot,
+                        generation,
+                        writer.write_generation,
+                    ):
+                        return False
+                else:
+                    if not links.free:
+                        return False  # the side table must grow: after the checks, staged
+                    prev = links.pending.get(stream)
+                    prev_slot, prev_generation = prev if prev is not None else (-1, -1)
+                    code = store_lean_step(
+                        *items,
+                        plan.plan,
+                        plan.lean_gaps,
+                        table,
+                        slot,
+                        generation,
+                        writer.write_generation,
+                        links.side_words,
+                        links.pointers,
+                        prev_slot,
+                        prev_generation,
+                        links.free[-1],
+                    )
+                    if code == STEP_DECLINED:
+                        return False
+                    if code != -1:
+                        links.apply_step_code(code)
+                    links.pending[stream] = (slot, generation)
+            except Exception:  # a value Numba cannot type (nothing ran): the other paths
+                return False
+            self._choose_format = False  # a first write of one step keeps the format
+            writer.total_writes = generation + 1
+            writer.cursor = slot + 1 if slot + 1 < writer.capacity else 0
+            if writer.size < writer.capacity:
+                writer.size += 1
+            if on_write is not None:
+                writer._one_slot[0] = slot
+                on_write(writer._one_slot)
+            # the side-table share grows only when a side row is taken (or the size reaches
+            # the warning's minimum)
+            if (
+                links is not None
+                and (code == -2 or writer.size == _config.SIDE_TABLE_WARN_ROWS)
+                and self._side_share_due()
+            ):
+                self._check_side_share()
+        return True
+
+    def _advance_one(self, slot: int, generation: int, on_write: Any) -> None:
+        """The bookkeeping after one step was stored at ``slot`` (under the storage lock)."""
+        writer = self.writer
+        self._choose_format = False  # a first write of one step keeps the format
+        writer.total_writes = generation + 1
+        writer.cursor = slot + 1 if slot + 1 < writer.capacity else 0
+        if writer.size < writer.capacity:
+            writer.size += 1
+        if on_write is not None:
+            writer._one_slot[0] = slot
+            on_write(writer._one_slot)
+
+    def _side_share_due(self) -> bool:
+        """Whether :meth:`_check_side_share` would warn now (cheaply: checked after every
+        one-step write)."""
+        links = self.links
+        if links is None or self._format_warned:
+            return False
+        size = self.writer.size
+        return size >= _config.SIDE_TABLE_WARN_ROWS and 2 * links.side_rows_used > size
+
+    def _commit_step(
+        self, step: tuple[Any, ...], rows: np.ndarray, stream: int, truncated: bool
+    ) -> None:
+        """:meth:`_commit` of one staged step (``add``) into interleaved rows: the link update
+        (observations stored once), the row store and its write generation in one kernel call
+        (:func:`marlbuf._kernels.commit_lean_step` / :func:`~marlbuf._kernels.commit_dense_step`),
+        the rest of the bookkeeping with scalars."""
+        _, _, table, _, on_write, _ = step
+        writer = self.writer
+        codec = self._codec
+        row = codec.single_row if rows is codec._single else rows[0]
+        episodes = self.episodes
+        ends = False
+        if episodes is not None:  # before anything changes: a failure here changes nothing
+            ends = truncated or bool(self._done_reader(rows)[0])
+        with writer.lock:
+            mapped = self._mapped
+            if mapped is not None:  # the redo record first: a crash never sees half a write
+                mapped.log(rows, 1, stream)
+            slot = writer.cursor
+            generation = writer.total_writes
+            links = self.links
+            if links is not None and not links.free:
+                links._reserve(1)  # before anything changes (MemoryError changes nothing)
+            if episodes is not None:
+                episodes.commit_one(slot, ends, stream, generation, writer.write_generation)
+            if links is None:
+                commit_dense_step(table, row, slot, generation, writer.write_generation)
+            else:
+                prev = links.pending.get(stream)
+                prev_slot, prev_generation = prev if prev is not None else (-1, -1)
+                code = commit_lean_step(
+                    table,
+                    row,
+                    slot,
+                    generation,
+                    writer.write_generation,
+                    codec.lean_words,
+                    links.side_words,
+                    links.next_slot,
+                    links.side_row,
+                    prev_slot,
+                    prev_generation,
+                    links.free[-1],
+                )
+                if code != -1:
+                    links.apply_step_code(code)
+                links.pending[stream] = (slot, generation)
+            self._advance_one(slot, generation, on_write)
+            if mapped is not None:
+                mapped.committed(self)
+            if links is not None and self._side_share_due():
                 self._check_side_share()
 
     def _independent(self, rows: np.ndarray) -> bool:

@@ -12,12 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from marlbuf import _config
-from marlbuf._kernels import first_nonfinite, first_nonfinite_half
+from marlbuf._kernels import first_nonfinite, first_nonfinite_half, stage_step
+from marlbuf._kernels.staging import (
+    DENSE_DONE,
+    DENSE_NEXT_OBS,
+    DONE_WORDS,
+    LEAN_DONE,
+    LEAN_HEAD,
+    OBS_BYTES,
+    PLAN_ACTION,
+    PLAN_DISCRETE,
+    PLAN_DONE,
+    PLAN_DONE_LEAN,
+    PLAN_NEXT_OBS,
+    PLAN_OBS,
+    PLAN_OBS_DIMS,
+    PLAN_REWARD,
+)
 from marlbuf.spec import (
     ALIVE,
     FIELDS,
@@ -46,6 +63,29 @@ MISSING: Any = _Missing()
 
 class _NotCommonCase(Exception):
     """Raised inside the fast staging path: hand the call to the complete path."""
+
+
+#: ``add``'s five fields as the one-step kernels take them: per field, the agents' items
+StepItems = tuple[
+    tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]
+]
+
+
+class StepPlan(NamedTuple):
+    """What the one-step kernels (:mod:`marlbuf._kernels.staging`) need for one codec."""
+
+    #: per agent, offsets and item shapes (:data:`marlbuf._kernels.staging.PLAN_OBS` onwards)
+    plan: np.ndarray
+    #: the dtype the five fields are stored in
+    dtype: np.dtype
+    #: the staging row of ``add`` in the stored dtype
+    row: np.ndarray
+    #: a dict of every agent's items -> the tuple of them in agent order
+    getter: Any
+    n_agents: int
+    #: the padding of a dense and of a lean row (element ranges)
+    dense_gaps: np.ndarray
+    lean_gaps: np.ndarray
 
 
 class RowCodec:
@@ -142,10 +182,31 @@ class RowCodec:
                 starts = np.array([s.offset // dt.itemsize for s in segs], dtype=np.int64)
                 counts = np.array([s.nbytes // dt.itemsize for s in segs], dtype=np.int64)
                 self._segments.append((dt, starts, counts, segs))
+        # the same scan for the fields after the five (extras, globals, alive), which the
+        # one-step kernel does not stage
+        self._more_segments = [
+            (dt, starts[keep], counts[keep], [s for s, k in zip(segs, keep) if k])
+            for dt, starts, counts, segs in self._segments
+            for keep in [np.array([s.field not in FIELDS for s in segs], dtype=bool)]
+            if keep.any()
+        ]
+        #: the geometry of a row for the one-step commit kernels (8-byte words unless said
+        #: otherwise; see :data:`marlbuf._kernels.staging.LEAN_HEAD`)
+        self.lean_words = np.zeros(6, dtype=np.int64)
+        words = lambda nbytes: -(-nbytes // 8)  # noqa: E731 - sections start on words
+        self.lean_words[LEAN_HEAD] = words(self.head_bytes)
+        self.lean_words[LEAN_DONE] = lean_start // 8
+        self.lean_words[DENSE_DONE] = dense_start // 8
+        self.lean_words[DONE_WORDS] = words(self.done_span[2])
+        self.lean_words[OBS_BYTES] = self.obs_bytes
+        self.lean_words[DENSE_NEXT_OBS] = self.next_obs_start // 8
         self._castable: dict[tuple[Any, ...], bool] = {}
         # one persistent staging row for add(): padding stays zero. Callers serialize staging
         # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
+        #: the staging row of add() as one row of words (what the commit kernels take)
+        self.single_row = self._single[0]
+        self._step = self._step_plan()
         self._single_views = self.views(self._single)  # the complete path's, built once
         self._fast = self._fast_plan()
         self._fast_more = self._fast_plan_more()
@@ -158,6 +219,123 @@ class RowCodec:
             if self._fast is None
             else [single_raw[:, lo:hi].view(dt) for _, lo, hi, dt, _, _ in self._fast]
         )
+
+    # ------------------------------------------------------------------ one step
+    def _step_plan(self) -> StepPlan | None:
+        """What the one-step kernels need (:class:`StepPlan`), or ``None`` when the five fields
+        are not all stored in one dtype they write (float32 or float64)."""
+        five = [s for s in self.slots if s.field in FIELDS]
+        dtypes = {s.dtype for s in five}
+        if len(dtypes) != 1:
+            return None
+        (dt,) = dtypes
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            return None
+        where = {(s.field, s.agent): s for s in five}
+        done_lean = {s.agent: s for s in self.lean_slots if s.field == "done"}
+        ndim = max(1, *(len(s.shape) for s in five if s.field in ("obs", "action")))
+        action_dims = PLAN_OBS_DIMS + 1 + ndim  # obs and action shapes take 1 + ndim columns
+        plan = np.zeros((len(self.agents), action_dims + 1 + ndim), dtype=np.int64)
+        columns = {
+            "obs": PLAN_OBS,
+            "action": PLAN_ACTION,
+            "reward": PLAN_REWARD,
+            "next_obs": PLAN_NEXT_OBS,
+            "done": PLAN_DONE,
+        }
+        for k, agent in enumerate(self.agents):
+            for f, column in columns.items():
+                plan[k, column] = where[f, agent].offset // dt.itemsize
+            plan[k, PLAN_DONE_LEAN] = done_lean[agent].offset // dt.itemsize
+            plan[k, PLAN_DISCRETE] = self.specs[agent].n_discrete_actions or 0
+            for column, shape in (
+                (PLAN_OBS_DIMS, where["obs", agent].shape),
+                (action_dims, where["action", agent].shape),
+            ):
+                plan[k, column] = len(shape)
+                plan[k, column + 1 : column + 1 + len(shape)] = shape
+        agents = self.agents
+        getter: Any = itemgetter(*agents) if len(agents) > 1 else (lambda d: (d[agents[0]],))
+        # the padding of a stored row, which the store kernels zero (rows with fields beyond
+        # the five are not stored by them)
+        lean = [s for s in self.lean_slots if s.field in FIELDS]
+        return StepPlan(
+            plan=plan,
+            dtype=dt,
+            row=self._single.view(dt).reshape(-1),
+            getter=getter,
+            n_agents=len(agents),
+            dense_gaps=_gaps(five, self.row_bytes, dt.itemsize),
+            lean_gaps=_gaps(lean, self.lean_row_bytes, dt.itemsize),
+        )
+
+    def step_items(self, values: Sequence[Any]) -> StepItems | None:
+        """``add``'s five field values as the one-step kernels take them — per field, a tuple of
+        the agents' items in agent order — or ``None`` where they cannot: another dtype
+        stored, a field that is not a dict with exactly the buffer's agents (or a list/tuple
+        in agent order), observations that are not arrays."""
+        step = self._step
+        if step is None:
+            return None
+        get, n = step.getter, step.n_agents
+        obs, action, reward, next_obs, done = values[:5]
+        try:
+            if (
+                type(obs) is dict
+                and type(action) is dict
+                and type(reward) is dict
+                and type(next_obs) is dict
+                and type(done) is dict
+            ):
+                if not len(obs) == len(action) == len(reward) == len(next_obs) == len(done) == n:
+                    return None
+                items = (get(obs), get(action), get(reward), get(next_obs), get(done))
+            else:
+                o, a, r, no, d = (_step_items(value, n) for value in values[:5])
+                items = (o, a, r, no, d)
+        except (KeyError, _NotCommonCase):
+            return None
+        if type(items[0][0]) is not np.ndarray or type(items[3][0]) is not np.ndarray:
+            return None  # e.g. lists: the NumPy paths convert them
+        return items
+
+    def stage_step(
+        self, values: Sequence[Any], items: StepItems | None = None
+    ) -> np.ndarray | None:
+        """``add``'s common case staged by one kernel call, or ``None`` to take
+        :meth:`stage_fast`.
+
+        ``values`` are the field values in :attr:`field_names` order; ``items`` their
+        :meth:`step_items` when already made. :func:`marlbuf._kernels.stage_step` reads every
+        item of the five fields straight from the caller's dicts, checks shapes, dtypes,
+        discrete action ranges and that every stored float is finite, and only then writes
+        them into the staging row, one-hot encoding integer actions. Whatever it does not take
+        it declines; the slower paths then decide, and :meth:`stage` explains any rejection.
+        Extras, global fields and the alive mask are staged as by :meth:`stage_fast` and
+        scanned for NaN/inf. Returns the staging row (shape (1, row_words), uint64).
+        """
+        step = self._step
+        if step is None:
+            return None
+        if items is None:
+            items = self.step_items(values)
+            if items is None:
+                return None
+        try:
+            if not stage_step(*items, step.row, step.plan):
+                return None
+        except Exception:  # a value Numba cannot type: the other paths decide
+            return None
+        if self.more:
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, scanned
+                    self._fill_more(values[len(FIELDS) :], None, self._single.view(np.uint8))
+            except (_NotCommonCase, AttributeError, TypeError, ValueError, KeyError, IndexError):
+                return None
+            for dt, starts, counts, _ in self._more_segments:
+                if _first_nonfinite(self._single, dt, starts, counts) >= 0:
+                    return None
+        return self._single
 
     # ------------------------------------------------------------------ fast path
     def _fast_plan(self) -> list[tuple[str, int, int, np.dtype, list[tuple[int, ...]], Any]] | None:
@@ -708,6 +886,23 @@ class RowCodec:
                     f"{s.field}[{s.agent!r}] contains NaN or inf; clean the data before adding "
                     "it (or mask the transition out)"
                 )
+
+
+def _gaps(slots: list[FieldSlot], row_bytes: int, itemsize: int) -> np.ndarray:
+    """The element ranges (shape (g, 2), int64, in units of ``itemsize``) of a row of
+    ``row_bytes`` that no slot covers: its padding."""
+    covered = np.zeros(row_bytes // itemsize, dtype=bool)
+    for s in slots:
+        covered[s.offset // itemsize : (s.offset + s.nbytes) // itemsize] = True
+    edges = np.flatnonzero(np.diff(np.concatenate([[True], covered, [True]]).astype(np.int8)))
+    return edges.reshape(-1, 2).astype(np.int64)
+
+
+def _step_items(value: Any, n: int) -> tuple[Any, ...]:
+    """A list or tuple of one item per agent as a tuple (what the one-step kernel takes)."""
+    if type(value) in (list, tuple) and len(value) == n:
+        return tuple(value)
+    raise _NotCommonCase
 
 
 def _first_nonfinite(rows: np.ndarray, dt: np.dtype, starts: np.ndarray, counts: np.ndarray) -> int:

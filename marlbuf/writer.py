@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf._kernels import sequence_slots
+from marlbuf._kernels import link_step, sequence_slots
+from marlbuf._kernels.staging import DENSE_NEXT_OBS, OBS_BYTES
 
 
 class RingWriter:
@@ -154,11 +155,37 @@ class NextObsLinks:
         self.capacity = int(capacity)
         self.obs_bytes = int(obs_bytes)
         width = -(-self.obs_bytes // 8) * 8  # whole words, so kernels may copy words
-        self.next_slot = np.full(self.capacity, -1, dtype=np.int64)
-        self.side_row = np.full(self.capacity, -1, dtype=np.int64)
+        #: ``next_slot`` and ``side_row`` as the rows of one array (what the kernels take)
+        self.pointers = np.full((2, self.capacity), -1, dtype=np.int64)
+        self.next_slot = self.pointers[0]
+        self.side_row = self.pointers[1]
         self.side = np.zeros((max(1, min(initial_rows, self.capacity + 1)), width), np.uint8)
         self.free: list[int] = list(range(self.side.shape[0] - 1, -1, -1))  # a stack
         self.pending: dict[int, tuple[int, int]] = {}
+        self._geometries: dict[int, np.ndarray] = {}
+
+    @property
+    def side(self) -> np.ndarray:
+        """The side table (shape (side_rows, side_row_bytes), uint8)."""
+        return self._side
+
+    @side.setter
+    def side(self, table: np.ndarray) -> None:
+        self._side = table
+        #: the same table as 8-byte words (what the one-step kernels take)
+        self.side_words = table.view(np.uint64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for view in ("side_words", "next_slot", "side_row"):  # rebuilt from the copy's arrays
+            del state[view]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.side = state["_side"]
+        self.next_slot = self.pointers[0]
+        self.side_row = self.pointers[1]
 
     @property
     def side_rows_used(self) -> int:
@@ -196,28 +223,47 @@ class NextObsLinks:
     ) -> None:
         """:meth:`commit` for one transition (``add``), in the fewest operations.
 
-        ``row`` is the staged dense row (uint8, shape (row_bytes,)).
+        ``row`` is the staged dense row (uint8, shape (row_bytes,)). The comparison and the
+        side-row copy run in :func:`marlbuf._kernels.link_step`; ``next_obs_start`` is the
+        codec's (``row``'s next_obs section).
         """
         if not self.free:
             self._reserve(1)  # before anything changes (MemoryError leaves the links intact)
-        obs_bytes = self.obs_bytes
         prev = self.pending.pop(stream, None)
-        if prev is not None:
-            prev_slot, gen = prev
-            if prev_slot != slot and write_generation[prev_slot] == gen:
-                held = int(self.side_row[prev_slot])
-                if self.side[held, :obs_bytes].tobytes() == row[:obs_bytes].tobytes():
-                    self.next_slot[prev_slot] = slot
-                    self.side_row[prev_slot] = -1
-                    self.free.append(held)
-        old = int(self.side_row[slot])
-        if old >= 0:
-            self.free.append(old)
-        self.next_slot[slot] = -1
-        new = self.free.pop()
-        self.side[new, :obs_bytes] = row[next_obs_start : next_obs_start + obs_bytes]
-        self.side_row[slot] = new
+        prev_slot, prev_generation = prev if prev is not None else (-1, -1)
+        self.apply_step_code(
+            link_step(
+                row.view(np.uint64),
+                slot,
+                self._geometry(next_obs_start),
+                self.side_words,
+                self.next_slot,
+                self.side_row,
+                write_generation,
+                prev_slot,
+                prev_generation,
+                self.free[-1],
+            )
+        )
         self.pending[stream] = (slot, generation)
+
+    def apply_step_code(self, code: int) -> None:
+        """Update the free stack as :func:`marlbuf._kernels.link_step` says (its return value)."""
+        if code >= 0:
+            self.free.append(code)
+        elif code == -2:
+            self.free.pop()
+
+    def _geometry(self, next_obs_start: int) -> np.ndarray:
+        """:func:`marlbuf._kernels.link_step`'s row geometry for a row whose next_obs section
+        starts at byte ``next_obs_start`` (only its obs length and next_obs offset are read)."""
+        geometry = self._geometries.get(next_obs_start)
+        if geometry is None:
+            geometry = np.zeros(6, dtype=np.int64)
+            geometry[OBS_BYTES] = self.obs_bytes
+            geometry[DENSE_NEXT_OBS] = next_obs_start // 8
+            self._geometries[next_obs_start] = geometry
+        return geometry
 
     def commit(
         self,

@@ -30,6 +30,12 @@ from marlbuf._kernels.rows import (
     neighbor_indices,
     scatter_rows,
 )
+from marlbuf._kernels.staging import commit_dense_step as commit_dense_step
+from marlbuf._kernels.staging import commit_lean_step as commit_lean_step
+from marlbuf._kernels.staging import link_step as link_step
+from marlbuf._kernels.staging import stage_step as stage_step
+from marlbuf._kernels.staging import store_dense_step as store_dense_step
+from marlbuf._kernels.staging import store_lean_step as store_lean_step
 from marlbuf._kernels.sumtree import (
     apply_td_errors,
     fill_new_slots,
