@@ -105,7 +105,7 @@ def episode_seed(seed: int, episode: int, evaluation: bool = False) -> int:
 
 def build_sampler(config: TrainConfig) -> Sampler:
     """The buffer sampler named by ``config.sampler`` with its options."""
-    order = {} if config.sample_order is None else {"order": config.sample_order}
+    order: dict[str, Any] = {} if config.sample_order is None else {"order": config.sample_order}
     if config.sampler == "uniform":
         return Uniform(**order)
     if config.sampler == "neighbor":

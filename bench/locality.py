@@ -38,7 +38,8 @@ from __future__ import annotations
 import gc
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,10 @@ RUN_LENGTHS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 PARTS = ("rewards", "timing", "order")
 #: The order part's samplers; each is timed in every order of :data:`marlbuf.samplers.ORDERS`
 #: (cases ``<sampler>_<order>``, e.g. ``uniform_memory``), against its own ``random`` case.
-ORDER_SAMPLERS: dict[str, type[Sampler]] = {"uniform": Uniform, "prioritized": Prioritized}
+ORDER_SAMPLERS: dict[str, Callable[..., Sampler]] = {
+    "uniform": Uniform,
+    "prioritized": Prioritized,
+}
 #: The order part's storage formats: label -> the buffer's ``next_obs``.
 ORDER_STORAGES: dict[str, str] = {"once": "once", "stored": "stored"}
 #: A paired round-time ratio (memory / random) up to this counts as "not slower" (noise).
@@ -105,6 +109,10 @@ FULL: dict[str, Any] = {
         # one buffer at a time; a capacity whose table would exceed this is lowered (and the
         # row says so): 1e6 rows of CN-24 are 28 GB, more than a 24 GiB machine has
         "table_budget_bytes": 6_000_000_000,
+        # the draws alone (no gather), B = 1024 out of these many filled slots
+        "draw_sizes": [100_000, 1_000_000],
+        "draw_repeats": 41,
+        "draw_inner": 20,
     },
 }
 #: ``marlbuf bench --quick``: CN-3 only, tiny buffer, one seed of 60 episodes at batch 64.
@@ -132,6 +140,9 @@ QUICK: dict[str, Any] = {
         "samplers": list(ORDER_SAMPLERS),
         "repeats": 3,
         "table_budget_bytes": 100_000_000,
+        "draw_sizes": [5_000],
+        "draw_repeats": 3,
+        "draw_inner": 2,
     },
 }
 
@@ -213,6 +224,54 @@ def order_capacity(workload: Workload, capacity: int, next_obs: str, budget: int
     row = estimate(workload.specs(), 1, next_obs=next_obs).table_row_bytes
     fitting = budget // row // FILL_CHUNK * FILL_CHUNK
     return int(min(capacity, max(FILL_CHUNK, fitting)))
+
+
+#: The draws timed alone by :func:`time_draws`: label -> (sampler kind, constructor arguments).
+DRAW_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "uniform": ("uniform", {}),
+    "uniform_no_replacement": ("uniform", {"replace": False}),
+    "prioritized": ("prioritized", {}),
+}
+
+
+def time_draws(
+    sizes: Sequence[int], repeats: int, inner: int, progress: bool = True
+) -> list[dict[str, Any]]:
+    """The index draw alone (``sampler.sample(B, size, rng)``, no gather) in both orders, per
+    :data:`DRAW_CASES` entry and filled size: what drawing in ascending order costs or saves
+    (prioritized: the tree descents included, every priority 1). One row per (case, size,
+    order), with the ratio memory / random of the medians."""
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        fns: dict[str, Any] = {}
+        for label, (kind, kwargs) in DRAW_CASES.items():
+            for order in ORDERS:
+                sampler = ORDER_SAMPLERS[kind](**kwargs, order=order)
+                sampler.bind(size, 1)
+                sampler.on_write(np.arange(size, dtype=np.int64))
+                rng = np.random.default_rng(0)
+                fns[f"{label}/{order}"] = partial(sampler.sample, BATCH, size, rng)
+        timings = time_interleaved(fns, repeats=repeats, warmup=1, inner=inner, rotate=True)
+        for name, t in timings.items():
+            label, order = name.split("/")
+            rows.append(
+                {
+                    "case": label,
+                    "order": order,
+                    "size": size,
+                    "batch_size": BATCH,
+                    "us_median": 1e6 * t["median"],
+                    "us_min": 1e6 * t["min"],
+                    "time_vs_random": t["median"] / timings[f"{label}/random"]["median"],
+                }
+            )
+        if progress:
+            print(
+                f"[locality/order] draws from {size} slots: "
+                + ", ".join(f"{k} {1e6 * v['median']:.1f} us" for k, v in timings.items()),
+                flush=True,
+            )
+    return rows
 
 
 def time_orders(
@@ -592,6 +651,7 @@ def run(
         )
         walls["timing"] = time.perf_counter() - start
     order_rows: list[dict[str, Any]] = []
+    order_draws: list[dict[str, Any]] = []
     order_cfg = cfg.get("order")
     if "order" in parts and order_cfg:
         start = time.perf_counter()
@@ -604,6 +664,13 @@ def run(
             progress,
             order_cfg.get("samplers", ("uniform",)),
         )
+        if order_cfg.get("draw_sizes"):
+            order_draws = time_draws(
+                order_cfg["draw_sizes"],
+                order_cfg["draw_repeats"],
+                order_cfg["draw_inner"],
+                progress,
+            )
         walls["order"] = time.perf_counter() - start
     order = order_verdict(order_rows)
     workloads = list(dict.fromkeys(r["workload"] for r in timing_rows))
@@ -658,6 +725,7 @@ def run(
     return {
         "rows": timing_rows,
         "order_rows": order_rows,
+        "order_draws": order_draws,
         "order": order,
         "frontier": front,
         "recommendation": rec,
@@ -722,6 +790,9 @@ def run(
                     "samplers": list(order_cfg.get("samplers", ("uniform",))),
                     "repeats": order_cfg["repeats"],
                     "table_budget_bytes": order_cfg["table_budget_bytes"],
+                    "draw_sizes": list(order_cfg.get("draw_sizes", [])),
+                    "draw_repeats": order_cfg.get("draw_repeats"),
+                    "draw_inner": order_cfg.get("draw_inner"),
                     "data": "25-step episode streams (episode_steps)",
                     "what": "one MADDPG sampling round (sample_for_trainers) per sampler in "
                     "memory order and in draw order, every case sharing one buffer's storage "

@@ -142,6 +142,9 @@ def test_order_part_times_memory_against_draw_order(monkeypatch):
         "samplers": ["uniform", "prioritized"],
         "repeats": 2,
         "table_budget_bytes": 1_000_000,  # lowers 10_000 CN-3 rows to the fill chunk, 5_000
+        "draw_sizes": [3_000],
+        "draw_repeats": 2,
+        "draw_inner": 1,
     }
     monkeypatch.setattr(locality, "QUICK", tiny)
     payload = locality.run(quick=True, progress=False, parts=("order",))
@@ -167,10 +170,17 @@ def test_order_part_times_memory_against_draw_order(monkeypatch):
         assert len(order["paired_ratios"]) == 4 and isinstance(order["never_slower"], bool)
         assert order["never_slower"] == (order["max_paired_ratio"] <= locality.ORDER_NOISE)
         assert payload["summary"]["order"][kind]["worst_case"] in order["paired_ratios"]
+    draws = payload["order_draws"]
+    assert {(r["case"], r["order"]) for r in draws} == {
+        (case, order) for case in locality.DRAW_CASES for order in ("random", "memory")
+    }
+    assert all(r["size"] == 3_000 and r["us_median"] > 0 for r in draws)
+    assert all(r["time_vs_random"] == 1.0 for r in draws if r["order"] == "random")
     assert "Memory order vs draw order" in payload["markdown"]
     assert payload["config"]["order"]["storages"] == {"once": "once", "stored": "stored"}
 
 
 def test_order_part_is_skipped_without_its_config(payload):
     assert payload["order_rows"] == [] and payload["order"] == {}
+    assert payload["order_draws"] == []
     assert payload["config"]["order"] is None
