@@ -66,13 +66,29 @@ def _check_order(order: Any) -> str:
 def ascending_uniform(
     batch_size: int, size: int, rng: np.random.Generator, replace: bool
 ) -> np.ndarray:
-    """``batch_size`` uniform slots of ``[0, size)`` in ascending order (shape (B,), int64).
+    """Uniform slots of ``[0, size)`` drawn directly in ascending order, in ``O(B)``.
 
-    With replacement: the sorted sample of i.i.d. uniform slots, from ``B + 1`` exponential
-    spacings. Without: a uniform ``B``-subset, strictly increasing: the distinct values of i.i.d.
-    draws (in sorted chunks) until ``B`` are seen, or selection sampling over every slot when
-    ``B`` exceeds :data:`marlbuf._config.SELECTION_SAMPLING_FRACTION` of ``size``. Needs
-    ``1 <= batch_size`` and, without replacement, ``batch_size <= size``.
+    With replacement: the sorted sample of ``B`` i.i.d. uniform slots, from ``B + 1``
+    exponential spacings. Without: a uniform ``B``-subset, strictly increasing: the distinct
+    values of i.i.d. draws (in sorted chunks) until ``B`` are seen, or selection sampling over
+    every slot when ``B`` exceeds :data:`marlbuf._config.SELECTION_SAMPLING_FRACTION` of
+    ``size``.
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B >= 1`` (``<= size`` without replacement; checked by the caller).
+    size : int
+        Slots to draw from, ``>= 1``.
+    rng : numpy.random.Generator
+        Source of every random number (the same state gives the same slots).
+    replace : bool
+        With or without replacement.
+
+    Returns
+    -------
+    ndarray, shape (B,), int64
+        Non-decreasing slots (strictly increasing without replacement).
     """
     out = np.empty(batch_size, dtype=np.int64)
     if replace:
