@@ -396,3 +396,16 @@ def test_train_cli_flag_sets_the_order() -> None:
     from marlbuf.algos.config import TrainConfig
 
     assert default.sample_order == TrainConfig().sample_order
+
+
+def test_drop_in_make_index_larger_than_the_data_keeps_memory_order() -> None:
+    from marlbuf.compat.maddpg import make_buffers
+
+    buffers = make_buffers(2, 100, sampler=Uniform(order="memory"), seed=0)
+    for _ in range(5):  # 5 steps, then an index of 16 (with replacement, as the original)
+        obs = [np.zeros(3, np.float32), np.zeros(3, np.float32)]
+        act = [np.zeros(2, np.float32), np.zeros(2, np.float32)]
+        for i, buf in enumerate(buffers):
+            buf.add(obs[i], act[i], 0.0, obs[i], False)
+    index = buffers[0].make_index(16)
+    assert len(index) == 16 and index == sorted(index) and max(index) < 5

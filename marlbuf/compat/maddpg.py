@@ -56,7 +56,7 @@ from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
 from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
-from marlbuf.samplers import Sampler, Uniform
+from marlbuf.samplers import Sampler, Uniform, ascending_uniform
 from marlbuf.spec import FIELDS, AgentSpec
 from marlbuf.storage import LAYOUTS
 
@@ -251,7 +251,10 @@ class SharedStore:
         if batch_size > len(self) and isinstance(self.sampler, Uniform) and self.sampler.replace:
             # openai's make_index draws with replacement from however many entries exist;
             # the buffer's Uniform refuses a batch larger than the data, the original does not
-            indices = self.rng.integers(0, len(self), size=batch_size, dtype=np.int64)
+            if self.sampler.order == "memory":
+                indices = ascending_uniform(batch_size, len(self), self.rng, True)
+            else:
+                indices = self.rng.integers(0, len(self), size=batch_size, dtype=np.int64)
         else:
             indices, _ = self.sampler.sample(batch_size, len(self), self.rng, trainer)
         return self._remember_index(indices)

@@ -25,7 +25,13 @@ from marlbuf import persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.distributed._ray import code_fingerprint
-from marlbuf.samplers import Prioritized, PrioritizedNeighbor, Sampler, Uniform
+from marlbuf.samplers import (
+    Prioritized,
+    PrioritizedNeighbor,
+    Sampler,
+    Uniform,
+    ascending_uniform,
+)
 from marlbuf.spec import AgentSpec
 from marlbuf.storage import Storage
 
@@ -226,7 +232,10 @@ class ShardActor:
                 with buf.writer.lock:
                     sampler = buf.sampler
                     if isinstance(sampler, Uniform) and sampler.replace:
-                        idx = buf.rng.integers(0, counted, size=n, dtype=np.int64)
+                        if sampler.order == "memory":
+                            idx = ascending_uniform(n, counted, buf.rng, True)
+                        else:
+                            idx = buf.rng.integers(0, counted, size=n, dtype=np.int64)
                     else:
                         idx, _ = sampler.sample(n, counted, buf.rng, int(trainer))
                     batch = buf.gather(idx, int(trainer))
