@@ -608,7 +608,8 @@ class MultiAgentReplayBuffer:
         (nothing changed: the caller stages it, and the complete checks explain)."""
         _, _, _, _, on_write, table = step
         plan = self._codec._step
-        assert plan is not None
+        if plan is None:
+            return False  # turned off since (see RowCodec.step_failed)
         writer = self.writer
         links = self.links
         with writer.lock:
@@ -650,7 +651,8 @@ class MultiAgentReplayBuffer:
                     if code != -1:
                         links.apply_step_code(code)
                     links.pending[stream] = (slot, generation)
-            except Exception:  # a value Numba cannot type (nothing ran): the other paths
+            except Exception as exc:  # a value Numba cannot type (nothing ran): the others
+                self._codec.step_failed(exc)
                 return False
             self._choose_format = False  # a first write of one step keeps the format
             writer.total_writes = generation + 1

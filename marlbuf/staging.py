@@ -16,6 +16,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
+from numba.core import errors as numba_errors
 
 from marlbuf import _config
 from marlbuf._kernels import first_nonfinite, first_nonfinite_half, stage_step
@@ -299,6 +300,15 @@ class RowCodec:
             return None  # e.g. lists: the NumPy paths convert them
         return items
 
+    def step_failed(self, exc: Exception) -> None:
+        """A one-step kernel raised ``exc`` instead of checking the step. Values Numba cannot
+        type (a Python int beyond 64 bits, an unknown object) raise before any compilation,
+        or fail to compile, and the complete checks then reject them. Values it types but
+        cannot compile (float16 items) would fail to compile on every call: the one-step
+        kernels are turned off for this codec, and the NumPy paths take every later step."""
+        if not isinstance(exc, (TypeError, ValueError, numba_errors.TypingError)):
+            self._step = None
+
     def stage_step(
         self, values: Sequence[Any], items: StepItems | None = None
     ) -> np.ndarray | None:
@@ -324,7 +334,8 @@ class RowCodec:
         try:
             if not stage_step(*items, step.row, step.plan):
                 return None
-        except Exception:  # a value Numba cannot type: the other paths decide
+        except Exception as exc:  # a value Numba cannot type: the other paths decide
+            self.step_failed(exc)
             return None
         if self.more:
             try:
@@ -460,6 +471,8 @@ class RowCodec:
                     # bounds by Python's min/max: far cheaper than ufuncs on a handful of ints
                     if min(items) < 0 or max(items) >= self._min_discrete:
                         raise _NotCommonCase
+                    if any(isinstance(a, (bool, np.bool_)) for a in items):
+                        raise _NotCommonCase  # a bool is no action (np.array makes it an int)
                     acts = np.array(items)
                     if acts.dtype.kind not in "iu" or acts.shape != (n_agents,):
                         raise _NotCommonCase
@@ -469,6 +482,8 @@ class RowCodec:
                         region[0] = 0
                         region[0, positions + acts] = 1
                 else:
+                    if any(np.asarray(a).dtype.kind not in "iu" for a in items):
+                        raise _NotCommonCase  # e.g. one agent's bools: np.array makes ints
                     acts = np.array(items)
                     if acts.dtype.kind not in "iu" or acts.shape != (n_agents, steps):
                         raise _NotCommonCase

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf._kernels import link_step, sequence_slots
+from marlbuf._kernels import link_rows, link_step, next_is_obs, release_slots, sequence_slots
 from marlbuf._kernels.staging import DENSE_NEXT_OBS, OBS_BYTES
 
 
@@ -279,18 +279,18 @@ class NextObsLinks:
         (one int for all rows, in write order, or shape (n,) of distinct streams, one row
         each). Call before the storage write; ``write_generation`` is the pre-write state."""
         obs = rows[:, : self.obs_bytes]
-        nobs = rows[:, next_obs_start : next_obs_start + self.obs_bytes]
+        words = rows.view(np.uint64)  # staged rows are whole words; sections start on words
+        next_word = next_obs_start // 8
         one_stream = isinstance(streams, (int, np.integer))
-        # which new rows need a side row: decided (and the table grown) before anything changes,
-        # so a MemoryError leaves the links as they were
+        # which new rows need a side row (the comparisons run in next_is_obs): decided, and
+        # the table grown, before anything changes, so a MemoryError leaves the links as they
+        # were
         n = slots.shape[0]
-        needs_side = np.ones(n, dtype=bool)
-        same = None
+        same = np.zeros(max(n - 1, 0), dtype=bool)  # all False: rows of distinct streams
+        needed = n
         if one_stream and n > 1:
-            same = (nobs[:-1] == obs[1:]).all(axis=1)
-            needs_side[:-1] = ~same
-        rows_needed = np.flatnonzero(needs_side)
-        self._reserve(rows_needed.shape[0])
+            needed = int(next_is_obs(words, self.obs_bytes, next_word, same))
+        self._reserve(needed)
         stream_ids = (
             [int(streams)] if isinstance(streams, (int, np.integer)) else [int(x) for x in streams]
         )
@@ -310,23 +310,27 @@ class NextObsLinks:
             if overwritten is None and np.any(slots == slot):
                 continue
             row = self.side_row[slot]
-            if np.array_equal(self.side[row, : self.obs_bytes], obs[first]):
+            if self.side[row, : self.obs_bytes].tobytes() == obs[first].tobytes():
                 self.next_slot[slot] = slots[first]
                 self.side_row[slot] = -1
                 self.free.append(int(row))
-        # 2. release what the overwritten slots held
-        held = self.side_row[slots]
-        released = held[held >= 0]
-        if released.size:
-            self.free.extend(released.tolist())
-        self.next_slot[slots] = -1
-        self.side_row[slots] = -1
-        # 3. the new rows: within one stream, row t links to row t + 1 when equal
-        if same is not None:
-            self.next_slot[slots[:-1][same]] = slots[1:][same]
-        side_rows = self._allocate(rows_needed.shape[0])
-        self.side[side_rows, : self.obs_bytes] = nobs[rows_needed]
-        self.side_row[slots[rows_needed]] = side_rows
+        # 2. release what the overwritten slots held (and clear their links)
+        released = np.empty(n, dtype=np.int64)
+        count = release_slots(slots, self.pointers, released)
+        if count:
+            self.free.extend(released[:count].tolist())
+        # 3. the new rows: within one stream, row t links to row t + 1 when equal; the others
+        #    keep their next_obs in a side row
+        link_rows(
+            words,
+            slots,
+            same,
+            self._allocate(needed),
+            self.side_words,
+            self.pointers,
+            self.obs_bytes,
+            next_word,
+        )
         # 4. each stream's newest transition waits for its successor
         if one_stream:
             self.pending[stream_ids[0]] = (int(slots[-1]), int(generations[-1]))

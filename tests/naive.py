@@ -482,3 +482,157 @@ def gather_lean_rows(
             slot, lean_tail : lean_tail + tail_bytes
         ]
     return out
+
+
+# ------------------------------------------------------------------ one-step writes (fast add)
+# Twins of marlbuf/_kernels/staging.py. A step is five per-field tuples of the agents' items; a
+# plan row per agent holds the element offsets and item shapes (PLAN_* columns of the module).
+
+
+def _plan_columns() -> Any:
+    from marlbuf._kernels import staging
+
+    return staging
+
+
+def step_is_common(items: tuple[tuple[Any, ...], ...], plan: np.ndarray, stored: np.dtype) -> bool:
+    """Whether the kernels take the step: every item of a type they read, of the planned
+    shape, every float finite and within the stored dtype's range, every integer action a
+    discrete action in range (bools are not actions)."""
+    k_ = _plan_columns()
+    limit = float(np.finfo(stored).max)
+    action_dims = k_.PLAN_OBS_DIMS + (plan.shape[1] - k_.PLAN_OBS_DIMS) // 2
+
+    def numeric(dtype: np.dtype) -> bool:
+        return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize in (4, 8))
+
+    def array_ok(x: Any, k: int, dims: int) -> bool:
+        if type(x) is not np.ndarray or not numeric(x.dtype) or x.ndim == 0:
+            return False
+        shape = tuple(int(d) for d in plan[k, dims + 1 : dims + 1 + plan[k, dims]])
+        if x.shape != shape:
+            return False
+        return x.dtype.kind != "f" or bool(np.all(np.abs(x.astype(np.float64)) <= limit))
+
+    def scalar_ok(x: Any) -> bool:
+        if isinstance(x, (bool, np.bool_)):
+            return True
+        if isinstance(x, (int, np.integer)):
+            return -(2**63) <= int(x) < 2**64
+        if isinstance(x, (float, np.float32, np.float64)):
+            return abs(float(x)) <= limit
+        return False
+
+    obs, action, reward, next_obs, done = items
+    for k in range(plan.shape[0]):
+        dims = k_.PLAN_OBS_DIMS
+        if not (array_ok(obs[k], k, dims) and array_ok(next_obs[k], k, dims)):
+            return False
+        a = action[k]
+        if isinstance(a, (bool, np.bool_)):
+            return False
+        if isinstance(a, (int, np.integer)):
+            if not 0 <= int(a) < int(plan[k, k_.PLAN_DISCRETE]):
+                return False
+        elif not array_ok(a, k, action_dims):
+            return False
+        if not (scalar_ok(reward[k]) and scalar_ok(done[k])):
+            return False
+    return True
+
+
+def write_step(
+    items: tuple[tuple[Any, ...], ...],
+    plan: np.ndarray,
+    row: np.ndarray,
+    done_column: int,
+    next_column: int | None,
+) -> None:
+    """Write a (common) step into ``row`` (a 1-D array in the stored dtype): obs, one-hot or
+    array actions, rewards, dones at ``done_column``, next_obs at ``next_column`` (None: not
+    written)."""
+    k_ = _plan_columns()
+    obs, action, reward, next_obs, done = items
+    for k in range(plan.shape[0]):
+        o = np.asarray(obs[k]).reshape(-1)
+        row[plan[k, k_.PLAN_OBS] : plan[k, k_.PLAN_OBS] + o.size] = o
+        a = action[k]
+        start = plan[k, k_.PLAN_ACTION]
+        if isinstance(a, (int, np.integer)):
+            n = int(plan[k, k_.PLAN_DISCRETE])
+            row[start : start + n] = np.eye(n)[int(a)]
+        else:
+            flat = np.asarray(a).reshape(-1)
+            row[start : start + flat.size] = flat
+        row[plan[k, k_.PLAN_REWARD]] = reward[k]
+        row[plan[k, done_column]] = done[k]
+        if next_column is not None:
+            no = np.asarray(next_obs[k]).reshape(-1)
+            row[plan[k, next_column] : plan[k, next_column] + no.size] = no
+
+
+def stage_step(
+    items: tuple[tuple[Any, ...], ...], row: np.ndarray, plan: np.ndarray
+) -> tuple[bool, np.ndarray]:
+    """``(taken, staging row after the call)``."""
+    k_ = _plan_columns()
+    out = row.copy()
+    if not step_is_common(items, plan, row.dtype):
+        return False, out
+    write_step(items, plan, out, k_.PLAN_DONE, k_.PLAN_NEXT_OBS)
+    return True, out
+
+
+def link_step(
+    row: np.ndarray,
+    slot: int,
+    obs_bytes: int,
+    next_obs_start: int,
+    side: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
+    write_generation: np.ndarray,
+    prev_slot: int,
+    prev_generation: int,
+    free: list[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """The link update of one step as ``NextObsLinks.commit_one`` did it in Python (byte
+    comparison, the free stack as a list): ``(side, next_slot, side_row, free)`` after it.
+    ``row`` is the staged dense row as bytes (uint8); ``side`` bytes too."""
+    side, next_slot, side_row, free = side.copy(), next_slot.copy(), side_row.copy(), list(free)
+    if prev_slot >= 0 and prev_slot != slot and write_generation[prev_slot] == prev_generation:
+        held = int(side_row[prev_slot])
+        if held >= 0 and side[held, :obs_bytes].tobytes() == row[:obs_bytes].tobytes():
+            next_slot[prev_slot] = slot
+            side_row[prev_slot] = -1
+            free.append(held)
+    old = int(side_row[slot])
+    if old >= 0:
+        free.append(old)
+    next_slot[slot] = -1
+    new = free.pop()
+    side[new, :obs_bytes] = row[next_obs_start : next_obs_start + obs_bytes]
+    side_row[slot] = new
+    return side, next_slot, side_row, free
+
+
+def lean_row(dense: np.ndarray, codec: Any) -> np.ndarray:
+    """A staged dense row (uint8) as the lean row it is stored as (uint8)."""
+    lean_tail, dense_tail, tail_bytes = codec.done_span
+    out = np.zeros(codec.lean_row_bytes, dtype=np.uint8)
+    out[: codec.head_bytes] = dense[: codec.head_bytes]
+    out[lean_tail : lean_tail + tail_bytes] = dense[dense_tail : dense_tail + tail_bytes]
+    return out
+
+
+def next_is_obs(rows: np.ndarray, obs_bytes: int, next_obs_start: int) -> np.ndarray:
+    """Per consecutive pair of staged dense rows (uint8), whether row t's next_obs section is
+    row t + 1's obs section byte for byte."""
+    return np.array(
+        [
+            rows[t, next_obs_start : next_obs_start + obs_bytes].tobytes()
+            == rows[t + 1, :obs_bytes].tobytes()
+            for t in range(rows.shape[0] - 1)
+        ],
+        dtype=bool,
+    )

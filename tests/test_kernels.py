@@ -188,3 +188,291 @@ def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype):
     np.testing.assert_array_equal(out, expected)
     dense_rows = np.where(idx[:, None] >= 0, dense.storage.table[np.maximum(idx, 0)], 0)
     np.testing.assert_array_equal(out, dense_rows)
+
+
+# ------------------------------------------------------------------ one-step writes (fast add)
+def _step_specs(kind: str) -> dict[str, AgentSpec]:
+    """Specs for the one-step kernels: discrete agents with flat observations, observations of
+    different shapes (one 2-D, sections ending inside a word), float64 storage, continuous
+    actions."""
+    if kind == "discrete":
+        return {f"a{i}": AgentSpec(obs_shape=(6,), action_shape=(5,), n_discrete_actions=5)
+                for i in range(3)}  # fmt: skip
+    if kind == "shapes":
+        return {
+            "a": AgentSpec(obs_shape=(5,), action_shape=(4,), n_discrete_actions=4),
+            "b": AgentSpec(obs_shape=(2, 3), action_shape=(2,)),
+        }
+    if kind == "float64":
+        f8 = np.float64
+        return {
+            f"a{i}": AgentSpec(
+                obs_shape=(3,), action_shape=(3,), n_discrete_actions=3, obs_dtype=f8,
+                action_dtype=f8, reward_dtype=f8, done_dtype=f8,
+            )
+            for i in range(2)
+        }  # fmt: skip
+    return {"solo": AgentSpec(obs_shape=(7,), action_shape=(2,))}
+
+
+def _step_items(specs, rng, case: str):
+    """One step's per-field tuples (agent order) for the case ``case``."""
+    agents = list(specs)
+
+    def obs_of(spec):
+        return rng.standard_normal(spec.obs_shape).astype(spec.obs_dtype)
+
+    def action_of(spec):
+        if spec.n_discrete_actions:
+            return int(rng.integers(spec.n_discrete_actions))
+        return rng.standard_normal(spec.action_shape).astype(np.float32)
+
+    obs = [obs_of(specs[a]) for a in agents]
+    nxt = [obs_of(specs[a]) for a in agents]
+    act = [action_of(specs[a]) for a in agents]
+    rew = [float(rng.standard_normal()) for _ in agents]
+    done = [bool(rng.random() < 0.5) for _ in agents]
+    spec = specs[agents[0]]
+    discrete = bool(spec.n_discrete_actions)
+    if case == "mixed types":  # a field's items of different types
+        rew[0] = np.float32(rew[0])
+        done[0] = np.float32(1.0)
+        if len(agents) > 1:
+            done[1] = 1
+        if discrete:
+            act[0] = np.int64(act[0])
+        obs[0] = obs[0].astype(np.float64)
+    elif case == "int and bool arrays":
+        obs = [np.ones(specs[a].obs_shape, dtype=np.int16) for a in agents]
+        nxt = [np.zeros(specs[a].obs_shape, dtype=bool) for a in agents]
+    elif case == "strided and read-only":
+        obs = [np.repeat(x, 2).reshape(*x.shape, 2)[..., 0] for x in obs]
+        for x in nxt:
+            x.flags.writeable = False
+    elif case == "one-hot arrays" and discrete:
+        n = spec.n_discrete_actions
+        act[0] = np.eye(n, dtype=np.float32)[act[0]]
+    elif case == "nan obs":
+        obs[-1].reshape(-1)[0] = np.nan
+    elif case == "inf next_obs":
+        nxt[0].reshape(-1)[-1] = -np.inf
+    elif case == "beyond float32":
+        obs[0] = obs[0].astype(np.float64)
+        obs[0].reshape(-1)[0] = 3.4028236e38  # finite in float64, beyond the float32 maximum
+    elif case == "huge reward":
+        rew[0] = 1e300
+    elif case == "nan done":
+        done[-1] = float("nan")
+    elif case == "action out of range" and discrete:
+        act[0] = spec.n_discrete_actions
+    elif case == "negative action" and discrete:
+        act[0] = -1
+    elif case == "bool action" and discrete:
+        act[0] = True
+    elif case == "float action" and discrete:
+        act[0] = 1.0
+    elif case == "wrong shape":
+        nxt[0] = np.zeros(nxt[0].size + 1, np.float32)
+    elif case == "wrong ndim":
+        obs[0] = obs[0].reshape(1, -1)
+    elif case == "float16 obs":
+        obs[0] = obs[0].astype(np.float16)
+    elif case == "0-d reward":
+        rew[0] = np.array(1.5)
+    elif case == "complex reward":
+        rew[0] = 1 + 2j
+    elif case == "unsigned action" and discrete:
+        act[0] = np.uint8(act[0])
+    return tuple(obs), tuple(act), tuple(rew), tuple(nxt), tuple(done)
+
+
+STEP_CASES = [
+    "plain", "mixed types", "int and bool arrays", "strided and read-only", "one-hot arrays",
+    "nan obs", "inf next_obs", "beyond float32", "huge reward", "nan done",
+    "action out of range", "negative action", "bool action", "float action", "wrong shape",
+    "wrong ndim", "float16 obs", "0-d reward", "complex reward", "unsigned action",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["discrete", "shapes", "float64", "solo"])
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_stage_step_matches_naive(kind, case):
+    """The one-step staging kernel takes exactly what its twin takes (shapes, dtypes, finite and
+    in range, discrete actions in range), writes the same row, and leaves the row untouched
+    when it declines."""
+    from marlbuf._kernels import stage_step
+    from marlbuf.staging import RowCodec
+
+    specs = _step_specs(kind)
+    step = RowCodec(specs)._step
+    assert step is not None
+    rng = np.random.default_rng(STEP_CASES.index(case))
+    items = _step_items(specs, rng, case)
+    row = rng.standard_normal(step.row.shape).astype(step.row.dtype)  # not zeros: untouched?
+    taken, expected = naive.stage_step(items, row, step.plan)
+    if case == "float16 obs":  # Numba types float16 arrays but cannot compile them
+        with pytest.raises(NotImplementedError):
+            stage_step(*items, row, step.plan)
+        assert not taken
+        return
+    assert stage_step(*items, row, step.plan) == taken
+    np.testing.assert_array_equal(row, expected)
+    if case in ("plain", "mixed types", "int and bool arrays", "strided and read-only"):
+        assert taken  # the common cases are taken
+
+
+def _link_state(capacity, obs_bytes, rng):
+    """Links with a few side rows in use and a free stack (as NextObsLinks keeps them)."""
+    from marlbuf.writer import NextObsLinks
+
+    links = NextObsLinks(capacity, obs_bytes, initial_rows=8)
+    used = [3, 5, 1]
+    links.free = [r for r in range(8) if r not in used]
+    links.side[:] = rng.integers(0, 256, links.side.shape, dtype=np.uint8)
+    links.side_row[[2, 4, 6]] = used  # slots 2, 4, 6 hold side rows
+    links.next_slot[[1, 3]] = [2, 4]
+    return links
+
+
+@pytest.mark.parametrize("kind", ["discrete", "shapes", "solo"])
+@pytest.mark.parametrize(
+    ("slot", "prev", "prev_generation", "same"),
+    [
+        (7, -1, -1, False),  # the stream's first step
+        (7, 6, 60, True),  # links back: the previous next_obs is this obs
+        (7, 6, 60, False),  # an episode boundary: no link
+        (7, 6, 59, True),  # the previous slot was overwritten since
+        (6, 6, 60, True),  # ... by this very write
+        (4, 2, 20, True),  # the slot held a side row (reused), the link frees another
+        (4, 2, 20, False),
+    ],
+)
+def test_store_steps_match_naive(kind, slot, prev, prev_generation, same):
+    """Stored straight into the table: the dense row (padding zeroed), or the lean row plus the
+    link update and the side row, and the write generation; as the twins (staging row, lean
+    conversion, the Python link update) and as the staged-row kernels."""
+    from marlbuf._kernels import (
+        commit_dense_step,
+        commit_lean_step,
+        store_dense_step,
+        store_lean_step,
+    )
+    from marlbuf.staging import RowCodec
+
+    specs = _step_specs(kind)
+    codec = RowCodec(specs)
+    step = codec._step
+    assert step is not None
+    rng = np.random.default_rng(slot * 10 + prev + 3 * same)
+    items = _step_items(specs, rng, "plain")
+    capacity = 10
+    generations = np.arange(capacity, dtype=np.int64) * 10
+    staged = np.zeros(step.row.shape, step.row.dtype)
+    assert naive.stage_step(items, staged, step.plan)[0]
+    _, staged = naive.stage_step(items, staged, step.plan)
+    dense = staged.view(np.uint8)
+
+    # dense: the staged row, padding included, and the generation
+    table = rng.integers(0, 2**63, (capacity, codec.row_words), dtype=np.int64).view(np.uint64)
+    wg = generations.copy()
+    twin_table, twin_wg = table.copy(), wg.copy()
+    assert store_dense_step(*items, step.plan, step.dense_gaps, table.view(step.dtype),
+                            slot, 99, wg)  # fmt: skip
+    twin_table[slot] = dense.view(np.uint64)
+    twin_wg[slot] = 99
+    np.testing.assert_array_equal(table, twin_table)
+    np.testing.assert_array_equal(wg, twin_wg)
+    again, wg2 = rng.integers(0, 9, table.shape).astype(np.uint64), generations.copy()
+    commit_dense_step(again, dense.view(np.uint64), slot, 99, wg2)
+    np.testing.assert_array_equal(again[slot], twin_table[slot])
+    np.testing.assert_array_equal(wg2, twin_wg)
+
+    # lean: the lean row, the links, the side row, the free stack
+    links = _link_state(capacity, codec.obs_bytes, rng)
+    if prev >= 0 and links.side_row[prev] < 0:
+        links.side_row[prev] = links.free.pop()
+    if prev >= 0:
+        held = links.side_row[prev]
+        links.side[held, : codec.obs_bytes] = dense[: codec.obs_bytes]  # this step's obs
+        if not same:
+            links.side[held, codec.obs_bytes // 2] ^= 1
+    lean_table = rng.integers(0, 2**63, (capacity, codec.lean_row_bytes // 8), dtype=np.int64)
+    lean_table = lean_table.view(np.uint64)
+    twin_side, twin_next, twin_row, twin_free = naive.link_step(
+        dense, slot, codec.obs_bytes, codec.next_obs_start, links.side, links.next_slot,
+        links.side_row, generations, prev, prev_generation, links.free,
+    )  # fmt: skip
+    twin_lean = lean_table.copy()
+    twin_lean[slot] = naive.lean_row(dense, codec).view(np.uint64)
+    for kernel in ("store", "commit"):
+        trial = _link_state(capacity, codec.obs_bytes, np.random.default_rng(0))
+        for key in ("side", "next_slot", "side_row"):
+            getattr(trial, key)[...] = getattr(links, key)
+        trial.free = list(links.free)
+        out, wg = lean_table.copy(), generations.copy()
+        if kernel == "store":
+            code = store_lean_step(
+                *items, step.plan, step.lean_gaps, out.view(step.dtype), slot, 99, wg,
+                trial.side_words, trial.pointers, prev, prev_generation, trial.free[-1],
+            )  # fmt: skip
+        else:
+            code = commit_lean_step(
+                out, dense.view(np.uint64), slot, 99, wg, codec.lean_words, trial.side_words,
+                trial.next_slot, trial.side_row, prev, prev_generation, trial.free[-1],
+            )  # fmt: skip
+        trial.apply_step_code(code)
+        np.testing.assert_array_equal(out, twin_lean)
+        assert wg[slot] == 99 and np.array_equal(np.delete(wg, slot), np.delete(generations, slot))
+        np.testing.assert_array_equal(trial.next_slot, twin_next)
+        np.testing.assert_array_equal(trial.side_row, twin_row)
+        assert trial.free == twin_free
+        assert trial.side.tobytes() == twin_side.tobytes()  # bytes past obs_bytes untouched
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), (5,)])  # sections ending on a word / inside one
+def test_link_rows_kernels_match_naive(obs_shape):
+    """extend's link kernels: which consecutive rows link (next_obs section == next obs
+    section), the side rows the overwritten slots release, and the links and side rows of the
+    new rows."""
+    from marlbuf._kernels import link_rows, next_is_obs, release_slots
+    from marlbuf.staging import RowCodec
+
+    specs = {f"a{i}": AgentSpec(obs_shape=obs_shape, action_shape=(2,)) for i in range(3)}
+    codec = RowCodec(specs)
+    rng = np.random.default_rng(obs_shape[0])
+    n = 12
+    rows = rng.integers(0, 2**63, (n, codec.row_words), dtype=np.int64).view(np.uint64)
+    raw = rows.view(np.uint8)
+    start, size = codec.next_obs_start, codec.obs_bytes
+    for t in (0, 1, 2, 5, 6, 9):  # these link to their successor
+        raw[t, start : start + size] = raw[t + 1, :size]
+    raw[3, start + size - 1] = raw[4, size - 1] ^ 1  # differs in the last byte only
+    same = np.ones(n - 1, dtype=bool)
+    needed = next_is_obs(rows, size, start // 8, same)
+    twin = naive.next_is_obs(raw, size, start)
+    np.testing.assert_array_equal(same, twin)
+    assert needed == n - int(twin.sum()) == 6
+
+    capacity = 16
+    pointers = np.full((2, capacity), -1, dtype=np.int64)
+    pointers[1, [3, 8, 14]] = [0, 2, 1]
+    pointers[0, [4, 9]] = [5, 10]
+    slots = (np.arange(n, dtype=np.int64) + 7) % capacity  # wraps: 7..15, 0..2
+    released = np.empty(n, dtype=np.int64)
+    count = release_slots(slots, pointers, released)
+    assert sorted(released[:count].tolist()) == [1, 2]  # what slots 8 and 14 held
+    assert (pointers[:, slots] == -1).all() and pointers[1, 3] == 0 and pointers[0, 4] == 5
+
+    side = rng.integers(0, 256, (8, -(-size // 8) * 8), dtype=np.uint8)
+    twin_side = side.copy()
+    side_rows = np.array([6, 4, 7, 1, 2, 5], dtype=np.int64)
+    link_rows(rows, slots, same, side_rows, side.view(np.uint64), pointers, size, start // 8)
+    j = 0
+    for t in range(n):
+        if t < n - 1 and twin[t]:
+            assert pointers[0, slots[t]] == slots[t + 1] and pointers[1, slots[t]] == -1
+            continue
+        assert pointers[0, slots[t]] == -1 and pointers[1, slots[t]] == side_rows[j]
+        twin_side[side_rows[j], :size] = raw[t, start : start + size]
+        j += 1
+    assert side.tobytes() == twin_side.tobytes()

@@ -897,3 +897,90 @@ def commit_lean_step(
         dst[w] = 0
     write_generation[slot] = generation
     return code
+
+
+# ----------------------------------------------------------------------------- many rows
+@njit(cache=True, nogil=True)
+def next_is_obs(rows: np.ndarray, obs_bytes: int, next_word: int, same: np.ndarray) -> int:
+    """Within consecutive staged dense rows of one stream, whether each row's next_obs section
+    is byte for byte the next row's obs section (``same[t]`` for ``t < n - 1``); returns how
+    many rows keep their next_obs in a side row (``n`` minus the matches: the last row always
+    does).
+
+    Parameters
+    ----------
+    rows : ndarray, shape (n, row_words), uint64
+        Staged dense rows (obs section at word 0, next_obs section at word ``next_word``).
+    obs_bytes : int
+        Length of the obs (and next_obs) section in bytes; the bytes after it in the last
+        word are ignored.
+    same : ndarray, shape (max(n - 1, 0),), bool
+        Overwritten.
+    """
+    whole = obs_bytes // 8
+    tail_bits = 8 * (obs_bytes - 8 * whole)
+    tail = (np.uint64(1) << np.uint64(tail_bits)) - np.uint64(1) if tail_bits else np.uint64(0)
+    n = rows.shape[0]
+    kept = n
+    for t in range(n - 1):
+        diff = np.uint64(0)
+        for w in range(whole):
+            diff |= rows[t, next_word + w] ^ rows[t + 1, w]
+        if tail_bits:
+            diff |= (rows[t, next_word + whole] ^ rows[t + 1, whole]) & tail
+        same[t] = diff == 0
+        kept -= diff == 0
+    return kept
+
+
+@njit(cache=True, nogil=True)
+def release_slots(slots: np.ndarray, pointers: np.ndarray, released: np.ndarray) -> int:
+    """Before ``slots`` are overwritten: the side rows they hold go to ``released`` (in slot
+    order; returns how many), and their links are cleared (``pointers``: shape (2, capacity),
+    int64, the links' ``next_slot`` and ``side_row``)."""
+    count = 0
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        held = pointers[1, slot]
+        if held >= 0:
+            released[count] = held
+            count += 1
+        pointers[0, slot] = -1
+        pointers[1, slot] = -1
+    return count
+
+
+@njit(cache=True, nogil=True)
+def link_rows(
+    rows: np.ndarray,
+    slots: np.ndarray,
+    same: np.ndarray,
+    side_rows: np.ndarray,
+    side: np.ndarray,
+    pointers: np.ndarray,
+    obs_bytes: int,
+    next_word: int,
+) -> None:
+    """The links of staged dense ``rows`` (shape (n, row_words), uint64) written at ``slots``
+    (shape (n,), int64, cleared by :func:`release_slots`): row ``t`` links to row ``t + 1``
+    where ``same[t]`` (shape (n - 1,), bool; all False for rows of distinct streams), every
+    other row's next_obs section goes to the next of ``side_rows`` (in row order: exactly as
+    many as :func:`next_is_obs` counted), of which only the first ``obs_bytes`` bytes are
+    written (``side``: shape (side_rows, side_words), uint64)."""
+    whole = obs_bytes // 8
+    tail_bits = 8 * (obs_bytes - 8 * whole)
+    tail = (np.uint64(1) << np.uint64(tail_bits)) - np.uint64(1) if tail_bits else np.uint64(0)
+    n = rows.shape[0]
+    j = 0
+    for t in range(n):
+        if t < n - 1 and same[t]:
+            pointers[0, slots[t]] = slots[t + 1]
+            continue
+        dst = side[side_rows[j]]
+        src = rows[t, next_word:]
+        for w in range(whole):
+            dst[w] = src[w]
+        if tail_bits:
+            dst[whole] = (dst[whole] & ~tail) | (src[whole] & tail)
+        pointers[1, slots[t]] = side_rows[j]
+        j += 1
