@@ -227,7 +227,7 @@ class Uniform(Sampler):
         learners: losses are means over the batch) is unaffected. ``"random"``: the order of
         independent draws (a prefix is itself a uniform sample); as openai/maddpg's
         ``make_index``. The default because the measured MADDPG sampling rounds were never
-        slower in memory order (3-8% faster up to 12 agents; see ``docs/training.md``,
+        slower in memory order (1-8% faster up to 12 agents; see ``docs/training.md``,
         "Choosing a run length"), and drawing the sorted sample costs less than drawing the
         unsorted one.
 
