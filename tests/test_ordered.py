@@ -313,7 +313,28 @@ def test_prioritized_memory_order_skips_zero_priority_slots() -> None:
         assert set(indices.tolist()) <= {0, 5, 63} and np.all(np.diff(indices) >= 0)
 
 
-# ---------------------------------------------------------------------- torch backend (CPU)
+# --------------------------------------------------------------------------- torch backend
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("sampler", "strict"),
     [
@@ -322,14 +343,14 @@ def test_prioritized_memory_order_skips_zero_priority_slots() -> None:
         (Prioritized(order="memory"), False),
     ],
 )
-def test_torch_backend_draws_in_memory_order(sampler: Sampler, strict: bool) -> None:
+def test_torch_backend_draws_in_memory_order(sampler: Sampler, strict: bool, device: str) -> None:
     pytest.importorskip("torch")
-    buf = MultiAgentReplayBuffer(SPECS, 40, sampler=sampler, seed=0, device="cpu")
+    buf = MultiAgentReplayBuffer(SPECS, 40, sampler=sampler, seed=0, device=device)
     buf.extend(**random_step_data(SPECS, 30, np.random.default_rng(0)))
     counts = np.zeros(40)
     for _ in range(200):
         for batch in buf.sample_for_trainers(20):
-            indices = batch.indices.numpy()
+            indices = batch.indices.cpu().numpy()
             assert np.all(np.diff(indices) >= (1 if strict else 0))
             counts += np.bincount(indices, minlength=40)
     assert counts[30:].sum() == 0  # only filled slots
