@@ -35,6 +35,8 @@ from marlbuf.staging import RowCodec, StepItems, steps_of
 from marlbuf.storage import Storage, available_memory_bytes, make_storage
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
+#: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
+_NO_PENDING = (-1, -1)
 #: how next observations are stored: once (from the successor's obs, a side table where they
 #: differ) or as a field of every row
 NEXT_OBS_MODES = ("once", "stored")
@@ -628,10 +630,11 @@ class MultiAgentReplayBuffer:
                     ):
                         return False
                 else:
-                    if not links.free:
+                    free = links.free
+                    if not free:
                         return False  # the side table must grow: after the checks, staged
-                    prev = links.pending.get(stream)
-                    prev_slot, prev_generation = prev if prev is not None else (-1, -1)
+                    pending = links.pending
+                    prev_slot, prev_generation = pending.get(stream, _NO_PENDING)
                     code = store_lean_step(
                         *items,
                         plan.plan,
@@ -644,13 +647,15 @@ class MultiAgentReplayBuffer:
                         links.pointers,
                         prev_slot,
                         prev_generation,
-                        links.free[-1],
+                        free[-1],
                     )
                     if code == STEP_DECLINED:
                         return False
-                    if code != -1:
-                        links.apply_step_code(code)
-                    links.pending[stream] = (slot, generation)
+                    if code >= 0:  # NextObsLinks.apply_step_code, inline
+                        free.append(code)
+                    elif code == -2:
+                        free.pop()
+                    pending[stream] = (slot, generation)
             except Exception as exc:  # a value Numba cannot type (nothing ran): the others
                 self._codec.step_failed(exc)
                 return False

@@ -521,6 +521,7 @@ def _body_impl(
     int_actions = isinstance(action.dtype, types.Integer)
     signed_actions = int_actions and action.dtype.signed
     float_actions = not int_actions and isinstance(action.dtype.dtype, types.Float)
+    stored = np.float32 if _stored_dtype(dst) == np.dtype(np.float32) else np.float64
 
     def uniform(
         obs,
@@ -603,20 +604,43 @@ def _body_impl(
         code = 0
         if not stage:
             _zero(row, gaps)
-        if lean:
-            code, new = _link(
-                row.view(np.uint64),
-                slot,
-                _obs_bytes(plan, row.itemsize),
-                side,
-                pointers[0],
-                pointers[1],
-                write_generation,
-                prev_slot,
-                prev_generation,
-                spare,
-            )
-            next_row = _typed(side[new], dst)  # a side row has the obs section's layout
+        if lean:  # _link, inline (as the loops above)
+            words = row.view(np.uint64)
+            obs_bytes = (plan[n - 1, PLAN_OBS] + plan[n - 1, PLAN_OBS_DIMS + 1]) * row.itemsize
+            whole = obs_bytes // 8
+            tail_bits = 8 * (obs_bytes - 8 * whole)
+            linked = False
+            held = -1
+            if (
+                prev_slot >= 0
+                and prev_slot != slot
+                and write_generation[prev_slot] == prev_generation
+            ):
+                held = pointers[1, prev_slot]
+                if held >= 0:
+                    diff = np.uint64(0)
+                    for w in range(whole):
+                        diff |= side[held, w] ^ words[w]
+                    if tail_bits:
+                        tail = (np.uint64(1) << np.uint64(tail_bits)) - np.uint64(1)
+                        diff |= (side[held, whole] ^ words[whole]) & tail
+                    if diff == 0:
+                        pointers[0, prev_slot] = slot
+                        pointers[1, prev_slot] = -1
+                        linked = True
+            old = pointers[1, slot]
+            pointers[0, slot] = -1
+            if old >= 0:
+                new = old
+                code = held if linked else -1
+            elif linked:
+                new = held
+                code = -1
+            else:
+                new = spare
+                code = -2
+            pointers[1, slot] = new
+            next_row = side[new].view(stored)  # a side row has the obs section's layout
             for k in range(n):
                 y = next_obs[k]
                 out = next_row[plan[k, PLAN_OBS] :]
