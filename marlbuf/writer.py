@@ -9,8 +9,11 @@ threads at once. Writers serialize on ``write_lock`` while they validate and sta
 one scratch row); the commit of staged rows into storage, the metadata update and every read of
 the storage (index draw + gather, ``latest``, ``gather``, ``update_priorities``, ``state_dict``)
 happen under ``lock``. So a sampler sees a row either entirely before or entirely after a write,
-never a mix, and validation (the costly part of a write) does not block samplers. The gather
-kernels release the GIL, so a trainer thread can run while another thread gathers.
+never a mix, and validation of staged rows (the costly part of a multi-step write) does not
+block samplers. ``add``'s common case stages nothing: one kernel checks the step and stores it
+under ``lock`` (:func:`marlbuf._kernels.store_dense_step` / ``store_lean_step``, a few
+microseconds), so it needs no ``write_lock``. The gather kernels release the GIL, so a trainer
+thread can run while another thread gathers.
 """
 
 from __future__ import annotations
