@@ -6,6 +6,12 @@ storage — whatever its layout. So validation is one mechanism for both layouts
 leaves the storage untouched, and the costly checks run over whole rows at once: shapes and
 dtypes per agent (cheap tuple and dict look-ups), NaN/inf by one Numba scan of the staged
 floats instead of one ``np.isfinite`` per agent and field.
+
+``add``'s common case is checked whole by a one-step kernel (:mod:`marlbuf._kernels.staging`)
+that reads the caller's items directly (:meth:`RowCodec.step_items`, :class:`StepPlan`) and
+writes only after every check passed: into the staging row (:meth:`RowCodec.stage_step`) or,
+for the buffer, straight into the storage. Whatever a faster path does not take goes to the
+next one, and :meth:`RowCodec.stage` explains any rejection.
 """
 
 from __future__ import annotations
