@@ -595,7 +595,7 @@ class MultiAgentReplayBuffer:
             and table.dtype == np.uint64
             and table.flags.c_contiguous
         )
-        plan = self._codec._step
+        plan = self._codec.step_plan
         direct = kernel and plan is not None and self.episodes is None and not self._codec.more
         on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
         typed = None
@@ -609,7 +609,7 @@ class MultiAgentReplayBuffer:
         :func:`~marlbuf._kernels.store_lean_step`); ``False`` when the kernel declined it
         (nothing changed: the caller stages it, and the complete checks explain)."""
         _, _, _, _, on_write, table = step
-        plan = self._codec._step
+        plan = self._codec.step_plan
         if plan is None:
             return False  # turned off since (see RowCodec.step_failed)
         writer = self.writer
@@ -659,14 +659,7 @@ class MultiAgentReplayBuffer:
             except Exception as exc:  # a value Numba cannot type (nothing ran): the others
                 self._codec.step_failed(exc)
                 return False
-            self._choose_format = False  # a first write of one step keeps the format
-            writer.total_writes = generation + 1
-            writer.cursor = slot + 1 if slot + 1 < writer.capacity else 0
-            if writer.size < writer.capacity:
-                writer.size += 1
-            if on_write is not None:
-                writer._one_slot[0] = slot
-                on_write(writer._one_slot)
+            self._advance_one(slot, generation, on_write)
             # the side-table share grows only when a side row is taken (or the size reaches
             # the warning's minimum)
             if (
@@ -679,15 +672,10 @@ class MultiAgentReplayBuffer:
 
     def _advance_one(self, slot: int, generation: int, on_write: Any) -> None:
         """The bookkeeping after one step was stored at ``slot`` (under the storage lock)."""
-        writer = self.writer
         self._choose_format = False  # a first write of one step keeps the format
-        writer.total_writes = generation + 1
-        writer.cursor = slot + 1 if slot + 1 < writer.capacity else 0
-        if writer.size < writer.capacity:
-            writer.size += 1
+        slots = self.writer.advance_one(slot, generation)
         if on_write is not None:
-            writer._one_slot[0] = slot
-            on_write(writer._one_slot)
+            on_write(slots)
 
     def _side_share_due(self) -> bool:
         """Whether :meth:`_check_side_share` would warn now (cheaply: checked after every
@@ -708,7 +696,7 @@ class MultiAgentReplayBuffer:
         _, _, table, _, on_write, _ = step
         writer = self.writer
         codec = self._codec
-        row = codec.single_row if rows is codec._single else rows[0]
+        row = rows[0]
         episodes = self.episodes
         ends = False
         if episodes is not None:  # before anything changes: a failure here changes nothing
@@ -721,7 +709,7 @@ class MultiAgentReplayBuffer:
             generation = writer.total_writes
             links = self.links
             if links is not None and not links.free:
-                links._reserve(1)  # before anything changes (MemoryError changes nothing)
+                links.reserve(1)  # before anything changes (MemoryError changes nothing)
             if episodes is not None:
                 episodes.commit_one(slot, ends, stream, generation, writer.write_generation)
             if links is None:

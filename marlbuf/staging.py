@@ -212,8 +212,8 @@ class RowCodec:
         # (the buffer's writer lock), so one row is enough.
         self._single = np.zeros((1, self.row_words), dtype=np.uint64)
         #: the staging row of add() as one row of words (what the commit kernels take)
-        self.single_row = self._single[0]
-        self._step = self._step_plan()
+        #: the plan of the one-step kernels (``None``: turned off for these specs)
+        self.step_plan = self._step_plan()
         self._single_views = self.views(self._single)  # the complete path's, built once
         self._fast = self._fast_plan()
         self._fast_more = self._fast_plan_more()
@@ -281,7 +281,7 @@ class RowCodec:
         the agents' items in agent order — or ``None`` where they cannot: another dtype
         stored, a field that is not a dict with exactly the buffer's agents (or a list/tuple
         in agent order), observations that are not arrays."""
-        step = self._step
+        step = self.step_plan
         if step is None:
             return None
         get, n = step.getter, step.n_agents
@@ -313,7 +313,7 @@ class RowCodec:
         cannot compile (float16 items) would fail to compile on every call: the one-step
         kernels are turned off for this codec, and the NumPy paths take every later step."""
         if not isinstance(exc, (TypeError, ValueError, numba_errors.TypingError)):
-            self._step = None
+            self.step_plan = None
 
     def stage_step(
         self, values: Sequence[Any], items: StepItems | None = None
@@ -330,7 +330,7 @@ class RowCodec:
         Extras, global fields and the alive mask are staged as by :meth:`stage_fast` and
         scanned for NaN/inf. Returns the staging row (shape (1, row_words), uint64).
         """
-        step = self._step
+        step = self.step_plan
         if step is None:
             return None
         if items is None:

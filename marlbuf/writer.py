@@ -79,6 +79,17 @@ class RingWriter:
         self.cursor = (self.cursor + steps) % self.capacity
         self.size = min(self.size + steps, self.capacity)
 
+    def advance_one(self, slot: int, generation: int) -> np.ndarray:
+        """Record one step written at ``slot`` (the cursor) with write ``generation`` (the
+        kernels of ``add`` set its write generation themselves); returns the written slot as a
+        shape (1,) int64 array (reused: read it before the next write)."""
+        self.total_writes = generation + 1
+        self.cursor = slot + 1 if slot + 1 < self.capacity else 0
+        if self.size < self.capacity:
+            self.size += 1
+        self._one_slot[0] = slot
+        return self._one_slot
+
     def newest(self, count: int) -> np.ndarray:
         """The ``count`` most recently written slots, oldest first (shape (count,), int64)."""
         return (self.cursor - count + np.arange(count, dtype=np.int64)) % self.capacity
@@ -199,7 +210,7 @@ class NextObsLinks:
     def nbytes(self) -> int:
         return int(self.next_slot.nbytes + self.side_row.nbytes + self.side.nbytes)
 
-    def _reserve(self, count: int) -> None:
+    def reserve(self, count: int) -> None:
         """Grow the side table (doubling) until ``count`` rows are free."""
         while len(self.free) < count:
             old = self.side.shape[0]
@@ -209,8 +220,8 @@ class NextObsLinks:
             self.free.extend(range(2 * old - 1, old - 1, -1))
 
     def _allocate(self, count: int) -> np.ndarray:
-        """``count`` free side rows (reserved by :meth:`_reserve`)."""
-        self._reserve(count)
+        """``count`` free side rows (reserved by :meth:`reserve`)."""
+        self.reserve(count)
         taken = self.free[len(self.free) - count :]
         del self.free[len(self.free) - count :]
         return np.array(taken[::-1], dtype=np.int64)
@@ -231,7 +242,7 @@ class NextObsLinks:
         codec's (``row``'s next_obs section).
         """
         if not self.free:
-            self._reserve(1)  # before anything changes (MemoryError leaves the links intact)
+            self.reserve(1)  # before anything changes (MemoryError leaves the links intact)
         prev = self.pending.pop(stream, None)
         prev_slot, prev_generation = prev if prev is not None else (-1, -1)
         self.apply_step_code(
@@ -293,7 +304,7 @@ class NextObsLinks:
         needed = n
         if one_stream and n > 1:
             needed = int(next_is_obs(words, self.obs_bytes, next_word, same))
-        self._reserve(needed)
+        self.reserve(needed)
         stream_ids = (
             [int(streams)] if isinstance(streams, (int, np.integer)) else [int(x) for x in streams]
         )

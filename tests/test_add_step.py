@@ -186,7 +186,7 @@ def test_half_precision_inputs_turn_the_kernel_off_and_are_stored_as_before():
     for _ in range(3):
         fast.add(**step)
         slow.add(**step)
-    assert fast._codec._step is None
+    assert fast._codec.step_plan is None
     assert state(fast) == state(slow)
 
 

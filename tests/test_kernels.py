@@ -304,7 +304,7 @@ def test_stage_step_matches_naive(kind, case):
     from marlbuf.staging import RowCodec
 
     specs = _step_specs(kind)
-    step = RowCodec(specs)._step
+    step = RowCodec(specs).step_plan
     assert step is not None
     rng = np.random.default_rng(STEP_CASES.index(case))
     items = _step_items(specs, rng, case)
@@ -361,7 +361,7 @@ def test_store_steps_match_naive(kind, slot, prev, prev_generation, same):
 
     specs = _step_specs(kind)
     codec = RowCodec(specs)
-    step = codec._step
+    step = codec.step_plan
     assert step is not None
     rng = np.random.default_rng(slot * 10 + prev + 3 * same)
     items = _step_items(specs, rng, "plain")
