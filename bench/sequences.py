@@ -653,8 +653,6 @@ def held_bytes(buf: MultiAgentReplayBuffer) -> int:
     for part in parts:
         if part is not None:
             total += sum(v.nbytes for v in vars(part).values() if isinstance(v, np.ndarray))
-    if buf._handed is not None:
-        total += buf._handed.nbytes
     return int(total)
 
 

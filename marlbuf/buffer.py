@@ -81,7 +81,9 @@ class MultiAgentReplayBuffer:
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
     next_obs : {"auto", "once", "stored"}, default "auto"
-        ``"auto"``: ``"once"``, unless the buffer's first write is an ``extend`` of
+        ``"auto"``: ``"stored"`` where a lean row would take as many bytes as a dense one
+        (interleaved rows are padded to cache lines: tiny observations), else ``"once"``,
+        unless the buffer's first write is an ``extend`` of
         consecutive steps in which most ``next_obs`` differ from the following step's ``obs``
         (independent transitions: a dataset, shuffled transitions, or environments written in
         turn): the buffer then stores them ``"stored"`` (it is still empty, so nothing is
@@ -225,6 +227,17 @@ class MultiAgentReplayBuffer:
             raise ValueError(
                 f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
             )
+        # validation + staging of add/extend
+        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
+        if (
+            self._choose_format
+            and layout == "interleaved"
+            and self._codec.lean_row_bytes >= self._codec.row_bytes
+        ):
+            # rows so small that padding to a cache line eats what storing observations once
+            # saves: the dense format costs no more memory and gathers without links
+            self._choose_format = False
+            next_obs = "stored"
         needed = estimate(
             self.specs,
             capacity,
@@ -256,8 +269,6 @@ class MultiAgentReplayBuffer:
         # enough recycled batch blocks for two rounds of every trainer (one being consumed
         # while the next is gathered)
         pool_blocks = 2 * self.n_trainers + 2
-        # validation + staging of add/extend
-        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
         self.next_obs = next_obs
         self.links = (
             NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
@@ -299,12 +310,12 @@ class MultiAgentReplayBuffer:
             if attach is not None:
                 attach(self.episodes)
         self._done_reader = _done_reader(self._codec)
-        # per trainer, the write generation of each slot when that trainer was last handed it:
-        # update_priorities(indices, td) without generations= uses it to drop updates for slots
-        # overwritten since they were sampled (prioritized samplers only)
-        self._handed: np.ndarray | None = None
-        if self.sampler.weighted:
-            self._handed = np.full((self.n_trainers, self.capacity), -1, dtype=np.int64)
+        # per trainer, the indices of its latest batch (prioritized samplers only): a plain
+        # copy of them passed to update_priorities without generations= is judged against
+        # that draw (batch.indices itself carries its generations)
+        self._last_drawn: list[DrawnIndices | None] = [None] * (
+            self.n_trainers if self.sampler.weighted else 0
+        )
         if store is not None and _store is None:
             store.start(self)  # first checkpoint, then the manifest: the folder is complete
 
@@ -1024,15 +1035,16 @@ class MultiAgentReplayBuffer:
         indices = np.ascontiguousarray(indices)
         fields, block = self.storage.gather(indices, out_block)
         generations = self.writer.write_generation[indices]
-        if self._handed is not None and trainer is not None:
-            self._handed[trainer, indices] = generations
+        drawn = DrawnIndices.of(indices, generations)
+        if self._last_drawn and trainer is not None:
+            self._last_drawn[trainer] = drawn
         return Batch(
             obs=fields["obs"],
             action=fields["action"],
             reward=fields["reward"],
             next_obs=fields["next_obs"],
             done=fields["done"],
-            indices=DrawnIndices.of(indices, generations),
+            indices=drawn,
             generations=generations,
             weights=weights,
             trainer=trainer,
@@ -1061,10 +1073,10 @@ class MultiAgentReplayBuffer:
         flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
         gathered = self._gather(flat, None, None, out_block)
         generations = self.writer.write_generation[starts]
-        if self._handed is not None and trainer is not None:
-            self._handed[trainer, starts] = generations
-            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
         drawn = DrawnIndices.of(starts, generations)
+        if self._last_drawn and trainer is not None:
+            self._last_drawn[trainer] = drawn
+            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
         return as_sequences(
             gathered, mask, burn_in, slots, drawn, generations, weights, trainer, zeroed=zeroed
         )
@@ -1109,13 +1121,21 @@ class MultiAgentReplayBuffer:
                     )
             elif isinstance(indices, DrawnIndices) and indices.generations is not None:
                 gens = indices.generations  # exact: the generations of this very draw
-            elif self._handed is not None:
-                gens = self._handed[trainer, idx]
-                gens = np.where(gens < 0, current, gens)  # never handed out: an explicit gather
             else:
-                gens = current
+                gens = self._generations_of_latest(trainer, idx, current)
             stale = gens.astype(np.int64, copy=False) != current
             self.sampler.update_priorities(idx, np.asarray(td_errors), trainer, stale)
+
+    def _generations_of_latest(
+        self, trainer: int, idx: np.ndarray, current: np.ndarray
+    ) -> np.ndarray:
+        """The generations to judge plain ``idx`` (no generations of their own) against: those
+        of ``trainer``'s latest batch when ``idx`` are its indices (a copy or a list of them),
+        else the current ones (indices that were never handed out: nothing to drop)."""
+        latest = self._last_drawn[trainer] if self._last_drawn else None
+        if latest is not None and latest.generations is not None and np.array_equal(latest, idx):
+            return latest.generations
+        return current
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -1265,8 +1285,7 @@ class MultiAgentReplayBuffer:
                     )
                 if self._sequence is not None:
                     self._sequence.rebuild(size)
-            if self._handed is not None:
-                self._handed[:] = -1
+            self._last_drawn = [None] * len(self._last_drawn)
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)

@@ -38,8 +38,7 @@ class MemoryEstimate:
         Expected bytes of the next-observation side table (observations stored once): one row
         per episode end still stored plus one per stream; 0 with ``next_obs="stored"``.
     metadata_bytes : int
-        Per-slot bookkeeping: write generations, next-observation links, priority trees and
-        the per-trainer hand-out generations of prioritized samplers.
+        Per-slot bookkeeping: write generations, next-observation links and priority trees.
     """
 
     capacity: int
@@ -125,7 +124,7 @@ def estimate(
         metadata += capacity * 16  # successor slot and side row per slot
     leaves = 1 << max(0, (capacity - 1).bit_length())
     if prioritized:
-        metadata += n_trainers * (2 * 2 * leaves * 8 + capacity * 8)  # sum + max trees, hand-out
+        metadata += n_trainers * 2 * 2 * leaves * 8  # sum + max trees
     if episodes:
         metadata += capacity * (4 * 8 + 1)  # episode, step, previous, next slot; start flag
         metadata += n_trainers * capacity * 4 if prioritized else 2 * leaves * 8

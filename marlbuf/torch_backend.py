@@ -1297,7 +1297,7 @@ class TorchReplayBuffer(MultiAgentReplayBuffer):
             self._links = torch.full((capacity, 2), -1, dtype=torch.int64, device=self.device)
         self._links_stale = False  # the device links await a full upload (a failed growth)
         self._gens = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
-        self._handed: Tensor | None = None  # type: ignore[assignment]
+        self._handed: Tensor | None = None
         if self.device_sampler.weighted:
             self._handed = torch.full(
                 (self.n_trainers, capacity), -1, dtype=torch.int64, device=self.device

@@ -11,19 +11,20 @@ import pytest
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, NextObsWarning
 from marlbuf._config import SIDE_TABLE_WARN_ROWS
 
-SPECS = {f"agent_{i}": AgentSpec(obs_shape=(6,), action_shape=(2,)) for i in range(2)}
+SPECS = {f"agent_{i}": AgentSpec(obs_shape=(18,), action_shape=(2,)) for i in range(2)}
+OBS = 18
 
 
 def transitions(steps: int, rng: np.random.Generator, stream: bool) -> dict:
     """``steps`` transitions: one MPE-like stream (next_obs = the following obs, an episode
     end every 25 steps) or independent ones (next_obs unrelated to the following obs)."""
-    obs = {a: rng.standard_normal((steps, 6)).astype(np.float32) for a in SPECS}
+    obs = {a: rng.standard_normal((steps, OBS)).astype(np.float32) for a in SPECS}
     if stream:
-        nxt = {a: np.concatenate([o[1:], rng.standard_normal((1, 6))]) for a, o in obs.items()}
+        nxt = {a: np.concatenate([o[1:], rng.standard_normal((1, OBS))]) for a, o in obs.items()}
         for a in SPECS:
             nxt[a][24::25] = rng.standard_normal(nxt[a][24::25].shape)
     else:
-        nxt = {a: rng.standard_normal((steps, 6)).astype(np.float32) for a in SPECS}
+        nxt = {a: rng.standard_normal((steps, OBS)).astype(np.float32) for a in SPECS}
     return {
         "obs": obs,
         "action": {a: rng.standard_normal((steps, 2)) for a in SPECS},
@@ -161,3 +162,16 @@ def test_a_rejected_state_leaves_an_undecided_buffer_as_it_was():
     assert target.next_obs == "once" and target.storage.table is table
     target.extend(**transitions(300, rng, stream=False))  # still chooses from its first write
     assert target.next_obs == "stored"
+
+
+def test_rows_too_small_to_save_anything_are_stored_dense():
+    """Interleaved rows are padded to cache lines: where a lean row takes as many bytes as a
+    dense one, the default stores next_obs (no links to follow, same memory)."""
+    tiny = {f"agent_{i}": AgentSpec(obs_shape=(2,), action_shape=(2,)) for i in range(2)}
+    buf = MultiAgentReplayBuffer(tiny, 100)
+    assert buf._codec.lean_row_bytes == buf._codec.row_bytes
+    assert buf.next_obs == "stored" and buf.links is None
+    lean = MultiAgentReplayBuffer(tiny, 100, next_obs="once")  # still available explicitly
+    assert lean.next_obs == "once"
+    wide = MultiAgentReplayBuffer(SPECS, 100)
+    assert wide.next_obs == "once" and wide._codec.lean_row_bytes < wide._codec.row_bytes
