@@ -16,7 +16,9 @@ The checks, each on both data kinds where it applies:
    the same table into one reused array by a bare Numba loop (the ``sampling`` suite's
    yardstick): at most 1.3 at CN-3, 1.2 at CN-24 (:data:`BARE_LIMITS`).
 3. **Neighbor(64) round / uniform round**, default format: at most 0.60 at CN-24 and PP-24+8
-   (:data:`NEIGHBOR_LIMITS`).
+   (:data:`NEIGHBOR_LIMITS`). Its note gives the round's output-write floor over the uniform
+   round: zero-filling one batch block per trainer (:func:`output_write_floor`, timed in the
+   same repeats), below which no read locality can take a round that copies its batches.
 4. **PER sample + update, cpprb / marlbuf** — ``sample(1024)`` + ``update_priorities`` through a
    prioritized ``MultiAgentReplayBuffer`` at capacity 1e6 against cpprb's
    ``PrioritizedReplayBuffer`` (the ``prioritized`` suite's part 1): at least 3.5x
@@ -122,6 +124,20 @@ def maddpg_round(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
     return round_
 
 
+def output_write_floor(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
+    """Zero-filling one batch block per trainer, each a distinct block as in a round that keeps
+    every batch alive: what writing a round's output costs before any row is read (the bound
+    that read locality, e.g. neighbor runs, cannot go below)."""
+    dtype, shape = buf.storage.block_spec(BATCH)
+    blocks = [np.empty(shape, dtype=dtype) for _ in range(buf.n_trainers)]
+
+    def round_() -> None:
+        for block in blocks:
+            block.fill(0)
+
+    return round_
+
+
 def fill(
     buffers: list[MultiAgentReplayBuffer], workload: Workload, kind: str, seed: int
 ) -> list[str]:
@@ -159,6 +175,7 @@ def measure_rounds(
         "dense": maddpg_round(dense),
         "bare_row_gather": sampling._bare_gather(dense, workload.n_trainers),
         f"default+neighbor{NEIGHBOR_RUN}": maddpg_round(neighbor),
+        "output_write_floor": output_write_floor(default),
     }
     for fn in cases.values():  # JIT compilation and first-touch faults, before calibrating
         fn()
@@ -170,6 +187,7 @@ def measure_rounds(
     floor_ms = 1e3 * sampling.useful_bytes_per_round(workload) / bandwidth
     formats = {"default": default.next_obs, "dense": dense.next_obs, "bare_row_gather": "stored"}
     formats[f"default+neighbor{NEIGHBOR_RUN}"] = default.next_obs
+    formats["output_write_floor"] = default.next_obs
     rows = [
         {
             "workload": workload.label,
@@ -210,12 +228,14 @@ def measure_rounds(
             )
         )
     if workload.label in NEIGHBOR_LIMITS:
+        floor = paired_ratio(timings, "output_write_floor", "default")
         checks.append(
             check(
                 f"Neighbor({NEIGHBOR_RUN}) round / uniform round, default format",
                 paired_ratio(timings, f"default+neighbor{NEIGHBOR_RUN}", "default"),
                 NEIGHBOR_LIMITS[workload.label],
                 **ident,
+                note=f"writing the round's output blocks alone: {floor:.2f}x the uniform round",
             )
         )
     return rows, checks

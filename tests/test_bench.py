@@ -122,9 +122,12 @@ def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
         "dense",
         "bare_row_gather",
         "default+neighbor64",
+        "output_write_floor",
     }
     for row in rounds:
         assert row["ms_median"] > 0 and row["floor_ms_from_bandwidth"] > 0
+    neighbor = [c for c in checks if c["check"].startswith("Neighbor")]
+    assert neighbor and all("output blocks alone" in c["note"] for c in neighbor)
     assert payload["config"]["copy_bandwidth_GBps"] > 0
     for name, *_ in expected:
         assert name in payload["markdown"]
