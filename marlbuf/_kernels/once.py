@@ -45,18 +45,28 @@ def scatter_lean(
     done_lean, done_dense, done_words : int
         Word offset of the done section in a lean and in a dense row, and its length.
     """
-    width = table.shape[1]
     for i in range(slots.shape[0]):
-        dst = table[slots[i]]
-        src = rows[i]
-        for w in range(head_words):
-            dst[w] = src[w]
-        for w in range(head_words, done_lean):  # padding stays zero, as in staged rows
-            dst[w] = 0
-        for w in range(done_words):
-            dst[done_lean + w] = src[done_dense + w]
-        for w in range(done_lean + done_words, width):
-            dst[w] = 0
+        store_lean_row(table[slots[i]], rows[i], head_words, done_lean, done_dense, done_words)
+
+
+@njit(inline="always")
+def store_lean_row(
+    dst: np.ndarray,
+    src: np.ndarray,
+    head_words: Any,
+    done_lean: Any,
+    done_dense: Any,
+    done_words: Any,
+) -> None:
+    """One staged dense row ``src`` as the lean row ``dst`` (words; see :func:`scatter_lean`)."""
+    for w in range(head_words):
+        dst[w] = src[w]
+    for w in range(head_words, done_lean):  # padding stays zero, as in staged rows
+        dst[w] = 0
+    for w in range(done_words):
+        dst[done_lean + w] = src[done_dense + w]
+    for w in range(done_lean + done_words, dst.shape[0]):
+        dst[w] = 0
 
 
 @njit(cache=True, nogil=True)

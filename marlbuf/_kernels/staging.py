@@ -35,6 +35,8 @@ import numpy as np
 from numba import literal_unroll, njit, types
 from numba.extending import overload
 
+from marlbuf._kernels.once import store_lean_row
+
 #: Columns of the step plan (one row per agent, int64): element offsets of the agent's obs,
 #: action, reward, next_obs and done in a dense row, of its done in a lean row (observations
 #: stored once; obs, action and reward sit where they are in a dense row, and a side row has the
@@ -906,19 +908,9 @@ def commit_lean_step(
         prev_generation,
         spare,
     )
-    dst = table[slot]
-    head = lean[LEAN_HEAD]
-    done_lean = lean[LEAN_DONE]
-    done_dense = lean[DENSE_DONE]
-    done_words = lean[DONE_WORDS]
-    for w in range(head):
-        dst[w] = row[w]
-    for w in range(head, done_lean):  # padding stays zero, as in staged rows
-        dst[w] = 0
-    for w in range(done_words):
-        dst[done_lean + w] = row[done_dense + w]
-    for w in range(done_lean + done_words, dst.shape[0]):
-        dst[w] = 0
+    store_lean_row(
+        table[slot], row, lean[LEAN_HEAD], lean[LEAN_DONE], lean[DENSE_DONE], lean[DONE_WORDS]
+    )
     write_generation[slot] = generation
     return code
 
