@@ -45,6 +45,12 @@ def quiet_threads() -> dict[str, str]:
     return settings
 
 
+def paired_ratio(case: Mapping[str, Any], base: Mapping[str, Any]) -> float:
+    """Median over the timed rounds of ``case``'s time over ``base``'s in the same round (two
+    entries of :func:`time_interleaved` output timed with ``keep_samples=True``)."""
+    return float(np.median(np.divide(case["samples"], base["samples"])))
+
+
 def time_interleaved(
     cases: Mapping[str, Callable[[], Any]],
     repeats: int,

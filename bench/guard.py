@@ -54,6 +54,7 @@ from marlbuf.bench.common import (
     checks_markdown,
     copy_bandwidth,
     markdown_table,
+    paired_ratio,
     quiet_threads,
     time_interleaved,
     time_once,
@@ -155,11 +156,6 @@ def fill(
     return sorted({type(w.message).__name__ for w in caught})
 
 
-def paired_ratio(timings: dict[str, dict[str, Any]], a: str, b: str) -> float:
-    """Median over the timed rounds of case ``a``'s time over case ``b``'s in the same round."""
-    return float(np.median(np.divide(timings[a]["samples"], timings[b]["samples"])))
-
-
 def measure_rounds(
     workload: Workload, kind: str, cfg: dict[str, Any], bandwidth: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -212,7 +208,7 @@ def measure_rounds(
     checks = [
         check(
             "default round / dense round",
-            paired_ratio(timings, "default", "dense"),
+            paired_ratio(timings["default"], timings["dense"]),
             ROUND_LIMITS[kind],
             **ident,
             **note,
@@ -222,17 +218,17 @@ def measure_rounds(
         checks.append(
             check(
                 "dense round / bare row gather",
-                paired_ratio(timings, "dense", "bare_row_gather"),
+                paired_ratio(timings["dense"], timings["bare_row_gather"]),
                 BARE_LIMITS[workload.label],
                 **ident,
             )
         )
     if workload.label in NEIGHBOR_LIMITS:
-        floor = paired_ratio(timings, "output_write_floor", "default")
+        floor = paired_ratio(timings["output_write_floor"], timings["default"])
         checks.append(
             check(
                 f"Neighbor({NEIGHBOR_RUN}) round / uniform round, default format",
-                paired_ratio(timings, f"default+neighbor{NEIGHBOR_RUN}", "default"),
+                paired_ratio(timings[f"default+neighbor{NEIGHBOR_RUN}"], timings["default"]),
                 NEIGHBOR_LIMITS[workload.label],
                 **ident,
                 note=f"writing the round's output blocks alone: {floor:.2f}x the uniform round",

@@ -47,7 +47,13 @@ import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench import rewards
-from marlbuf.bench.common import RESULTS_DIR, markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.common import (
+    RESULTS_DIR,
+    markdown_table,
+    paired_ratio,
+    quiet_threads,
+    time_interleaved,
+)
 from marlbuf.bench.sampling import BATCH, FILL_CHUNK, _marlbuf_round, _share_storage
 from marlbuf.bench.workloads import Workload, episode_steps, random_steps
 from marlbuf.memory import estimate
@@ -199,9 +205,7 @@ def time_rounds(
                     "time_vs_uniform": t["median"] / base["median"],
                     "time_vs_uniform_min": t["min"] / base["min"],
                     # ratio to uniform within each round, then the median over rounds
-                    "time_vs_uniform_paired": float(
-                        np.median(np.divide(t["samples"], base["samples"]))
-                    ),
+                    "time_vs_uniform_paired": paired_ratio(t, base),
                 }
             )
         if progress:
@@ -334,9 +338,7 @@ def time_orders(
                             "first_call_ms": 1e3 * t["first_call"],
                             "time_vs_random": t["median"] / base["median"],
                             "time_vs_random_min": t["min"] / base["min"],
-                            "time_vs_random_paired": float(
-                                np.median(np.divide(t["samples"], base["samples"]))
-                            ),
+                            "time_vs_random_paired": paired_ratio(t, base),
                         }
                     )
                 if progress:

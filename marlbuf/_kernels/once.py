@@ -59,14 +59,10 @@ def store_lean_row(
     done_words: Any,
 ) -> None:
     """One staged dense row ``src`` as the lean row ``dst`` (words; see :func:`scatter_lean`)."""
-    for w in range(head_words):
-        dst[w] = src[w]
-    for w in range(head_words, done_lean):  # padding stays zero, as in staged rows
-        dst[w] = 0
-    for w in range(done_words):
-        dst[done_lean + w] = src[done_dense + w]
-    for w in range(done_lean + done_words, dst.shape[0]):
-        dst[w] = 0
+    _copy_words(dst, 0, src, 0, head_words)
+    _zero_words(dst, head_words, done_lean)  # padding stays zero, as in staged rows
+    _copy_words(dst, done_lean, src, done_dense, done_words)
+    _zero_words(dst, done_lean + done_words, dst.shape[0])
 
 
 @njit(cache=True, nogil=True)
