@@ -9,7 +9,7 @@ from marlbuf.batch import Batch, SequenceBatch, TorchBatch
 from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "FIELDS",

@@ -62,7 +62,7 @@ def error(prog: str, message: str) -> int:
 
 
 def _usage() -> str:
-    lines = ["usage: marlbuf <command> [options]", "", "commands:"]
+    lines = ["usage: marlbuf [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {desc}" for name, (_, desc) in COMMANDS.items()]
     lines += ["", "Run 'marlbuf <command> --help' for a command's options."]
     return "\n".join(lines)
@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from marlbuf import __version__
+
+        print(f"marlbuf {__version__}")
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

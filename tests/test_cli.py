@@ -133,3 +133,16 @@ def test_memory_command_counts_extra_fields(capsys):
     # 3 agents x 64 float32 + 8 float32 + 3 bytes more, rows padded to 64 bytes
     assert stored(extra) - stored(plain) > 3 * 64 * 4 + 8 * 4 + 3 - 64
     assert cli.main(["memory", "--hidden", "-1"]) == 2
+
+
+def test_version_matches_pyproject_and_changelog(capsys):
+    import re
+
+    from marlbuf import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = (root / "pyproject.toml").read_text()
+    assert re.search(r'^version = "(.*)"$', pyproject, re.M)[1] == __version__
+    assert f"## {__version__}" in (root / "CHANGELOG.md").read_text()
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"marlbuf {__version__}"

@@ -114,7 +114,7 @@ def skip_if_tagged(block: Block) -> None:
     for args in block.tag("skip"):
         assert args[0], f"{block.name}: a skip tag needs a reason"
         pytest.skip(f"tagged skip: {' '.join(args)}")
-    for (module, *_) in block.tag("needs"):
+    for module, *_ in block.tag("needs"):
         if module == "cuda":
             torch = pytest.importorskip("torch")
             if not torch.cuda.is_available():
@@ -178,7 +178,7 @@ def test_cli_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(tmp_path)
     for words in commands:
         argv = words[1:]
-        for (command, *extra) in block.tag("append"):
+        for command, *extra in block.tag("append"):
             if argv and argv[0] == command:
                 argv = [*argv, *extra]
         status = cli.main(argv)
