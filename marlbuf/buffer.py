@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import warnings
@@ -18,8 +19,9 @@ from marlbuf._kernels import (
     store_lean_step,
 )
 from marlbuf._kernels.staging import STEP_DECLINED
-from marlbuf.batch import Batch, DrawnIndices, SequenceBatch, as_sequences
+from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
 from marlbuf.memory import MemoryEstimate, estimate
+from marlbuf.samplers import Episodes as EpisodesSampler
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import (
@@ -32,7 +34,8 @@ from marlbuf.spec import (
     normalize_specs,
 )
 from marlbuf.staging import RowCodec, StepItems, steps_of
-from marlbuf.storage import Storage, available_memory_bytes, make_storage
+from marlbuf.storage import Storage, available_memory_bytes
+from marlbuf.stores import make_store
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
 #: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
@@ -42,6 +45,14 @@ _NO_PENDING = (-1, -1)
 NEXT_OBS_MODES = ("once", "stored")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
+
+
+class StreamBreakWarning(UserWarning):
+    """A step's ``obs`` differs from the ``next_obs`` of the previous step written on the same
+    stream, and that step was neither done nor truncated: several environments are written in
+    turn on one stream. The episode index ends the episode there (a sequence or episode never
+    mixes environments). Raised once per buffer; write each environment on its own stream
+    (``add(..., stream=k)``) or use ``add_envs``."""
 
 
 class NextObsWarning(UserWarning):
@@ -137,12 +148,15 @@ class MultiAgentReplayBuffer:
         ``(B,)``, bool). An agent missing from a step's ``obs`` is then stored **absent**
         (zero-filled where not given, alive False) instead of being an error, and writes accept
         ``alive={agent: bool}`` to set the flags explicitly.
-    device : str, optional
-        ``None`` (default): this NumPy buffer. ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: the
-        constructor returns the torch backend instead, a
-        :class:`marlbuf.torch_backend.TorchReplayBuffer` (a subclass with the same API whose
-        table, index draws, gathers and priorities live on that device, and whose batches are
-        torch tensors there; needs PyTorch). See ``docs/device.md``.
+    device : str or torch.device, optional
+        ``None`` (default): the rows live in NumPy arrays (in RAM, or mapped files with
+        ``path=``). ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: they live in one torch tensor on
+        that device (:class:`marlbuf.stores.torch.TorchStorage`; needs PyTorch), gathered there
+        with ``index_select``, and batches are :class:`marlbuf.stores.torch.DeviceBatch`
+        objects of tensors on that device. Everything else (checks, writer, samplers,
+        priorities, sequences, extras, state files) is this buffer's own, so the same seed
+        gives the same batches on every store. Interleaved layout only, not with ``path=``
+        (see :data:`marlbuf.stores.capabilities.CAPABILITIES`). See ``docs/device.md``.
 
     Examples
     --------
@@ -169,22 +183,11 @@ class MultiAgentReplayBuffer:
     #: warning was given (class defaults for backends with their own ``__init__``)
     _choose_format = False
     _format_warned = False
+    #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
+    _breaks_warned = False
     #: what the one-step commit of ``add`` needs, for the storage and sampler it was made for
     #: (see :meth:`_step_target`)
     _step: tuple[Any, ...] | None = None
-
-    def __new__(cls, *args: Any, device: Any = None, **kwargs: Any) -> MultiAgentReplayBuffer:
-        # device=...: the torch backend (imported only then, so marlbuf needs no torch)
-        if device is not None and not getattr(cls, "_device_backend", False):
-            if cls is not MultiAgentReplayBuffer:
-                raise TypeError(
-                    f"{cls.__name__} keeps its data in NumPy arrays; device={device!r} selects "
-                    "the torch backend only through MultiAgentReplayBuffer(...) itself"
-                )
-            from marlbuf.torch_backend import TorchReplayBuffer
-
-            return super().__new__(TorchReplayBuffer)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -203,10 +206,13 @@ class MultiAgentReplayBuffer:
         *,
         global_fields: Mapping[str, FieldSpec] | None = None,
         alive: bool = False,
-        device: str | None = None,
+        device: Any = None,
         _store: mapped.MappedStore | None = None,
     ) -> None:
         self.specs = normalize_specs(specs)
+        in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
+        #: the torch device of the rows (``None``: NumPy arrays)
+        self.device = _check_device_options(device, layout, in_files, parallel_gather)
         if next_obs not in NEXT_OBS_CHOICES:
             raise ValueError(
                 f"next_obs must be one of {NEXT_OBS_CHOICES}; got next_obs={next_obs!r}"
@@ -249,14 +255,13 @@ class MultiAgentReplayBuffer:
             global_fields=self.global_fields,
             alive=self.alive,
         )
-        in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
         if in_files and sampler.needs_episodes:
             raise ValueError(
                 f"sampler={sampler!r} needs the episode index, which memory-mapped buffers "
                 "(path=) do not keep; use an in-memory buffer for sequences"
             )
         _check_memory(
-            mapped.resident(needed) if in_files else needed,
+            mapped.resident(needed) if in_files or self.device is not None else needed,
             self.specs,
             layout,
             next_obs,
@@ -284,16 +289,16 @@ class MultiAgentReplayBuffer:
                 f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
             )
         try:
-            self.storage: Storage = make_storage(
+            self.storage: Storage = make_store(
                 layout,
-                self.specs,
+                self._codec,
                 self.capacity,
                 pool_blocks,
-                self._codec,
                 batch_layout,
                 self.links,
                 batch_dtype,
                 None if store is None else store.allocate,
+                self.device,
             )
         except BaseException:
             if store is not None:
@@ -303,19 +308,26 @@ class MultiAgentReplayBuffer:
         self.rng = make_rng(seed)
         self.writer = RingWriter(self.capacity)
         if sampler.needs_episodes:
-            self.episodes = EpisodeIndex(self.capacity)
+            # staged rows carry obs and next_obs: the index compares them for stream breaks
+            self.episodes = EpisodeIndex(
+                self.capacity, self._codec.obs_bytes, self._codec.next_obs_start
+            )
             if isinstance(sampler, SequenceSampler):
                 self._sequence = sampler
             attach = getattr(sampler, "attach_episodes", None)
             if attach is not None:
                 attach(self.episodes)
         self._done_reader = _done_reader(self._codec)
+        self._break_flags = _break_flag_reader(self._codec)
         # per trainer, the indices of its latest batch (prioritized samplers only): a plain
         # copy of them passed to update_priorities without generations= is judged against
         # that draw (batch.indices itself carries its generations)
         self._last_drawn: list[DrawnIndices | None] = [None] * (
             self.n_trainers if self.sampler.weighted else 0
         )
+        #: updates of ``update_priorities(..., sync=False)`` waiting for their device copies:
+        #: (trainer, indices, generations, a function returning the host TD errors)
+        self._deferred: list[tuple[int, np.ndarray, np.ndarray, Any]] = []
         if store is not None and _store is None:
             store.start(self)  # first checkpoint, then the manifest: the folder is complete
 
@@ -367,7 +379,9 @@ class MultiAgentReplayBuffer:
     def __repr__(self) -> str:
         return (
             f"MultiAgentReplayBuffer(agents={len(self.specs)}, capacity={self.capacity}, "
-            f"size={self.size}, layout={self.layout!r}, sampler={self.sampler!r})"
+            f"size={self.size}, layout={self.layout!r}, sampler={self.sampler!r}"
+            + ("" if self.device is None else f", device={str(self.device)!r}")
+            + ")"
         )
 
     # ----------------------------------------------------------------------------- writing
@@ -414,7 +428,7 @@ class MultiAgentReplayBuffer:
         values = (obs, action, reward, next_obs, done)
         if fields or codec.more:
             values = codec.arrange(values, fields, "add")
-        if type(stream) is not int or stream < 0:
+        if type(stream) is not int or not 0 <= stream <= persistence.MAX_STREAM:
             stream = _check_stream(stream)
         cut = False if truncated is False else _check_truncated(truncated, self.agents, None)
         step = self._step
@@ -511,6 +525,12 @@ class MultiAgentReplayBuffer:
                 rows, _ = self._codec.stage(named, steps)
             else:
                 steps = int(rows.shape[0])  # the guessed length, confirmed by the fast path
+            if stream is None and first_stream + steps - 1 > persistence.MAX_STREAM:
+                raise ValueError(
+                    f"add_envs numbers its {steps} environments' streams from first_stream="
+                    f"{first_stream}, past the largest stream id {persistence.MAX_STREAM} "
+                    "(int64); pass a smaller first_stream"
+                )
             streams: int | np.ndarray = (
                 stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
             )
@@ -567,6 +587,7 @@ class MultiAgentReplayBuffer:
                     writer.write_generation,
                 )
             if episodes is not None and ends is not None:
+                breaks = episodes.breaks
                 if steps == 1 and isinstance(streams, int):
                     episodes.commit_one(
                         writer.cursor,
@@ -574,12 +595,23 @@ class MultiAgentReplayBuffer:
                         streams,
                         writer.total_writes,
                         writer.write_generation,
+                        rows.view(np.uint8)[0],
+                        *(bool(flag[0]) for flag in self._break_flags(rows)),
                     )
                 else:
                     generation = writer.total_writes
                     episodes.commit(
-                        slots, ends, every_stream, skip, generation, writer.write_generation
+                        slots,
+                        ends,
+                        every_stream,
+                        skip,
+                        generation,
+                        writer.write_generation,
+                        rows.view(np.uint8),
+                        *self._break_flags(rows),
                     )
+                if episodes.breaks != breaks and not self._breaks_warned:
+                    self._warn_stream_break()
             self.storage.write(slots, kept, None)
             writer.advance(slots, steps, skip)
             self.sampler.on_write(slots)
@@ -722,7 +754,20 @@ class MultiAgentReplayBuffer:
             if links is not None and not links.free:
                 links.reserve(1)  # before anything changes (MemoryError changes nothing)
             if episodes is not None:
-                episodes.commit_one(slot, ends, stream, generation, writer.write_generation)
+                breaks = episodes.breaks
+                quiet, full = self._break_flags(rows)
+                episodes.commit_one(
+                    slot,
+                    ends,
+                    stream,
+                    generation,
+                    writer.write_generation,
+                    rows.view(np.uint8)[0],
+                    bool(quiet[0]),
+                    bool(full[0]),
+                )
+                if episodes.breaks != breaks and not self._breaks_warned:
+                    self._warn_stream_break()
             if links is None:
                 commit_dense_step(table, row, slot, generation, writer.write_generation)
             else:
@@ -781,20 +826,33 @@ class MultiAgentReplayBuffer:
             available + storage.nbytes
         ):
             return
-        dense = make_storage(
+        dense = make_store(
             storage.layout,
-            self.specs,
+            self._codec,
             self.capacity,
             storage.pool.max_blocks,
-            self._codec,
             storage.batch_layout,
             None,
             storage.batch_dtype,
+            device=self.device,
         )
         dense.parallel_gather = storage.parallel_gather
         self.storage = dense
         self.links = None
         self.next_obs = "stored"
+
+    def _warn_stream_break(self) -> None:
+        """Warn once that a stream break ended an episode (see :class:`StreamBreakWarning`)."""
+        self._breaks_warned = True
+        warnings.warn(
+            "a step's obs differs from the next_obs of the previous step written on the same "
+            "stream, which was neither done nor truncated: several environments seem to be "
+            "written in turn on one stream. The episode was ended there, so sequences and "
+            "episodes never mix environments, but they are cut short. Write each environment "
+            "on its own stream (add(..., stream=k)) or all of them at once with add_envs",
+            StreamBreakWarning,
+            stacklevel=4,
+        )
 
     def _check_side_share(self) -> None:
         """Warn once when most stored steps keep their next_obs in the side table."""
@@ -848,9 +906,13 @@ class MultiAgentReplayBuffer:
         out_block = None if out is None else self._out_block(out, batch_size)
         with self.writer.lock:
             self._check_enough(batch_size)
+            if self._deferred:
+                self.apply_deferred_updates()
             indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
             if self._sequence is not None:
                 return self._gather_sequences(indices, weights, trainer, out_block)
+            if isinstance(self.sampler, EpisodesSampler):
+                return self._gather_episodes(indices, weights, trainer, out_block)
             return self._gather(indices, weights, trainer, out_block)
 
     def _check_enough(self, batch_size: int) -> None:
@@ -860,16 +922,26 @@ class MultiAgentReplayBuffer:
                 f"the buffer is empty: add transitions before sampling (batch_size={batch_size})"
             )
 
-    def _out_block(self, out: Any, batch_size: int) -> np.ndarray:
+    def _out_block(self, out: Any, batch_size: int) -> Any:
+        kind = "DeviceBatch" if self.device is not None else "Batch"
         if self._sequence is not None:  # a sequence batch is B * L gathered rows
-            if not isinstance(out, SequenceBatch):
+            if getattr(out, "mask", None) is None or not hasattr(out, "block"):
                 raise TypeError(
-                    "out must be a SequenceBatch from this buffer's sample (it samples "
-                    f"sequences); got {type(out).__name__}"
+                    f"out must be a {kind.replace('Batch', 'SequenceBatch')} from this "
+                    f"buffer's sample (it samples sequences); got {type(out).__name__}"
                 )
             return self.storage.check_out_block(out.block, batch_size * self._sequence.steps)
-        if not isinstance(out, Batch):
-            raise TypeError(f"out must be a Batch from this buffer; got {type(out).__name__}")
+        if isinstance(self.sampler, EpisodesSampler):
+            steps = self.sampler.max_length
+            if steps is None or not isinstance(out, EpisodeBatch):
+                raise TypeError(
+                    "out= with an Episodes sampler needs Episodes(max_length=...) (batches of a "
+                    "fixed shape) and an EpisodeBatch from this buffer's sample; got "
+                    f"max_length={steps}, out={type(out).__name__}"
+                )
+            return self.storage.check_out_block(out.block, batch_size * steps)
+        if not hasattr(out, "block") or getattr(out, "mask", None) is not None:
+            raise TypeError(f"out must be a {kind} from this buffer; got {type(out).__name__}")
         return self.storage.check_out_block(out.block, batch_size)
 
     def sample_for_trainers(
@@ -906,7 +978,7 @@ class MultiAgentReplayBuffer:
             if len(out) != n_trainers:
                 raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
             blocks = [self._out_block(b, batch_size) for b in out]
-            addresses = [b.__array_interface__["data"][0] for b in blocks]
+            addresses = [self.storage.block_address(b) for b in blocks]
             if not shared_index and len(set(addresses)) != len(addresses):
                 raise ValueError(
                     "out holds the same batch (or memory) more than once, so trainers would "
@@ -921,9 +993,42 @@ class MultiAgentReplayBuffer:
                 )
             batch = self.sample(batch_size, 0, None if out is None else out[0])
             return [batch] * n_trainers
+        if self._sequence is None and self.device is not None:
+            return self._round(batch_size, n_trainers, None if out is None else blocks)
         return [
             self.sample(batch_size, t, None if out is None else out[t]) for t in range(n_trainers)
         ]
+
+    def _round(self, batch_size: int, n_trainers: int, blocks: list[Any] | None) -> list[Any]:
+        """The round with the draws of :meth:`sample` in trainer order, gathered at once where
+        the store does that (a device store: one ``index_select`` of ``n_trainers *
+        batch_size`` rows into one block, or into the checked ``out=`` ``blocks`` of an earlier
+        round), else trainer by trainer."""
+        batch_size = self.sampler.check_batch_size(batch_size)
+        with self.writer.lock:
+            self._check_enough(batch_size)
+            if self._deferred:
+                self.apply_deferred_updates()
+            draws, weights, generations, drawn = [], [], [], []
+            for t in range(n_trainers):
+                indices, w = self.sampler.sample(batch_size, self.size, self.rng, t)
+                indices = np.ascontiguousarray(indices)
+                gens = self.writer.write_generation[indices]
+                draws.append(indices)
+                weights.append(w)
+                generations.append(gens)
+                drawn.append(DrawnIndices.of(indices, gens))
+            batches = self.storage.gather_round(
+                draws, weights, generations, list(range(n_trainers)), drawn, blocks
+            )
+            if batches is None:  # gathered per trainer, from the same draws
+                return [
+                    self._gather(draws[t], weights[t], t, None if blocks is None else blocks[t])
+                    for t in range(n_trainers)
+                ]
+            if self._last_drawn:
+                self._last_drawn[:n_trainers] = drawn
+            return batches
 
     def iter_trainers(self, batch_size: int, n_trainers: int | None = None) -> Iterator[Batch]:
         """The MADDPG round as a stream: yields trainer 0's batch, then trainer 1's, ...
@@ -948,11 +1053,18 @@ class MultiAgentReplayBuffer:
         return int(n_trainers)
 
     def gather(self, indices: Any, trainer: int | None = None) -> Batch:
-        """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``)."""
+        """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``,
+        ``B >= 1``: empty ``indices`` are a ``ValueError``, like ``latest(0)``)."""
         if trainer is not None:
             trainer = self._check_trainer(trainer)
         with self.writer.lock:
-            return self._gather(self._check_indices(indices), None, trainer, None)
+            checked = self._check_indices(indices)
+            if not checked.size:
+                raise ValueError(
+                    "indices is empty; gather needs at least one index (a batch of no "
+                    "transitions has no rows to gather)"
+                )
+            return self._gather(checked, None, trainer, None)
 
     def latest(self, n: int) -> Batch:
         """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
@@ -1038,19 +1150,7 @@ class MultiAgentReplayBuffer:
         drawn = DrawnIndices.of(indices, generations)
         if self._last_drawn and trainer is not None:
             self._last_drawn[trainer] = drawn
-        return Batch(
-            obs=fields["obs"],
-            action=fields["action"],
-            reward=fields["reward"],
-            next_obs=fields["next_obs"],
-            done=fields["done"],
-            indices=drawn,
-            generations=generations,
-            weights=weights,
-            trainer=trainer,
-            block=block,
-            **(split_more(self._codec, fields) if self._codec.more else {}),
-        )
+        return self.storage.make_batch(fields, block, drawn, generations, weights, trainer)
 
     def _gather_sequences(
         self,
@@ -1077,9 +1177,117 @@ class MultiAgentReplayBuffer:
         if self._last_drawn and trainer is not None:
             self._last_drawn[trainer] = drawn
             sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
-        return as_sequences(
-            gathered, mask, burn_in, slots, drawn, generations, weights, trainer, zeroed=zeroed
+        return self.storage.make_sequences(
+            gathered, mask, burn_in, slots, drawn, generations, weights, trainer, zeroed
         )
+
+    def _gather_episodes(
+        self,
+        starts: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+        out_block: np.ndarray | None,
+    ) -> EpisodeBatch:
+        """Whole episodes from their first slots ``starts`` (shape (B,), int64), under
+        ``writer.lock``: padded to the sampler's ``max_length`` or the longest of them."""
+        sampler = self.sampler
+        assert isinstance(sampler, EpisodesSampler) and self.episodes is not None
+        lengths = self.episodes.length[starts]
+        steps = sampler.max_length if sampler.max_length is not None else int(lengths.max())
+        slots = self.episodes.sequences(starts, 0, steps - 1)
+        return self._gather_slot_matrix(starts, slots, lengths, weights, trainer, out_block)
+
+    def _gather_slot_matrix(
+        self,
+        starts: np.ndarray,
+        slots: np.ndarray,
+        lengths: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+        out_block: np.ndarray | None,
+    ) -> EpisodeBatch:
+        """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) starting at
+        ``starts``, as an :class:`marlbuf.batch.EpisodeBatch` (under ``writer.lock``)."""
+        mask = slots >= 0
+        zeroed = self.storage.zero_fills
+        # storages whose gather writes zeros for slot -1 skip the masked steps' copies
+        flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
+        gathered = self._gather(flat, None, None, out_block)
+        generations = self.writer.write_generation[starts]
+        drawn = DrawnIndices.of(starts, generations)
+        if self._last_drawn and trainer is not None:
+            self._last_drawn[trainer] = drawn
+        batch = self.storage.make_sequences(
+            gathered, mask, 0, slots, drawn, generations, weights, trainer, zeroed
+        )
+        if type(batch) is SequenceBatch:
+            fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+            return EpisodeBatch(**fields, lengths=lengths)
+        batch.lengths = lengths  # a store's own sequence batch (device tensors) carries them
+        return batch  # type: ignore[no-any-return]
+
+    def gather_sequences(self, starts: Any, length: int) -> EpisodeBatch:
+        """The sequences of ``length`` steps beginning at chosen stored slots.
+
+        Row ``b`` holds the step stored at ``starts[b]`` and the ``length - 1`` steps after it
+        in its episode, and zeros (``mask`` False) where the episode, or what is still stored
+        of it, ends first: the sequences a :class:`marlbuf.samplers.Sequence` sampler would
+        return for these training starts without burn-in. A start that is the first slot of an
+        episode (``batch.indices`` of an :class:`marlbuf.samplers.Episodes` batch, or a slot
+        recorded when the episode was written) gives the whole episode.
+
+        Parameters
+        ----------
+        starts : array of int, shape (B,)
+            Stored slots, in ``[0, len(self))``.
+        length : int
+            Steps per row, ``>= 1``.
+
+        Returns
+        -------
+        EpisodeBatch
+            Per-step arrays of shape ``(B, length, ...)``; ``mask`` (B, length) bool;
+            ``lengths`` (B,) int64, the steps of each row (``mask.sum(axis=1)``); ``indices``
+            the starts.
+        """
+        if self.episodes is None:
+            raise TypeError(
+                f"gather_sequences needs the episode index, which a buffer keeps when its "
+                f"sampler samples sequences or episodes; got sampler={self.sampler!r} (build "
+                "the buffer with sampler=Episodes() or Sequence(...))"
+            )
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+            raise ValueError(f"length must be a positive int; got length={length!r}")
+        with self.writer.lock:
+            idx = self._check_indices(starts)
+            slots = self.episodes.sequences(idx, 0, int(length) - 1)
+            lengths = np.count_nonzero(slots >= 0, axis=1).astype(np.int64)
+            return self._gather_slot_matrix(idx, slots, lengths, None, None, None)
+
+    @property
+    def complete_episodes(self) -> int:
+        """Complete episodes stored: ended, with every step still stored (what
+        :class:`marlbuf.samplers.Episodes` draws from). Needs the episode index (a sequence
+        or episode sampler)."""
+        return self._episode_index("complete_episodes").n_complete
+
+    @property
+    def stored_episodes(self) -> int:
+        """Episodes with at least one stored step: the complete ones, those the ring has
+        overwritten in part and those still being written (O(len(self))). Needs the episode
+        index (a sequence or episode sampler)."""
+        index = self._episode_index("stored_episodes")
+        with self.writer.lock:
+            return index.stored_episodes(self.size)
+
+    def _episode_index(self, what: str) -> EpisodeIndex:
+        if self.episodes is None:
+            raise TypeError(
+                f"{what} needs the episode index, which a buffer keeps when its sampler samples "
+                f"sequences or episodes; got sampler={self.sampler!r} (build the buffer with "
+                "sampler=Episodes() or Sequence(...))"
+            )
+        return self.episodes
 
     def update_priorities(
         self,
@@ -1087,6 +1295,7 @@ class MultiAgentReplayBuffer:
         td_errors: Any,
         trainer: int = 0,
         generations: Any = None,
+        sync: bool = True,
     ) -> None:
         """Feed TD errors back to a prioritized sampler (one priority tree per trainer).
 
@@ -1106,25 +1315,90 @@ class MultiAgentReplayBuffer:
         sequences' training starts (``batch.indices``) and ``td_errors`` one value per sequence
         (shape (B,)) or the per-step errors of the training steps (shape (B, length)), mixed as
         in R2D2 over the steps that were valid when the batch was drawn.
+
+        ``indices``, ``td_errors`` and ``generations`` may be torch tensors on any device (a
+        :class:`marlbuf.stores.torch.DeviceBatch`'s ``indices`` are host arrays already). The
+        priorities live in the host sum tree, so TD errors on a GPU are copied to the host.
+        ``sync=True`` waits for that copy here. ``sync=False`` starts the copy without waiting
+        and applies the update at the buffer's next call that reads or changes priorities
+        (``sample``, ``update_priorities``, ``state_dict``, :meth:`check_priority_errors`): the
+        learner does not stall on the device, and the next draw still sees the update. A bad
+        deferred update (non-finite TD errors) raises at that later call.
         """
         trainer = self._check_trainer(trainer)
+        if not isinstance(sync, bool):
+            raise TypeError(f"sync must be a bool; got sync={sync!r}")
+        if not sync and hasattr(td_errors, "detach"):
+            with self.writer.lock:
+                idx = self._check_indices(_host_array(indices))
+                gens = self._update_generations(trainer, indices, idx, generations)
+                self._deferred.append((trainer, idx, gens, self.storage.to_host_later(td_errors)))
+            return
         with self.writer.lock:
-            idx = self._check_indices(indices)
-            current = self.writer.write_generation[idx]
-            if generations is not None:
-                gens = np.asarray(generations)
-                if gens.shape != idx.shape or gens.dtype.kind not in "iu":
-                    raise ValueError(
-                        f"generations must be an integer array of the shape of indices "
-                        f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
-                        f"dtype {gens.dtype}"
-                    )
-            elif isinstance(indices, DrawnIndices) and indices.generations is not None:
-                gens = indices.generations  # exact: the generations of this very draw
-            else:
-                gens = self._generations_of_latest(trainer, idx, current)
-            stale = gens.astype(np.int64, copy=False) != current
-            self.sampler.update_priorities(idx, np.asarray(td_errors), trainer, stale)
+            self.apply_deferred_updates()
+            idx = self._check_indices(_host_array(indices))
+            gens = self._update_generations(trainer, indices, idx, generations)
+            stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
+            self.sampler.update_priorities(idx, _host_array(td_errors), trainer, stale)
+
+    def update_priorities_for_trainers(
+        self,
+        indices: Sequence[Any],
+        td_errors: Sequence[Any],
+        generations: Sequence[Any] | None = None,
+        sync: bool = True,
+    ) -> None:
+        """:meth:`update_priorities` for every trainer of a round: ``indices[t]`` and
+        ``td_errors[t]`` (and ``generations[t]``) go to trainer ``t``. Arrays or tensors of
+        shape (T, B) are split along their first axis."""
+        n = len(indices)
+        if len(td_errors) != n or (generations is not None and len(generations) != n):
+            raise ValueError(
+                f"indices, td_errors and generations must hold one entry per trainer; got "
+                f"{n}, {len(td_errors)} and "
+                f"{'None' if generations is None else len(generations)}"
+            )
+        for t in range(n):
+            self.update_priorities(
+                indices[t],
+                td_errors[t],
+                trainer=t,
+                generations=None if generations is None else generations[t],
+                sync=sync,
+            )
+
+    def apply_deferred_updates(self) -> None:
+        """Apply the updates of ``update_priorities(..., sync=False)`` still waiting (each
+        waits for its own copy from the device); raises the first bad one's error. Called by
+        every method that reads or changes priorities."""
+        if not self._deferred:
+            return
+        with self.writer.lock:
+            pending, self._deferred = self._deferred, []
+            for trainer, idx, gens, ready in pending:
+                stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
+                self.sampler.update_priorities(idx, ready(), trainer, stale)
+
+    #: :meth:`apply_deferred_updates` under the name the learners use to surface errors
+    check_priority_errors = apply_deferred_updates
+
+    def _update_generations(
+        self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
+    ) -> np.ndarray:
+        """The write generations ``idx`` (checked indices) were drawn at (under the lock)."""
+        current = self.writer.write_generation[idx]
+        if generations is not None:
+            gens = _host_array(generations)
+            if gens.shape != idx.shape or gens.dtype.kind not in "iu":
+                raise ValueError(
+                    f"generations must be an integer array of the shape of indices "
+                    f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
+                    f"dtype {gens.dtype}"
+                )
+            return gens
+        if isinstance(indices, DrawnIndices) and indices.generations is not None:
+            return indices.generations  # exact: the generations of this very draw
+        return self._generations_of_latest(trainer, idx, current)
 
     def _generations_of_latest(
         self, trainer: int, idx: np.ndarray, current: np.ndarray
@@ -1141,18 +1415,35 @@ class MultiAgentReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: data, cursor, size, sampler state, RNG.
 
-        Arrays are copies of the filled part of the storage; other values are JSON-safe.
+        Arrays are copies of the filled part of the storage; other values are JSON-safe. The
+        copies are taken under the buffer's lock, so the state is one committed state even
+        while other threads write: every write is in it entirely or not at all (writers wait
+        for the copy).
         """
-        return self._state(copy=True)
+        with self.writer.lock:
+            return self._state(copy=True)
 
-    def _state(self, copy: bool) -> dict[str, Any]:
-        """:meth:`state_dict`; with ``copy=False`` the buffer's own arrays are views of the live
-        memory (what :meth:`save` writes from, so that saving copies nothing)."""
+    def _state(self, copy: bool, live: bool = False) -> dict[str, Any]:
+        """:meth:`state_dict` (call under ``writer.lock``); with ``copy=False`` the buffer's own
+        arrays are views of the live memory (what a checkpoint writes from, so that it copies
+        nothing). With ``live=True`` everything but the storage rows is copied, and each storage
+        array is a :class:`marlbuf.persistence.LiveRows` whose rows are copied later, a chunk
+        at a time under the lock, as long as their write generations are still those of this
+        state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
+        copy = copy or live
 
         def part(array: np.ndarray) -> np.ndarray:
             return array[:filled].copy() if copy else array[:filled]
 
+        ring = self.writer.state_dict(copy=copy)
+        storage: dict[str, Any] = {}
+        for key, array in self.storage.arrays().items():
+            if live:
+                reader = self._live_reader(array, ring["write_generation"])
+                storage[key] = persistence.LiveRows((filled, *array.shape[1:]), array.dtype, reader)
+            else:
+                storage[key] = part(array)
         return {
             "format": _config.SAVE_FORMAT,
             "version": _config.SAVE_VERSION,
@@ -1168,24 +1459,53 @@ class MultiAgentReplayBuffer:
                 "config": self.sampler.config(),
                 "state": self.sampler.state_dict(),
             },
-            **self.writer.state_dict(copy=copy),
-            "rng": self.rng.bit_generator.state,
-            "storage": {k: part(v) for k, v in self.storage.arrays().items()},
+            **ring,
+            "rng": self.rng.bit_generator.state,  # a new dict on every read
+            "storage": storage,
             "links": {} if self.links is None else self.links.state_dict(copy=copy),
             "episodes": {}
             if self.episodes is None
             else self.episodes.state_dict(filled, copy=copy),
         }
 
+    def _live_reader(self, array: np.ndarray, generations: np.ndarray) -> Any:
+        """``LiveRows.read`` for storage ``array`` of a snapshot whose filled slots had write
+        ``generations``: rows ``[start, stop)`` copied under the lock while their slots still
+        hold those generations (a slot's bytes change only with its generation)."""
+        lock, current = self.writer.lock, self.writer.write_generation
+
+        def read(start: int, stop: int) -> np.ndarray:
+            with lock:
+                if not np.array_equal(current[start:stop], generations[start:stop]):
+                    raise persistence.SnapshotMoved(
+                        f"slots [{start}, {stop}) were overwritten before they were saved"
+                    )
+                return np.array(array[start:stop], order="C", copy=True)
+
+        return read
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output into this buffer (same specs, capacity, layout).
 
-        Every part is checked before anything changes: a rejected state leaves the buffer as
-        it was.
+        The state is checked as a whole before anything changes: every field against the others
+        and against what it indexes (ring counters and write generations, next-observation
+        links and side rows, priorities only for written slots, RNG state). A rejected state
+        (``ValueError`` naming the field) leaves the buffer as it was.
         """
         self._load_state(state, adopt=False)
 
     def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
+        try:
+            self._load_header_checked(state, adopt)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            # a field of the wrong type or missing: the checks below index freely
+            raise ValueError(
+                f"state_dict is not a complete marlbuf buffer state ({type(exc).__name__}: "
+                f"{exc}); pass what state_dict() returned or a file written by save()"
+            ) from exc
+
+    def _load_header_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+        """:meth:`_load_state`: the header compared with this buffer's configuration."""
         _check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         global_fields, alive = row_options_of(state)
@@ -1231,8 +1551,15 @@ class MultiAgentReplayBuffer:
             raise
 
     def _load_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
-        """:meth:`_load_state` once the state's format matches this buffer's."""
-        size = int(state["size"])
+        """:meth:`_load_state` once the state's format matches this buffer's: every field
+        checked against the others before anything changes."""
+        size, _, _, generations = persistence.check_ring(state, self.capacity)
+        if self.links is not None:
+            persistence.check_links(
+                state["links"], self.capacity, size, generations, self.links.side.shape[1]
+            )
+        if self.sampler.weighted:
+            persistence.check_priorities(state["sampler"]["state"], size)
         arrays = self.storage.arrays()
         if set(state["storage"]) != set(arrays):
             raise ValueError(
@@ -1253,11 +1580,15 @@ class MultiAgentReplayBuffer:
         episodes_state = state.get("episodes") or {}
         if self.episodes is not None and episodes_state:
             self.episodes.check_state(episodes_state, size)
-        rng = np.random.default_rng()
         try:
-            rng.bit_generator.state = state["rng"]
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ValueError(f"state_dict has an unusable rng state: {exc}") from exc
+            scratch = type(self.rng.bit_generator)()
+            scratch.state = state["rng"]
+        except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as exc:
+            raise ValueError(
+                f"state_dict has an unusable rng state ({type(exc).__name__}: {exc}); expected "
+                f"the state of a {type(self.rng.bit_generator).__name__} bit generator, as "
+                "state_dict() writes it"
+            ) from exc
         sampler_before = self.sampler.state_dict()
         self.sampler.load_state_dict(state["sampler"]["state"])  # raises before it changes
         with self.writer.lock:
@@ -1301,29 +1632,64 @@ class MultiAgentReplayBuffer:
             every &= done.reshape(size, -1).all(axis=1)
         return every
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> None:
         """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
 
         The write is atomic: the file is written next to the target, flushed to disk and
         renamed over it only when complete, so ``path`` holds the old or the new file even if
-        the process is killed. The storage is written straight from the buffer's memory (no
-        copy), and the file gets the mode ``0o666 & ~umask``. The folder must exist. See
-        :mod:`marlbuf.persistence` for the format.
+        the process is killed. The file gets the mode ``0o666 & ~umask``. The folder must
+        exist. ``path`` may name nothing yet, an empty file or a marlbuf buffer file; with
+        ``overwrite=True`` any regular file. A symbolic link, folder, device, FIFO or socket
+        is never replaced. See :mod:`marlbuf.persistence` for the format.
+
+        The file holds one committed state even while other threads write. Everything but the
+        storage rows (counters, write generations, links, priorities, RNG) is copied under the
+        buffer's lock; the rows are then streamed from the buffer's memory, a few megabytes at
+        a time, each chunk copied under the lock after checking that its slots still hold the
+        generations of that state (a slot's bytes change only with its generation). Writers
+        wait only for one chunk at a time. If a writer overwrites a slot before it is saved,
+        the partial file is dropped and the save starts again from a new state; after
+        ``persistence.SNAPSHOT_ATTEMPTS - 1`` such attempts, the last holds the lock for the whole
+        write.
         """
-        persistence.write_state(self._state(copy=False), path)
+        for _ in range(persistence.SNAPSHOT_ATTEMPTS - 1):
+            with self.writer.lock:
+                state = self._state(copy=False, live=True)
+            try:
+                persistence.write_state(state, path, overwrite=overwrite)
+                return
+            except persistence.SnapshotMoved:
+                continue  # a writer overtook the stream: again, from a new state
+        with self.writer.lock:
+            persistence.write_state(self._state(copy=False), path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MultiAgentReplayBuffer:
         """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state).
 
-        The storage is read straight into the new buffer's preallocated arrays. Raises
-        ``FileNotFoundError`` for a missing file and ``ValueError`` for a corrupt or foreign one.
+        The storage is read straight into the new buffer's preallocated arrays. The file is
+        checked before memory is spent on it: it must be a regular file (a FIFO or device is
+        refused at once), every array's bytes must be in the file (uncompressed members), and
+        the declared shapes must fit the header's capacity and ``n_trainers`` before the buffer
+        is built; the loaded state is then checked as a whole (:meth:`load_state_dict`).
+        Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a corrupt,
+        foreign or special one.
         """
         built: list[MultiAgentReplayBuffer] = []
 
+        def check(header: dict[str, Any], shapes: Mapping[str, Any]) -> None:
+            # the file's JSON part and declared array shapes, before anything is allocated
+            _check_header(header)
+            sampler = Sampler.from_config(header["sampler"]["type"], header["sampler"]["config"])
+            persistence.check_declared_shapes(
+                shapes,
+                _check_capacity(header["capacity"]),
+                header["n_trainers"],
+                sampler.weighted,
+            )
+
         def build(header: dict[str, Any]) -> dict[str, np.ndarray]:
             # called with the file's JSON part, before any array is read
-            _check_header(header)
             sampler = header["sampler"]
             global_fields, alive = row_options_of(header)
             buf = cls(
@@ -1339,7 +1705,13 @@ class MultiAgentReplayBuffer:
             built.append(buf)
             return persistence.storage_destinations(buf, header)
 
-        state = persistence.read_state(path, build)
+        try:
+            state = persistence.read_state(path, build, check)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"{os.fspath(path)!r} has an invalid header ({type(exc).__name__}: {exc}); it "
+                "is not a buffer file this marlbuf can build a buffer from"
+            ) from exc
         buf = built[0]
         buf._load_state(state, adopt=True)  # storage already in place; fresh arrays adopted
         return buf
@@ -1391,6 +1763,34 @@ class MultiAgentReplayBuffer:
         self.close()
 
 
+def _host_array(value: Any) -> np.ndarray:
+    """``value`` as a NumPy array; a torch tensor (any device) is copied to the host."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return np.asarray(value.detach().cpu().numpy())
+    if isinstance(value, np.ndarray):
+        return value
+    return np.asarray(value)
+
+
+def _check_device_options(device: Any, layout: str, in_files: bool, parallel_gather: Any) -> Any:
+    """``device`` checked against the options a torch store cannot take (the reasons are
+    :data:`marlbuf.stores.capabilities.CAPABILITIES`'); ``None`` stays ``None``."""
+    if device is None:
+        return None
+    from marlbuf.stores.capabilities import refusal
+
+    for feature, used in (
+        ("layout='agent_major'", layout == "agent_major"),
+        ("path=", in_files),
+        ("parallel_gather=True", parallel_gather is True),
+    ):
+        if used:
+            raise ValueError(refusal(feature, "torch", f"device={str(device)!r}"))
+    from marlbuf.stores.torch import check_device
+
+    return check_device(device)
+
+
 def _check_memory(
     needed: MemoryEstimate,
     specs: Mapping[str, AgentSpec],
@@ -1424,6 +1824,29 @@ def _check_memory(
             ResourceWarning,
             stacklevel=3,
         )
+
+
+def _break_flag_reader(codec: RowCodec) -> Any:
+    """A function of staged rows (shape (T, row_words), uint64) that returns, per row, the
+    flags of the stream-break check (:meth:`marlbuf.writer.EpisodeIndex.commit`): ``quiet``
+    (no agent done and every agent present: the step's next_obs must be the obs of the stream's
+    next step) and ``full`` (every agent present: the step's obs may be compared), both shape
+    (T,), bool. An agent that is done, or that joins or leaves, may see an observation its
+    previous next_obs did not predict without any environment switch."""
+    done = [fs for fs in codec.slots if fs.field == "done"]
+    alive = [fs for fs in codec.slots if fs.field == ALIVE] if codec.alive else []
+
+    def read(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raw = rows.view(np.uint8)
+        full = np.ones(rows.shape[0], dtype=bool)
+        for fs in alive:
+            full &= raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)[:, 0] != 0
+        quiet = full.copy()
+        for fs in done:
+            quiet &= (raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype) == 0).all(axis=1)
+        return quiet, full
+
+    return read
 
 
 def _done_reader(codec: RowCodec) -> Any:
@@ -1622,8 +2045,15 @@ def check_row_options(
 
 
 def _check_stream(stream: Any) -> int:
+    """A stream id (``stream=`` or ``first_stream=``): an int in ``[0, 2**63 - 1]`` (stored as
+    int64)."""
     if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
         raise TypeError(f"stream must be a non-negative int; got stream={stream!r}")
+    if stream > persistence.MAX_STREAM:
+        raise ValueError(
+            f"stream ids are int64: at most {persistence.MAX_STREAM}; got stream={stream!r}. "
+            "Number environments from 0 (add_envs(first_stream=...) counts up from it)"
+        )
     return int(stream)
 
 
@@ -1644,6 +2074,9 @@ def _check_capacity(capacity: Any) -> int:
 
 
 def _check_header(state: Mapping[str, Any]) -> None:
+    """The header fields of a buffer state (format, version, specs, sampler), checked."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"a buffer state is a mapping (what state_dict() returns); got {state!r}")
     if state.get("format") != _config.SAVE_FORMAT:
         raise ValueError(
             f"not a marlbuf buffer state (format={state.get('format')!r}, "
@@ -1655,6 +2088,22 @@ def _check_header(state: Mapping[str, Any]) -> None:
             f"buffer state has format version {version!r}; this marlbuf reads versions "
             f"{list(_config.READABLE_SAVE_VERSIONS)}. Load it with the marlbuf version that "
             "wrote it."
+        )
+    specs = state.get("specs")
+    if (
+        not isinstance(specs, Mapping)
+        or not specs
+        or not all(isinstance(a, str) and isinstance(v, Mapping) for a, v in specs.items())
+    ):
+        raise ValueError(
+            f"buffer state has specs={type(specs).__name__} {specs!r:.80}; expected a mapping of "
+            "agent name to spec dict (what state_dict() writes)"
+        )
+    sampler = state.get("sampler")
+    if not isinstance(sampler, Mapping) or not isinstance(sampler.get("config"), Mapping):
+        raise ValueError(
+            f"buffer state has sampler={sampler!r:.80}; expected a mapping with 'type', "
+            "'config' and 'state' (what state_dict() writes)"
         )
     if version == 1 and state.get("layout") == "interleaved":
         # version 1 rows had no word-aligned next_obs/done sections; same bytes only when the

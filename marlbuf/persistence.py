@@ -17,6 +17,18 @@ disk, renamed over the target and the folder entry is flushed too, so the target
 holds either the previous file or the complete new one, even if the process is killed. A save
 that fails removes its temporary file; one killed outright leaves a ``NAME.*.tmp`` file next to
 the target, which can be deleted.
+
+A save replaces only what it may: nothing, an empty regular file or a marlbuf buffer file
+(``overwrite=True``: any regular file); never a symbolic link, a folder, a device, a FIFO or a
+socket. Reading opens the file without blocking and refuses anything but a regular file, so a
+FIFO or a device is refused at once instead of hanging or reading forever.
+
+Reading never spends memory on a lie: every member must be stored uncompressed (as marlbuf and
+``np.savez`` write them) and lie inside the file, so an array's bytes are in the file before
+memory is allocated for it; a ``check`` callback sees every member's declared shape and dtype
+before any array is read (a buffer bounds them by its header). :func:`check_ring`,
+:func:`check_links` and :func:`check_priorities` check the fields of a loaded buffer state
+against each other and against what they index.
 """
 
 from __future__ import annotations
@@ -26,8 +38,10 @@ import json
 import math
 import os
 import secrets
+import stat
 import zipfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -45,10 +59,46 @@ ARRAY_KEY = "__array__"
 #: Bytes moved per read call (and per write call for arrays that are not C-contiguous): bounds
 #: the temporary memory of a save or load independently of the buffer's size.
 CHUNK_BYTES = 4 * 1024 * 1024
+#: Bytes of :class:`LiveRows` copied per call of its reader: writers of the buffer being saved
+#: wait for one such copy at a time (about 0.1 ms).
+LIVE_CHUNK_BYTES = 1024 * 1024
 
 #: Called by :func:`read_state` with the JSON part of the state (arrays still as references);
 #: returns preallocated destinations by array path (see :func:`array_path`).
 Destinations = Callable[[dict[str, Any]], Mapping[str, np.ndarray]]
+#: Called by :func:`read_state` with the JSON part of the state and every array's declared
+#: ``(shape, dtype)`` by array path, before anything is allocated; raises ``ValueError`` to
+#: refuse the file.
+ShapeCheck = Callable[[dict[str, Any], Mapping[str, tuple[tuple[int, ...], np.dtype]]], None]
+
+#: Attempts of a buffer's save to stream its rows while writers run (the last one holds the
+#: writers off for the whole write): see :meth:`MultiAgentReplayBuffer.save`.
+SNAPSHOT_ATTEMPTS = 3
+#: Largest stream id (``stream=``, ``first_stream + k``): stream ids are stored as int64.
+MAX_STREAM = 2**63 - 1
+#: Largest ``total_writes`` a loaded state may hold (generations stay far from int64 overflow).
+MAX_TOTAL_WRITES = 2**62
+
+
+class SnapshotMoved(RuntimeError):
+    """Raised by a :class:`LiveRows` reader when a writer overwrote rows of the snapshot being
+    saved before they were copied (the save starts again from a new snapshot)."""
+
+
+@dataclass(frozen=True)
+class LiveRows:
+    """The rows of an array that writer threads may change while it is saved.
+
+    :func:`write_state` writes it like an array of ``shape`` and ``dtype``, asking ``read(start,
+    stop)`` for rows ``[start, stop)`` a few at a time (about :data:`LIVE_CHUNK_BYTES`); ``read``
+    returns them, C-contiguous, as they were when the snapshot was taken, or raises
+    :class:`SnapshotMoved` when they were overwritten since (the partial file is then removed
+    and the exception propagates).
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: Callable[[int, int], np.ndarray]
 
 
 def array_path(*keys: str) -> str:
@@ -57,31 +107,46 @@ def array_path(*keys: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ writing
-def write_state(state: Mapping[str, Any], path: str | os.PathLike[str], sync: bool = True) -> None:
+def write_state(
+    state: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    sync: bool = True,
+    *,
+    overwrite: bool = False,
+) -> None:
     """Write a nested state to ``path`` as an ``.npz`` archive, atomically.
 
     Parameters
     ----------
     state : mapping
-        Nested dicts and lists of NumPy arrays and JSON values; dict keys are strings. Arrays
-        may be views of live memory (e.g. a buffer's storage): they are written from it
-        directly, without a copy.
+        Nested dicts and lists of NumPy arrays, :class:`LiveRows` and JSON values; dict keys
+        are strings. Arrays may be views of live memory (e.g. a buffer's storage): they are
+        written from it directly, without a copy.
     path : str or path-like
         Target file; its folder must exist. The file gets the mode ``0o666 & ~umask``, like any
-        file the process creates.
+        file the process creates. It may name nothing yet, an empty regular file or a marlbuf
+        buffer file; see ``overwrite``.
     sync : bool, default True
         Flush the file and the folder entry to disk. Without it the replacement is still atomic
         for other processes and survives this process dying, but not a machine crash.
+    overwrite : bool, default False
+        Also replace a regular file that is not a marlbuf buffer file. A symbolic link, a folder,
+        a device, a FIFO or a socket at ``path`` is never replaced.
 
     Raises
     ------
     FileNotFoundError
         The target's folder does not exist (the message names the target).
+    ValueError
+        ``path`` is empty, or names something :func:`write_state` may not replace.
     TypeError
         ``state`` holds a value JSON cannot store, an object array, or a non-string key.
+    SnapshotMoved
+        A :class:`LiveRows` reader found its rows overwritten (nothing was written).
     """
-    path = Path(path)
-    arrays: dict[str, np.ndarray] = {}
+    path = _target_path(path)
+    check_target(path, overwrite)
+    arrays: dict[str, np.ndarray | LiveRows] = {}
     meta = _split_arrays(state, "", arrays)
     try:
         meta_bytes = json.dumps(meta).encode()
@@ -107,6 +172,116 @@ def write_state(state: Mapping[str, Any], path: str | os.PathLike[str], sync: bo
         _fsync_folder(path.parent)
 
 
+def _target_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise TypeError(f"path must be a str or os.PathLike naming a file; got path={path!r}")
+    if not os.fspath(path):
+        raise ValueError("path must name a file; got path=''")
+    return Path(os.fspath(path))
+
+
+def check_target(path: Path, overwrite: bool = False) -> None:
+    """Refuse (``ValueError``) to replace what is at ``path`` unless it is nothing, an empty
+    regular file or a marlbuf buffer file (with ``overwrite``: any regular file). Symbolic links
+    (dangling or not), folders, devices, FIFOs and sockets are always refused."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return  # nothing there (a missing folder is reported when the file is created)
+    except NotADirectoryError:
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"cannot save to {str(path)!r}: a part of its folder is a file"
+        ) from None
+    mode = info.st_mode
+    if stat.S_ISLNK(mode):
+        target = os.readlink(path)
+        state = "" if os.path.exists(path) else ", which does not exist"
+        raise ValueError(
+            f"cannot save to {str(path)!r}: it is a symbolic link to {target!r}{state}; save "
+            "never replaces a link: pass the path of the file itself, or remove the link"
+        )
+    if stat.S_ISDIR(mode):
+        raise ValueError(
+            f"cannot save to {str(path)!r}: it is a folder; pass the path of a file in it "
+            f"(e.g. {str(path / 'buffer.npz')!r})"
+        )
+    if not stat.S_ISREG(mode):
+        raise ValueError(
+            f"cannot save to {str(path)!r}: it is {_kind(mode)}, not a regular file; save "
+            "never replaces one: pass the path of a regular file"
+        )
+    if not overwrite and info.st_size and not _is_buffer_file(path):
+        raise ValueError(
+            f"cannot save to {str(path)!r}: it holds a file that is not a marlbuf buffer "
+            "file; pass overwrite=True to replace it, or choose another name"
+        )
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _is_buffer_file(path: Path) -> bool:
+    """Whether the regular file ``path`` is a zip archive with a marlbuf state header."""
+    try:
+        fd = open_regular(path, follow=False)
+    except (OSError, ValueError):
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            with zipfile.ZipFile(fh) as archive:
+                return META_NAME + ".npy" in archive.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return False
+
+
+def open_regular(path: str | os.PathLike[str], follow: bool = True, write: bool = False) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking (a FIFO does not
+    hang the caller) and, unless ``follow``, without following a symbolic link
+    (``O_NOFOLLOW``); anything but a regular file is closed again and refused with a
+    ``ValueError`` saying what it is."""
+    flags = (os.O_RDWR if write else os.O_RDONLY) | getattr(os, "O_NONBLOCK", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"{str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not exist",
+            ) from None
+        raise FileNotFoundError(errno.ENOENT, f"{str(path)!r} does not exist") from None
+    except IsADirectoryError:  # a folder opened for writing
+        raise ValueError(f"{str(path)!r} is a folder, not a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise ValueError(
+                f"{str(path)!r} is a symbolic link (to {os.readlink(path)!r}); it must be a "
+                "regular file: replace the link by the file itself"
+            ) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(f"{str(path)!r} is {_kind(mode)}, not a regular file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return fd
+
+
 def _create_temp(path: Path) -> tuple[int, str]:
     """A new file next to ``path``, opened for writing, with the mode the umask gives.
 
@@ -123,7 +298,12 @@ def _create_temp(path: Path) -> tuple[int, str]:
         except OSError as exc:
             # report the target the caller named, not the temporary file's name
             folder = path.parent
-            if isinstance(exc, FileNotFoundError):
+            if isinstance(exc, FileNotFoundError) and os.path.isdir(folder):
+                reason = (
+                    f"its folder {str(folder)!r} does not accept new files (a virtual file "
+                    "system such as /proc or /sys?); save to a folder on a disk"
+                )
+            elif isinstance(exc, FileNotFoundError):
                 reason = f"its folder {str(folder)!r} does not exist; create it first"
             elif isinstance(exc, NotADirectoryError):
                 reason = f"{str(folder)!r} is not a folder"
@@ -148,10 +328,13 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_member(archive: zipfile.ZipFile, key: str, array: np.ndarray) -> None:
+def _write_member(archive: zipfile.ZipFile, key: str, array: np.ndarray | LiveRows) -> None:
     """Write ``array`` as the ``.npy`` member ``key + ".npy"``, from the array's own memory."""
     if array.dtype.hasobject:
         raise TypeError(f"state array {key!r} has dtype {array.dtype}; object arrays are not saved")
+    if isinstance(array, LiveRows):
+        _write_live(archive, key, array)
+        return
     header = np.lib.format.header_data_from_array_1_0(array)
     header["fortran_order"] = False  # the data below is always written in C order
     # force_zip64: the member's size is unknown when its local header is written, and a
@@ -170,14 +353,33 @@ def _write_member(archive: zipfile.ZipFile, key: str, array: np.ndarray) -> None
             fh.write(_bytes_of(np.ascontiguousarray(array[start : start + rows])))
 
 
+def _write_live(archive: zipfile.ZipFile, key: str, rows: LiveRows) -> None:
+    """Write :class:`LiveRows` as a C-ordered ``.npy`` member, a chunk of rows at a time."""
+    shape = tuple(int(n) for n in rows.shape)
+    header: dict[str, Any] = {
+        "descr": np.lib.format.dtype_to_descr(rows.dtype),
+        "fortran_order": False,
+        "shape": shape,
+    }
+    row_bytes = math.prod(shape[1:]) * rows.dtype.itemsize
+    with archive.open(key + ".npy", "w", force_zip64=True) as fh:
+        try:
+            np.lib.format.write_array_header_1_0(fh, header)
+        except ValueError:
+            np.lib.format.write_array_header_2_0(fh, header)
+        step = max(1, LIVE_CHUNK_BYTES // max(1, row_bytes))
+        for start in range(0, shape[0] if shape else 0, step):
+            fh.write(_bytes_of(rows.read(start, min(shape[0], start + step))))
+
+
 def _bytes_of(array: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array, as a view of its memory."""
     return array.reshape(-1).view(np.uint8).data
 
 
-def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray | LiveRows]) -> Any:
     """Replace every ndarray in a nested dict by a reference, collecting arrays by path."""
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, (np.ndarray, LiveRows)):
         if prefix in arrays:
             raise ValueError(f"two state arrays share the path {prefix!r}; rename a key")
         arrays[prefix] = obj
@@ -198,20 +400,26 @@ def _split_arrays(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
 
 # ------------------------------------------------------------------------------------ reading
 def read_state(
-    path: str | os.PathLike[str], destinations: Destinations | None = None
+    path: str | os.PathLike[str],
+    destinations: Destinations | None = None,
+    check: ShapeCheck | None = None,
 ) -> dict[str, Any]:
     """Read a state written by :func:`write_state`.
 
     Parameters
     ----------
     path : str or path-like
-        The ``.npz`` file.
+        The ``.npz`` file; it must be a regular file (a symbolic link to one is followed).
     destinations : callable, optional
         Called with the JSON part of the state once it is read (arrays still appear as
         ``{"__array__": path}``); returns preallocated arrays by array path. An array whose
         dtype matches its destination's, and whose shape is the destination's with at most as
         many rows, is read straight into the destination's first rows, and the state holds that
         view of the destination; any other array is read into a new array.
+    check : callable, optional
+        Called with the JSON part and every array's declared ``(shape, dtype)`` by array path
+        before ``destinations`` and before any array is allocated; raises ``ValueError`` to
+        refuse the file.
 
     Returns
     -------
@@ -221,14 +429,24 @@ def read_state(
     Raises
     ------
     FileNotFoundError
-        ``path`` does not exist.
+        ``path`` does not exist (or is a dangling symbolic link).
     ValueError
-        The file is not a marlbuf buffer file, or is truncated or corrupt.
+        ``path`` is not a regular file, or the file is not a marlbuf buffer file, or is
+        truncated or corrupt, or ``check`` refused it.
     """
-    path = Path(path)
+    path = _target_path(path)
     # opened here, outside the handler below, so that a missing or unreadable file raises its
-    # own OSError and not "corrupt"; also np.load would leak the handle of a corrupt archive
-    with open(path, "rb") as fh:
+    # own OSError and not "corrupt"; also np.load would leak the handle of a corrupt archive.
+    # Without blocking, and only a regular file: a FIFO or a device is refused at once.
+    try:
+        fd = open_regular(path)
+    except ValueError as exc:
+        hint = ""
+        if os.path.isdir(path):
+            hint = " (a memory-mapped buffer's folder is reopened with MultiAgentReplayBuffer.open)"
+        raise ValueError(f"cannot load {exc}; a buffer file is a regular file{hint}") from None
+    with os.fdopen(fd, "rb") as fh:
+        file_size = os.fstat(fd).st_size
         try:
             archive = zipfile.ZipFile(fh)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
@@ -237,6 +455,8 @@ def read_state(
             names = set(archive.namelist())
             if META_NAME + ".npy" not in names:
                 raise ValueError(f"{path} is not a marlbuf buffer file (no {META_NAME} entry)")
+            for info in archive.infolist():
+                _check_member(path, info, file_size)
             try:
                 raw = _read_member(archive, META_NAME, None)
             except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
@@ -247,10 +467,19 @@ def read_state(
                 raise ValueError(f"{path} has a corrupt header: {exc}") from exc
             if not isinstance(meta, dict):
                 raise ValueError(f"{path} has a corrupt header: not a JSON object")
+            if check is not None:
+                shapes = {}
+                for name in names:
+                    if name.endswith(".npy") and name != META_NAME + ".npy":
+                        try:
+                            shapes[name[: -len(".npy")]] = _member_header(archive, name)
+                        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                            raise _unreadable(path, exc) from exc
+                check(meta, shapes)
             targets = dict(destinations(meta)) if destinations is not None else {}
 
             def load_array(key: str) -> np.ndarray:
-                if key + ".npy" not in names:
+                if not isinstance(key, str) or key + ".npy" not in names:
                     raise ValueError(
                         f"{path} is missing array {key!r} (truncated or corrupt buffer file)"
                     )
@@ -261,6 +490,43 @@ def read_state(
 
             state: dict[str, Any] = _join_arrays(meta, load_array)
             return state
+
+
+def _check_member(path: Path, info: zipfile.ZipInfo, file_size: int) -> None:
+    """Refuse a member whose bytes are not all in the file: compressed (a few bytes may
+    inflate to gigabytes) or declared past the file's end."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(
+            f"{path} has a compressed member {info.filename!r}; marlbuf buffer files store "
+            "their arrays uncompressed (as save() and np.savez write them): re-save the state "
+            "with np.savez, not np.savez_compressed"
+        )
+    if info.header_offset + info.compress_size > file_size or info.file_size > file_size:
+        raise ValueError(
+            f"{path}: member {info.filename!r} declares {info.file_size} bytes past the end "
+            f"of the {file_size}-byte file (truncated or corrupt)"
+        )
+
+
+def _member_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The declared ``(shape, dtype)`` of the ``.npy`` member ``name`` (only its header read)."""
+    with archive.open(name) as fh:
+        shape, _, dtype, _ = _npy_header(fh, name[: -len(".npy")])
+    return shape, dtype
+
+
+def _npy_header(fh: IO[bytes], key: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """``(shape, fortran_order, dtype, header bytes)`` of the ``.npy`` stream ``fh``."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f"array {key!r} has .npy format version {version}; expected 1.0/2.0")
+    if dtype.hasobject:
+        raise ValueError(f"array {key!r} holds Python objects; marlbuf files never do")
+    return tuple(int(n) for n in shape), bool(fortran_order), dtype, fh.tell()
 
 
 def load_into(buffer: MultiAgentReplayBuffer, path: str | os.PathLike[str]) -> None:
@@ -312,16 +578,7 @@ def _read_member(archive: zipfile.ZipFile, key: str, destination: np.ndarray | N
     """The array of member ``key + ".npy"``, read into ``destination[:rows]`` when it fits."""
     info = archive.getinfo(key + ".npy")
     with archive.open(info) as fh:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"array {key!r} has .npy format version {version}; expected 1.0/2.0")
-        if dtype.hasobject:
-            raise ValueError(f"array {key!r} holds Python objects; marlbuf files never do")
-        header_bytes = fh.tell()
+        shape, fortran_order, dtype, header_bytes = _npy_header(fh, key)
         nbytes = math.prod(shape) * dtype.itemsize
         # check the size before allocating: a corrupt header must not ask for terabytes
         if header_bytes + nbytes != info.file_size:
@@ -366,6 +623,236 @@ def _read_exactly(fh: IO[bytes], memory: memoryview, key: str) -> None:
         done += got
 
 
+# ------------------------------------------------------------------------------------ checking
+def _int_field(state: Mapping[str, Any], key: str, where: str = "state") -> int:
+    value = state.get(key) if isinstance(state, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{where} has {key}={value!r}; expected an int (corrupt state)")
+    return int(value)
+
+
+def _int_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.shape != shape:
+        raise ValueError(
+            f"state's {name} has shape {array.shape}, dtype {array.dtype}; expected {shape} "
+            "integers (corrupt state)"
+        )
+    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"state's {name} holds values beyond int64 (corrupt state)")
+    return array.astype(np.int64, copy=False)
+
+
+def ring_generations(capacity: int, size: int, cursor: int, total_writes: int) -> np.ndarray:
+    """The write generation of every filled slot (shape (size,), int64) of a ring of
+    ``capacity`` slots after ``total_writes`` writes: generation ``g`` lives in slot
+    ``g % capacity``, so slots before the cursor hold the newest lap and the others the lap
+    before it."""
+    slots = np.arange(size, dtype=np.int64)
+    lap_start = total_writes - cursor  # generation written at slot 0 in the current lap
+    return np.where(slots < cursor, lap_start + slots, lap_start - capacity + slots)
+
+
+def check_ring(state: Mapping[str, Any], capacity: int) -> tuple[int, int, int, np.ndarray]:
+    """Check a buffer state's ring fields against each other: ``(size, cursor, total_writes,
+    write_generation)``.
+
+    A ring of ``capacity`` slots writes generation ``g`` at slot ``g % capacity``, so ``cursor
+    == total_writes % capacity``, ``size == min(total_writes, capacity)`` and every filled slot's
+    write generation is determined (:func:`ring_generations`); ``total_writes`` is at most
+    :data:`MAX_TOTAL_WRITES`. Raises ``ValueError`` naming the field that disagrees.
+    """
+    size = _int_field(state, "size")
+    cursor = _int_field(state, "cursor")
+    total = _int_field(state, "total_writes")
+    if not 0 <= total <= MAX_TOTAL_WRITES:
+        raise ValueError(
+            f"state has total_writes={total}; expected 0 <= total_writes <= {MAX_TOTAL_WRITES} "
+            "(corrupt state)"
+        )
+    if size != min(total, capacity) or cursor != total % capacity:
+        raise ValueError(
+            f"state has size={size}, cursor={cursor}, total_writes={total}; a ring of capacity "
+            f"{capacity} after {total} writes has size={min(total, capacity)} and "
+            f"cursor={total % capacity} (corrupt state)"
+        )
+    generations = _int_array(state.get("write_generation"), "write_generation", (size,))
+    expected = ring_generations(capacity, size, cursor, total)
+    if not np.array_equal(generations, expected):
+        bad = int(np.flatnonzero(generations != expected)[0])
+        raise ValueError(
+            f"state's write_generation[{bad}] is {int(generations[bad])}; slot {bad} of a ring "
+            f"after {total} writes holds generation {int(expected[bad])} (corrupt state)"
+        )
+    return size, cursor, total, expected
+
+
+def side_rows_bound(capacity: int) -> int:
+    """The most rows a next-observation side table of a ring of ``capacity`` slots can have:
+    a write of up to ``capacity`` rows reserves its side rows before the rows it overwrites
+    free theirs (``2 * capacity`` in use), and the table grows by doubling."""
+    return max(64, 4 * (capacity + 1))
+
+
+def check_links(
+    links: Mapping[str, Any], capacity: int, size: int, generations: np.ndarray, width: int
+) -> None:
+    """Check a state's next-observation links (``next_obs="once"``) as a whole.
+
+    Every filled slot (``[0, size)``, write ``generations``) has its next observation either in
+    a later slot (``next_slot``: a filled slot written after it, the successor of no other
+    slot) or in a side row of its own (``side_row``), never both; unfilled slots have neither.
+    Side rows in use and ``free`` ones are distinct and together are every row of the side
+    table (``width`` bytes per row, at most :func:`side_rows_bound` rows). ``pending`` holds
+    one ``(stream, slot, generation)`` per stream, distinct non-negative int64 streams; where
+    the slot still holds that generation, it is the stream's newest step: its next observation
+    is in a side row. Raises ``ValueError`` naming what disagrees.
+    """
+    if not isinstance(links, Mapping):
+        raise ValueError("state's links must be a mapping (corrupt state)")
+    keys = ("next_slot", "side_row", "side", "free", "pending")
+    missing = [k for k in keys if k not in links]
+    if missing:
+        raise ValueError(f"state's next_obs links lack {missing} (corrupt state)")
+    next_slot = _int_array(links["next_slot"], "links next_slot", (capacity,))
+    side_row = _int_array(links["side_row"], "links side_row", (capacity,))
+    side = np.asarray(links["side"])
+    rows = side.shape[0] if side.ndim == 2 else -1
+    if side.ndim != 2 or side.shape[1] != width or side.dtype != np.uint8:
+        raise ValueError(
+            f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
+            f"expected (rows, {width}) uint8 (corrupt state)"
+        )
+    if rows > side_rows_bound(capacity):
+        raise ValueError(
+            f"state's next_obs side table has {rows} rows; a buffer of capacity {capacity} "
+            f"never has more than {side_rows_bound(capacity)} (corrupt state)"
+        )
+    for name, values, bound in (("next_slot", next_slot, size), ("side_row", side_row, rows)):
+        if values.size and (int(values.min()) < -1 or int(values.max()) >= bound):
+            raise ValueError(f"state's links {name} point outside [-1, {bound}) (corrupt state)")
+    if np.any(next_slot[size:] != -1) or np.any(side_row[size:] != -1):
+        raise ValueError("state's links give next observations to unfilled slots (corrupt state)")
+    filled_next, filled_side = next_slot[:size], side_row[:size]
+    if np.any((filled_next >= 0) == (filled_side >= 0)):
+        bad = int(np.flatnonzero((filled_next >= 0) == (filled_side >= 0))[0])
+        raise ValueError(
+            f"state's slot {bad} has next_slot={int(filled_next[bad])} and "
+            f"side_row={int(filled_side[bad])}; a filled slot has exactly one (corrupt state)"
+        )
+    linked = np.flatnonzero(filled_next >= 0)
+    successors = filled_next[linked]
+    if successors.size and (
+        np.any(generations[successors] <= generations[linked])
+        or np.unique(successors).size != successors.size
+    ):
+        raise ValueError(
+            "state's next_slot links a slot to one written before it, or two slots to one "
+            "successor (corrupt state)"
+        )
+    used = filled_side[filled_side >= 0]
+    free = np.asarray(links["free"])
+    if free.ndim != 1 or (free.size and free.dtype.kind not in "iu"):
+        raise ValueError(f"state's links free has shape {free.shape}; expected (n,) integers")
+    free = free.astype(np.int64, copy=False)
+    every = np.concatenate([used, free])
+    if (
+        every.size != rows
+        or (every.size and (int(every.min()) < 0 or int(every.max()) >= rows))
+        or np.unique(every).size != every.size
+    ):
+        raise ValueError(
+            f"state's side rows in use ({used.size}) and free ({free.size}) are not the "
+            f"{rows} rows of its side table, each once (corrupt state)"
+        )
+    pending = np.asarray(links["pending"])
+    if pending.size == 0:
+        return
+    if pending.ndim != 2 or pending.shape[1] != 3 or pending.dtype.kind not in "iu":
+        raise ValueError(
+            f"state's pending links have shape {pending.shape}; expected (streams, 3) integers"
+        )
+    streams, slots, gens = (pending[:, k].astype(np.int64) for k in range(3))
+    if pending.dtype.kind == "u" and int(pending.max()) > MAX_STREAM:
+        raise ValueError("state's pending links hold values beyond int64 (corrupt state)")
+    if (
+        int(streams.min()) < 0
+        or np.unique(streams).size != streams.size
+        or int(slots.min()) < 0
+        or int(slots.max()) >= capacity
+        or int(gens.min()) < 0
+    ):
+        raise ValueError(
+            "state's pending links need distinct streams >= 0, slots in "
+            f"[0, {capacity}) and generations >= 0 (corrupt state)"
+        )
+    current = slots < size
+    live = current.copy()
+    live[current] = generations[slots[current]] == gens[current]
+    if np.any(side_row[slots[live]] < 0) or np.unique(slots[live]).size != int(live.sum()):
+        raise ValueError(
+            "state's pending links name a stored step whose next observation is not in a side "
+            "row, or one step for two streams (corrupt state)"
+        )
+
+
+def check_declared_shapes(
+    shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+    capacity: int,
+    n_trainers: Any,
+    weighted: bool,
+) -> None:
+    """Bound the arrays a buffer file declares (:data:`ShapeCheck`'s ``shapes``) by its header,
+    before the buffer is built or any array read: per-slot arrays have at most ``capacity``
+    rows, the side table at most :func:`side_rows_bound` rows, and priority trees are
+    ``(n_trainers, capacity)`` (present exactly when the sampler is ``weighted``), so
+    ``n_trainers`` is bounded by what the file holds."""
+    if isinstance(n_trainers, bool) or not isinstance(n_trainers, int) or n_trainers < 1:
+        raise ValueError(f"buffer file has n_trainers={n_trainers!r}; expected an int >= 1")
+    for key, (shape, _) in shapes.items():
+        if key.startswith("/sampler/state/") and key.rsplit("/", 1)[1] in ("leaves", "priorities"):
+            if shape != (n_trainers, capacity):
+                raise ValueError(
+                    f"buffer file's {key} has shape {shape}; its header (n_trainers="
+                    f"{n_trainers}, capacity={capacity}) needs {(n_trainers, capacity)}"
+                )
+        elif key == "/links/side":
+            if not shape or shape[0] > side_rows_bound(capacity):
+                raise ValueError(
+                    f"buffer file's {key} has shape {shape}; a buffer of capacity {capacity} "
+                    f"has at most {side_rows_bound(capacity)} side rows"
+                )
+        elif key.startswith(("/storage/", "/write_generation", "/links/", "/episodes/")) and (
+            key not in ("/links/free", "/links/pending", "/episodes/open")
+        ):
+            if not shape or shape[0] > capacity:
+                raise ValueError(
+                    f"buffer file's {key} has shape {shape}; a buffer of capacity {capacity} "
+                    f"has at most {capacity} rows of it"
+                )
+    if weighted and "/sampler/state/leaves" not in shapes:
+        raise ValueError(
+            "buffer file has a prioritized sampler but no priorities (/sampler/state/leaves); "
+            "truncated or corrupt"
+        )
+
+
+def check_priorities(sampler_state: Mapping[str, Any], size: int) -> None:
+    """Refuse (``ValueError``) a prioritized sampler's state that gives a priority to a slot
+    never written (``[size, capacity)``): a draw would return uninitialised rows."""
+    if not isinstance(sampler_state, Mapping):
+        raise ValueError("state's sampler state must be a mapping (corrupt state)")
+    for key in ("leaves", "priorities"):
+        if key not in sampler_state:
+            continue
+        values = np.asarray(sampler_state[key])
+        if values.ndim == 2 and values.dtype.kind in "fiu" and np.any(values[:, size:] != 0):
+            raise ValueError(
+                f"state's sampler {key!r} gives priorities to slots never written (from slot "
+                f"{size}); a prioritized sampler draws only written slots (corrupt state)"
+            )
+
+
 def _join_arrays(obj: Any, load_array: Callable[[str], np.ndarray]) -> Any:
     """Inverse of :func:`_split_arrays`: each reference replaced by ``load_array(path)``."""
     if isinstance(obj, dict):
@@ -378,9 +865,20 @@ def _join_arrays(obj: Any, load_array: Callable[[str], np.ndarray]) -> Any:
 
 
 __all__ = [
+    "MAX_STREAM",
+    "LiveRows",
+    "SnapshotMoved",
     "array_path",
+    "check_declared_shapes",
+    "check_links",
+    "check_priorities",
+    "check_ring",
+    "check_target",
     "load_into",
+    "open_regular",
     "read_state",
+    "ring_generations",
+    "side_rows_bound",
     "storage_destinations",
     "write_state",
 ]

@@ -463,19 +463,23 @@ def test_interrupted_creation_is_reported_and_reused(tmp_path):
 
 
 # ---------------------------------------------------------------------------- save / load
-@pytest.mark.filterwarnings("ignore::marlbuf.NextObsWarning")  # independent random steps
 def test_save_streams_from_the_mapped_files(tmp_path):
+    """The rows are streamed a chunk at a time (each chunk copied under the lock, so that a
+    writer thread cannot tear the snapshot); the rest is metadata, small for linked steps."""
     capacity = 4096
     specs = {f"a{i}": AgentSpec(obs_shape=(64,), action_shape=(8,)) for i in range(4)}
     with MultiAgentReplayBuffer(specs, capacity, path=tmp_path / "m", seed=0) as buf:
         data = random_step_data(specs, capacity, np.random.default_rng(0))
+        for a in specs:  # one episode: every next_obs is the next obs (one side row)
+            data["next_obs"][a][:-1] = data["obs"][a][1:]
         buf.extend(**data)
         table_bytes = buf.storage.arrays()["table"].nbytes
         tracemalloc.start()
         buf.save(tmp_path / "m.npz")
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert peak < table_bytes / 8, (peak, table_bytes)  # nothing like a copy of the table
+        # one chunk of rows and the metadata: nothing like a copy of the table
+        assert peak < persistence.LIVE_CHUNK_BYTES + table_bytes / 8, (peak, table_bytes)
         loaded = MultiAgentReplayBuffer.load(tmp_path / "m.npz")
         _assert_same(buf, loaded)
         _assert_same_batches(buf, loaded, 32)
