@@ -1,19 +1,21 @@
 """MADDPG / MATD3 fed by a device-resident buffer: the whole update round on the device.
 
 With ``TrainConfig(buffer_device="cuda", device="cuda")`` (``marlbuf train --device cuda
---buffer-device cuda``) the runner's buffer is a :class:`marlbuf.torch_backend.TorchReplayBuffer`
-on the GPU and its learner a :class:`DeviceBatchedLearner`. One round then runs without a host
-round-trip:
+--buffer-device cuda``) the runner's buffer keeps its rows on the GPU (a
+:class:`marlbuf.MultiAgentReplayBuffer` built with ``device=``, a torch store) and its learner
+is a :class:`DeviceBatchedLearner`. One round then reads nothing back from the device:
 
-* ``sample_for_trainers`` draws every trainer's indices on the device and gathers the round in
-  one ``index_select`` into one ``(T, B, row)`` block;
+* ``sample_for_trainers`` draws every trainer's indices on the host (the buffer's samplers),
+  sends them to the device without waiting for it, and gathers the round in one
+  ``index_select`` into one ``(T, B, row)`` block;
 * the learner reads the critic input, next observations, each trainer's own reward, done and
-  observation as strided views of that block (:func:`marlbuf.torch_backend.stack_span`,
-  :meth:`marlbuf.torch_backend.RowLayout.field_block`), draws its Gumbel and smoothing noise
+  observation as strided views of that block (:func:`marlbuf.stores.torch.stack_span`,
+  :meth:`marlbuf.stores.torch.RowLayout.field_block`), draws its Gumbel and smoothing noise
   with a generator on the device, and returns its losses and TD errors as device tensors
   (:class:`DeviceUpdateStats`);
 * prioritized samplers get the TD errors back through one batched
-  ``update_priorities_for_trainers(..., sync=False)``; a bad update is reported by
+  ``update_priorities_for_trainers(..., sync=False)``: the copy to the host priority trees
+  starts at once and is applied before the next draw; a bad update is reported then, or by
   ``check_priority_errors`` at the end of the episode.
 
 ``buffer_device="cpu"`` with ``device="cpu"`` runs the same code on the host (the torch CPU
@@ -39,7 +41,7 @@ from marlbuf.algos.maddpg import (
     _no_phase,
 )
 from marlbuf.algos.nets import Tensor, torch
-from marlbuf.torch_backend import DeviceBatch, RowLayout, round_of, round_rows, stack_span
+from marlbuf.stores.torch import DeviceBatch, RowLayout, round_of, round_rows, stack_span
 
 
 @dataclass

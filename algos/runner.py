@@ -44,7 +44,7 @@ from marlbuf.algos.stacking import RoundBlock
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.samplers import Neighbor, Sampler, Uniform
-from marlbuf.torch_backend import DeviceBatch, TorchReplayBuffer, round_of
+from marlbuf.stores.torch import DeviceBatch, round_of
 
 #: Phase names, fixed; the profiler and every report use these.
 PHASES = (
@@ -267,8 +267,8 @@ class Runner:
         return info
 
     def _finish_episode(self, info: dict[str, Any]) -> EpisodeRecord:
-        if isinstance(self.buffer, TorchReplayBuffer):
-            self.buffer.check_priority_errors()  # the device rounds' deferred checks
+        if self.buffer.device is not None:
+            self.buffer.check_priority_errors()  # the device rounds' deferred updates
         record = EpisodeRecord(
             episode=self.episodes,
             steps=self.total_steps,
@@ -389,7 +389,7 @@ class Runner:
         cfg = self.config
         buffer = self.buffer
         learner = self.learner
-        assert isinstance(buffer, TorchReplayBuffer) and isinstance(learner, DeviceBatchedLearner)
+        assert buffer.device is not None and isinstance(learner, DeviceBatchedLearner)
         with self.phase("sampling"):
             batches = buffer.sample_for_trainers(
                 cfg.batch_size, shared_index=cfg.shared_index, out=self._device_batches

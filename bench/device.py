@@ -19,8 +19,8 @@ round ends with ``torch.cuda.synchronize()``:
 Prioritized part (same device): one trainer's ``sample(B)`` + ``update_priorities`` at a large
 capacity (1e6 transitions of CN-3 rows in the full run), against TorchRL's
 ``TensorDictPrioritizedReplayBuffer`` on a ``LazyTensorStorage`` on the same device
-(``sample()`` + ``update_priority``). The device buffer replays each deferred update as a
-captured CUDA graph once it is full; ``no CUDA graph`` launches the same kernels one by one.
+(``sample()`` + ``update_priority``). The device buffer draws from its host priority trees and
+defers each update (``sync=False``) until the next draw.
 
 End-to-end part (same device, needs mpe2): seconds per 100 env steps of MADDPG at CN-24, the
 environment, action selection, buffer writes and the one update round that falls in every 100
@@ -90,11 +90,7 @@ E2E_CONFIGS: dict[str, dict[str, Any]] = {
     "marlbuf host buffer": {"formulation": "batched", "layout": "interleaved"},
     "marlbuf device buffer": {"formulation": "batched", "layout": "interleaved", "on_device": 1},
 }
-PER_CASES = (
-    "device buffer prioritized",
-    "device buffer prioritized, no CUDA graph",
-    "torchrl prioritized",
-)
+PER_CASES = ("device buffer prioritized", "torchrl prioritized")
 E2E_STEPS = 100
 
 GPU_CASES = (
@@ -257,18 +253,11 @@ def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
 
     workload: Workload = cfg["per_workload"]
     capacity = cfg["per_capacity"]
-    from marlbuf.torch_backend import TorchReplayBuffer
-
-    ours, eager = (
-        MultiAgentReplayBuffer(
-            workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
-        )
-        for _ in range(2)
+    ours = MultiAgentReplayBuffer(
+        workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
     )
-    assert isinstance(ours, TorchReplayBuffer) and isinstance(eager, TorchReplayBuffer)
-    eager._graphs = None  # every update launched kernel by kernel
     peers, skipped = _torchrl_buffers(capacity, torch.device(where), uniform=False)
-    _fill([ours, eager], list(peers.values()), workload, capacity)
+    _fill([ours], list(peers.values()), workload, capacity)
     sync = _sync(where)
     gen = torch.Generator(device=where).manual_seed(0)
     td = torch.rand(BATCH, generator=gen, device=where) + 0.01  # |TD| > 0, on the device
@@ -282,10 +271,7 @@ def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
 
         return run
 
-    fns: dict[str, Callable[[], Any]] = {
-        "device buffer prioritized": op(ours),
-        "device buffer prioritized, no CUDA graph": op(eager),
-    }
+    fns: dict[str, Callable[[], Any]] = {"device buffer prioritized": op(ours)}
     for name, rb in peers.items():
 
         def peer_op(rb: Any = rb) -> None:
@@ -296,9 +282,6 @@ def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
         fns[name] = peer_op
     timings = time_interleaved(fns, repeats=cfg["repeats"] * 4, warmup=2)
     ours.check_priority_errors()
-    eager.check_priority_errors()
-    if ours.graph_error is not None:
-        skipped["CUDA graph of the priority update"] = ours.graph_error
     return timings, skipped
 
 

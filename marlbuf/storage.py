@@ -15,7 +15,7 @@ import dataclasses
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,8 @@ from marlbuf._kernels import (
     scatter_rows,
 )
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
-from marlbuf.spec import GLOBAL, AgentSpec, FieldSlot, FieldSpec
+from marlbuf.batch import Batch, as_sequences
+from marlbuf.spec import ALIVE, GLOBAL, AgentSpec, FieldSlot, FieldSpec
 from marlbuf.staging import RowCodec, RowViews
 from marlbuf.writer import NextObsLinks
 
@@ -146,7 +147,7 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
+def ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
     """Split consecutive ring slots into ``(dst_start, dst_stop, src_start)`` slices (at most 2)."""
     first, count = int(slots[0]), int(slots.shape[0])
     capacity_wrap = int(slots[-1]) < first  # the run passed the end of the ring
@@ -431,7 +432,91 @@ class Storage(ABC):
 
     @abstractmethod
     def arrays(self) -> dict[str, np.ndarray]:
-        """The storage arrays by name (views, for saving)."""
+        """The storage arrays by name (views, for saving; a device store gives host copies)."""
+
+    def restore(self, arrays: Mapping[str, Any], size: int) -> None:
+        """Write the filled part ``[0, size)`` of saved storage ``arrays`` (checked against
+        :meth:`arrays` by the caller) into this storage; arrays that are already the storage's
+        own memory (a load that read straight into it) are left alone."""
+        for key, dst in self.arrays().items():
+            src = arrays[key]
+            if not np.shares_memory(dst, src):
+                dst[:size] = src
+
+    def to_host_later(self, values: Any) -> Callable[[], np.ndarray]:
+        """Start copying ``values`` (a torch tensor) to the host; the returned function gives
+        the host array, waiting for the copy if it is still running (here: copied at once)."""
+        host = np.asarray(values.detach().cpu().numpy())
+        return lambda: host
+
+    def block_address(self, block: Any) -> int:
+        """Where a gathered ``block`` starts in memory (tells distinct ``out=`` blocks apart)."""
+        return int(block.__array_interface__["data"][0])
+
+    def make_batch(
+        self,
+        fields: Mapping[str, Any],
+        block: Any,
+        indices: np.ndarray,
+        generations: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+    ) -> Batch:
+        """The batch of one :meth:`gather` (``fields`` and ``block`` as it returned them) at
+        ``indices`` (shape (B,), a :class:`marlbuf.batch.DrawnIndices`) drawn at
+        ``generations``, with importance ``weights`` (shape (B,), float32, or ``None``)."""
+        codec = self.batch_codec
+        more: dict[str, Any] = {}
+        if codec.more:
+            more = {
+                "extras": {name: fields[name] for name in codec.extra_names},
+                "globals": {name: fields[name][GLOBAL] for name in codec.global_fields},
+                "alive": fields[ALIVE] if codec.alive else None,
+            }
+        return Batch(
+            obs=fields["obs"],
+            action=fields["action"],
+            reward=fields["reward"],
+            next_obs=fields["next_obs"],
+            done=fields["done"],
+            indices=indices,
+            generations=generations,
+            weights=weights,
+            trainer=trainer,
+            block=block,
+            **more,
+        )
+
+    def make_sequences(
+        self,
+        flat: Any,
+        mask: np.ndarray,
+        burn_in: int,
+        slots: np.ndarray,
+        indices: np.ndarray,
+        generations: np.ndarray,
+        weights: np.ndarray | None,
+        trainer: int | None,
+        zeroed: bool,
+    ) -> Any:
+        """The sequence batch of a batch ``flat`` gathered at the ``B * L`` slots of the
+        ``(B, L)`` slot matrix ``slots`` (see :func:`marlbuf.batch.as_sequences`)."""
+        return as_sequences(
+            flat, mask, burn_in, slots, indices, generations, weights, trainer, zeroed=zeroed
+        )
+
+    def gather_round(
+        self,
+        draws: Sequence[np.ndarray],
+        weights: Sequence[np.ndarray | None],
+        generations: Sequence[np.ndarray],
+        trainers: Sequence[int | None],
+        drawn: Sequence[np.ndarray],
+        blocks: Sequence[Any] | None = None,
+    ) -> list[Any] | None:
+        """A whole MADDPG round gathered at once, or ``None``: the caller gathers each
+        trainer's batch on its own (host stores: every batch is its own recycled block)."""
+        return None
 
     @abstractmethod
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
@@ -496,7 +581,7 @@ class AgentMajorStorage(Storage):
     def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews | None) -> None:
         if views is None:
             views = self.codec.views(rows)
-        ranges = _ring_ranges(slots)
+        ranges = ring_ranges(slots)
         for f in self.fields:
             for agent, dst in self._data[f].items():
                 src = views[f][agent]
