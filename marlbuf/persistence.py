@@ -839,14 +839,21 @@ def check_declared_shapes(
 
 def check_priorities(sampler_state: Mapping[str, Any], size: int) -> None:
     """Refuse (``ValueError``) a prioritized sampler's state that gives a priority to a slot
-    never written (``[size, capacity)``): a draw would return uninitialised rows."""
+    never written (``[size, capacity)``: a draw would return uninitialised rows), or holds a
+    priority that is not a finite number, or a running maximum that is not positive."""
     if not isinstance(sampler_state, Mapping):
         raise ValueError("state's sampler state must be a mapping (corrupt state)")
-    for key in ("leaves", "priorities"):
+    for key in ("leaves", "priorities", "max_priority"):
         if key not in sampler_state:
             continue
         values = np.asarray(sampler_state[key])
-        if values.ndim == 2 and values.dtype.kind in "fiu" and np.any(values[:, size:] != 0):
+        if values.dtype.kind not in "fiu" or not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"state's sampler {key!r} holds values that are not finite numbers (corrupt state)"
+            )
+        if key == "max_priority" and np.any(values <= 0):
+            raise ValueError("state's sampler 'max_priority' must be > 0 (corrupt state)")
+        if values.ndim == 2 and np.any(values[:, size:] != 0):
             raise ValueError(
                 f"state's sampler {key!r} gives priorities to slots never written (from slot "
                 f"{size}); a prioritized sampler draws only written slots (corrupt state)"
