@@ -163,7 +163,9 @@ def _outcome(honest: MultiAgentReplayBuffer, kwargs: dict[str, Any], state: Stat
     return "unchanged" if same else "consistent"
 
 
-@pytest.mark.parametrize(("kwargs", "steps"), [(k, s) for _, k, s in CONFIGS], ids=[c[0] for c in CONFIGS])
+@pytest.mark.parametrize(
+    ("kwargs", "steps"), [(k, s) for _, k, s in CONFIGS], ids=[c[0] for c in CONFIGS]
+)
 def test_crafted_states_are_refused_or_consistent(kwargs, steps):
     honest = _honest(kwargs, steps)
     state = honest.state_dict()
@@ -261,7 +263,7 @@ def test_a_declared_shape_larger_than_the_member_is_refused(tmp_path):
                     np.lib.format.write_array(fh, array)
     tracemalloc.start()
     try:
-        with pytest.raises(ValueError, match="at most 16 rows|declares shape"):
+        with pytest.raises(ValueError, match=r"at most 16 rows|declares shape"):
             MultiAgentReplayBuffer.load(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
