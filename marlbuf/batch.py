@@ -247,6 +247,40 @@ class SequenceBatch(Batch):
         return converted
 
 
+@dataclass
+class EpisodeBatch(SequenceBatch):
+    """``B`` whole stored episodes from their first step (:class:`marlbuf.samplers.Episodes`).
+
+    A :class:`SequenceBatch` (``burn_in`` is 0) whose row ``b`` holds episode ``b``'s steps
+    ``0 .. L - 1``; ``L`` is the sampler's ``max_length``, or the batch's longest episode.
+
+    Attributes
+    ----------
+    lengths : ndarray, shape (B,), int64
+        Steps of each episode (an episode longer than a fixed ``max_length`` keeps its full
+        length here; the batch holds its first ``L`` steps).
+    indices : ndarray, shape (B,), int64
+        The slot of each episode's first step: pass them to ``update_priorities`` (one value
+        per episode).
+    """
+
+    lengths: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def filled(self) -> np.ndarray:
+        """``mask`` (shape (B, L), bool): True at the stored steps of each episode, False on
+        the padding (EPyMARL's name)."""
+        return self.mask
+
+    def to_torch(
+        self, device: Any = "cpu", pin_memory: bool = False, non_blocking: bool = False
+    ) -> TorchBatch:
+        """:meth:`SequenceBatch.to_torch`; the result also carries ``lengths`` (NumPy)."""
+        converted = super().to_torch(device, pin_memory, non_blocking)
+        converted.lengths = self.lengths  # type: ignore[attr-defined]
+        return converted
+
+
 def _per_step(
     value: Any, shape: tuple[int, int], hidden: np.ndarray | None, zeroed: np.ndarray | None
 ) -> Any:

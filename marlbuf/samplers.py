@@ -1013,3 +1013,268 @@ class Sequence(Sampler):
         self.trees.load_state_dict(state)
         self.batches_drawn[:] = drawn
         self._fresh_priorities = False
+
+
+class Episodes(Sampler):
+    """Whole stored episodes from their first step, for episode-based learners (QMIX, VDN,
+    MAPPO with recurrent agents, as EPyMARL's episode buffer serves them).
+
+    A batch holds ``B`` *complete* episodes: episodes that have ended (every agent done, a step
+    written with ``truncated=True``, or a stream break, see :class:`marlbuf.writer.EpisodeIndex`)
+    and whose every step is still stored. An episode the ring has overwritten in part is never
+    drawn, nor one still being written. Episodes are drawn uniformly, without replacement by
+    default (``B`` distinct episodes), or (``prioritized=True``) in proportion to
+    ``priority ** alpha`` with importance weights, as in :class:`Prioritized` (new episodes get
+    the trainer's running maximum, initially 1; one sum-tree per trainer).
+    ``buffer.complete_episodes`` counts the episodes a draw chooses from.
+
+    Row ``b`` of a batch holds episode ``b``'s steps ``0 .. L - 1`` and zeros past its end:
+    ``L`` is ``max_length``, or the longest episode of the batch (``max_length=None``).
+    Batches are :class:`marlbuf.batch.EpisodeBatch`: the per-step arrays have the leading axes
+    ``(B, L)``; ``mask`` (also ``filled``) ``(B, L)`` bool, ``lengths`` ``(B,)``, ``slots``
+    ``(B, L)``, and ``indices`` (the first steps' slots) for ``update_priorities``.
+
+    Parameters
+    ----------
+    max_length : int or None, default None
+        Steps per row (``>= 1``). ``None``: the batch's longest episode. An episode longer
+        than ``max_length`` is cut to its first ``max_length`` steps (its ``lengths`` entry
+        keeps the full length).
+    replace : bool, default False
+        Draw with replacement. ``False``: ``B`` distinct episodes (``B`` must not exceed the
+        complete episodes stored); with ``prioritized=True`` the batch is drawn by successive
+        draws in proportion to priority among the episodes not yet in it (duplicates of
+        independent draws are redrawn), and the weights are those of independent draws.
+    prioritized : bool, default False
+        Draw by priority and return importance weights.
+    alpha, beta, eps
+        As in :class:`Prioritized` (``beta`` may be a :class:`marlbuf.prioritized.LinearBeta`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    >>> specs = {f"agent_{i}": AgentSpec(obs_shape=(4,), action_shape=(2,)) for i in range(2)}
+    >>> buf = MultiAgentReplayBuffer(specs, 100, sampler=Episodes(), seed=0)
+    >>> for length in (3, 5, 4):  # three episodes, each one extend ending with truncated
+    ...     z = lambda *s: {a: np.zeros((length, *s), np.float32) for a in specs}
+    ...     end = np.arange(length) == length - 1
+    ...     buf.extend(obs=z(4), action=z(2), reward=z(), next_obs=z(4), done=z(), truncated=end)
+    >>> batch = buf.sample(2)
+    >>> buf.complete_episodes, batch.obs["agent_0"].shape[0], batch.mask.shape[1] <= 5
+    (3, 2, True)
+    """
+
+    needs_episodes: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        max_length: int | None = None,
+        replace: bool = False,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float | LinearBeta | dict[str, Any] = 0.4,
+        eps: float = 1e-6,
+    ) -> None:
+        self.max_length = None if max_length is None else _positive_int("max_length", max_length)
+        for name, flag in (("replace", replace), ("prioritized", prioritized)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool; got {name}={flag!r}")
+        self.replace = bool(replace)
+        self.prioritized = bool(prioritized)
+        self.weighted = self.prioritized
+        self.alpha, self.beta, self.eps, _ = check_priority_args(alpha, beta, eps, "abs")
+        self.episodes: EpisodeIndex | None = None
+
+    def bind(self, capacity: int, n_trainers: int) -> None:
+        if self.max_length is not None and self.max_length > capacity:
+            raise ValueError(
+                f"max_length={self.max_length} is longer than the buffer's capacity={capacity}; "
+                "use a larger buffer or a shorter max_length"
+            )
+        super().bind(capacity, n_trainers)
+        self.trees: PriorityTrees | None = None
+        if self.prioritized:
+            self.trees = PriorityTrees(self.capacity, self.n_trainers, self.alpha, False)
+        self.batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
+        self._fresh_priorities = False
+        self._zeros = np.zeros(self.n_trainers if self.prioritized else 0, dtype=np.float64)
+
+    def attach_episodes(self, episodes: EpisodeIndex) -> None:
+        """Read the buffer's episode index (called by the buffer at construction); a
+        prioritized sampler also follows the episodes that become complete."""
+        self.episodes = episodes
+        if self.prioritized:
+            episodes.listener = self._on_complete
+
+    def _index(self) -> EpisodeIndex:
+        if self.episodes is None:
+            raise RuntimeError("Episodes is used by a buffer that keeps no episode index")
+        return self.episodes
+
+    def _on_complete(self, first_slots: np.ndarray | None) -> None:
+        """New complete episodes enter every tree with its running maximum; ``None``: the set
+        was rebuilt (a state was loaded), so every other leaf is set to 0."""
+        trees = self.trees
+        if trees is None:
+            return
+        if first_slots is not None:
+            trees.fill_new(first_slots)
+            return
+        index = self._index()
+        valid = index.complete_position >= 0
+        for t in range(trees.n_trees):
+            leaves = trees.leaves(t)
+            if self._fresh_priorities:
+                leaves[:] = np.where(valid, trees.max_priority[t] ** trees.alpha, 0.0)
+            else:
+                leaves[~valid] = 0.0
+            rebuild(trees.sums[t], trees.leaf_offset, False)
+        self._fresh_priorities = False
+
+    def on_write(self, slots: np.ndarray) -> None:
+        trees = self.trees
+        if trees is None:
+            return
+        # written slots hold no episode start any more, unless one completed in this write
+        cleared = slots[self._index().complete_position[slots] < 0]
+        if cleared.shape[0]:
+            zeros = self._zeros
+            fill_new_slots(trees.sums, trees.maxes, trees.leaf_offset, cleared, zeros, zeros, False)
+
+    def check_batch_size(self, batch_size: int) -> int:
+        return _positive_int("batch_size", batch_size)
+
+    def sample(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        index = self._index()
+        stored = index.n_complete
+        if stored == 0:
+            raise ValueError(
+                f"no complete episode is stored, so there is nothing to sample "
+                f"(batch_size={batch_size}): an episode counts once it ends (every agent done "
+                "or truncated=True on its last step) and while its first step is stored"
+            )
+        if not self.replace and batch_size > stored:
+            raise ValueError(
+                f"batch_size={batch_size} distinct episodes (replace=False) but the buffer "
+                f"holds {stored} complete episodes; add more episodes, sample fewer, or use "
+                "Episodes(replace=True)"
+            )
+        if self.trees is None:
+            if self.replace:
+                positions = rng.integers(0, stored, size=batch_size, dtype=np.int64)
+            else:
+                positions = rng.choice(stored, size=batch_size, replace=False)
+            return index.complete[positions], None
+        return self._sample_prioritized(batch_size, rng, trainer)
+
+    def _sample_prioritized(
+        self, batch_size: int, rng: np.random.Generator, trainer: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        trees = self.trees
+        assert trees is not None
+        total = trees.total(trainer)
+        if not total > 0.0:
+            raise ValueError(
+                f"every priority of trainer {trainer} is 0 (eps={self.eps} and all TD errors "
+                "were 0); use eps > 0 so that every episode stays sampleable"
+            )
+        starts = np.empty(batch_size, dtype=np.int64)
+        find_prefix(trees.sums[trainer], trees.leaf_offset, rng.random(batch_size) * total, starts)
+        if not self.replace:
+            # redraw duplicates: the first occurrences, in draw order, then fresh draws
+            kept = starts[np.sort(np.unique(starts, return_index=True)[1])]
+            while kept.shape[0] < batch_size:
+                more = np.empty(batch_size - kept.shape[0], dtype=np.int64)
+                targets = rng.random(more.shape[0]) * total
+                find_prefix(trees.sums[trainer], trees.leaf_offset, targets, more)
+                joined = np.concatenate([kept, more])
+                kept = joined[np.sort(np.unique(joined, return_index=True)[1])]
+            starts = kept
+        mass = trees.leaves(trainer)[starts]
+        beta = (
+            self.beta(int(self.batches_drawn[trainer]))
+            if isinstance(self.beta, LinearBeta)
+            else self.beta
+        )
+        weights = ((mass.min() / mass) ** beta).astype(np.float32)
+        self.batches_drawn[trainer] += 1
+        return starts, weights
+
+    def update_priorities(
+        self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
+    ) -> None:
+        """One priority per episode: ``|td| + eps`` for each first slot in ``indices`` (an
+        update for a slot that no longer starts a complete episode is dropped)."""
+        if self.trees is None:
+            super().update_priorities(indices, td_errors, trainer, stale)
+            return
+        td = np.asarray(td_errors)
+        if td.dtype.kind not in "iuf":
+            raise TypeError(
+                f"td_errors must be a real numeric array; got dtype {td.dtype} ({td_errors!r:.80})"
+            )
+        if td.shape != indices.shape:
+            raise ValueError(
+                f"td_errors must have shape {indices.shape}, one value per episode; got shape "
+                f"{td.shape}"
+            )
+        stale = stale | (self._index().complete_position[indices] < 0)
+        td = np.ascontiguousarray(td, dtype=np.float64)
+        code, position, largest = apply_td_errors(
+            self.trees.sums[trainer],
+            self.trees.empty,
+            self.trees.leaf_offset,
+            np.ascontiguousarray(indices, dtype=np.int64),
+            td,
+            np.ascontiguousarray(stale, dtype=np.bool_),
+            MODE_ABS,
+            self.eps,
+            self.alpha,
+            False,
+        )
+        if code == TD_NOT_FINITE:
+            raise ValueError(
+                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
+                "critic's loss for divergence)"
+            )
+        if code == TD_OVERFLOW:
+            raise ValueError(
+                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
+                f"(alpha={self.alpha}); scale the TD errors down"
+            )
+        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
+
+    def config(self) -> dict[str, Any]:
+        beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
+        return {
+            "max_length": self.max_length,
+            "replace": self.replace,
+            "prioritized": self.prioritized,
+            "alpha": self.alpha,
+            "beta": beta,
+            "eps": self.eps,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.trees is None:
+            return {}
+        return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. A prioritized sampler also accepts an empty
+        state (one saved by another sampler): every episode then gets priority 1 when the
+        buffer rebuilds the episode index."""
+        if self.trees is None:
+            return
+        if not state:
+            self.trees.max_priority[:] = 1.0
+            self.batches_drawn[:] = 0
+            self._fresh_priorities = True
+            return
+        drawn = _batches_drawn(state, self.n_trainers)
+        self.trees.load_state_dict(state)
+        self.batches_drawn[:] = drawn
+        self._fresh_priorities = False

@@ -19,12 +19,13 @@ thread can run while another thread gathers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from marlbuf._kernels import link_rows, link_step, next_is_obs, release_slots, sequence_slots
+from marlbuf._kernels.episodes import episode_heads, episode_tails
 from marlbuf._kernels.staging import DENSE_NEXT_OBS, OBS_BYTES
 
 
@@ -424,12 +425,35 @@ class EpisodeIndex:
     The stream's next step begins a new episode. Episode ids are unique over the buffer's life
     (a counter), so steps of two streams or two episodes never share one.
 
+    **Stream breaks.** A step whose ``obs`` differs (byte for byte, as stored) from the
+    ``next_obs`` of the stream's previous step, when that step was neither done nor truncated,
+    cannot continue its episode: two environments are being written in turn on one stream. The
+    open episode then ends at the previous step and the new step begins a new one, so a
+    sequence never mixes environments; :attr:`breaks` counts these steps (the buffer warns).
+    The comparison needs the previous step's ``next_obs``, kept per stream in memory: the first
+    step a stream writes after a state was loaded is not compared.
+
     Per slot the index keeps the stored step's episode id, its step number in the episode and
     links to the slots of the previous and next step of that episode. The ring overwrites the
     oldest slot first, so links may point at slots overwritten since: a link counts only while
     its target still holds the same episode at step -1 (``prev_slot``) / +1 (``next_slot``),
     which :func:`marlbuf._kernels.sequence_slots` checks on every read. A sequence therefore
     never contains an overwritten step, a step of another episode or of another stream.
+
+    **Complete episodes.** An episode that has ended and whose first step is still stored is
+    stored whole (the ring overwrites the oldest slot first, so its later steps are newer). The
+    index keeps the set of their first slots (:attr:`complete`, the draws of
+    :class:`marlbuf.samplers.Episodes`) with each one's length.
+
+    Parameters
+    ----------
+    capacity : int
+        Slots of the ring.
+    obs_bytes : int, default 0
+        Bytes of a staged row's observation section (its first ``obs_bytes`` bytes); 0 turns
+        the stream-break check off.
+    next_obs_start : int, default 0
+        Byte offset of the staged row's next_obs section (``obs_bytes`` long).
 
     Attributes
     ----------
@@ -440,27 +464,164 @@ class EpisodeIndex:
     prev_slot, next_slot : ndarray, shape (capacity,), int64
         Slot of the previous / next step of the same episode, or -1 (none stored yet, or the
         episode begins / ends here).
+    length : ndarray, shape (capacity,), int64
+        At the first slot of a complete stored episode, its number of steps; 0 elsewhere.
+    complete : ndarray, shape (capacity,), int64
+        ``complete[:n_complete]``: the first slots of the complete stored episodes, in no
+        particular order (a set with O(1) insertion and removal; ``complete_position`` is each
+        slot's place in it, or -1).
+    n_complete : int
+        Complete episodes stored.
     open : dict[int, tuple[int, int, int, int]]
         Per stream with an unfinished episode: ``(episode id, step number of its newest step,
         that step's slot or -1, its write generation)``.
     next_episode : int
         The id of the next episode to begin.
+    breaks : int
+        Steps that began a new episode because of a stream break.
+    listener : callable or None
+        Called with the first slots (shape (k,), int64) of episodes that became complete, and
+        with ``None`` after the set was rebuilt from a loaded state (a sampler that keeps
+        per-episode state, such as priorities, re-reads :attr:`complete` then).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, obs_bytes: int = 0, next_obs_start: int = 0) -> None:
         self.capacity = int(capacity)
         self.episode = np.full(self.capacity, -1, dtype=np.int64)
         self.step = np.zeros(self.capacity, dtype=np.int64)
         self.prev_slot = np.full(self.capacity, -1, dtype=np.int64)
         self.next_slot = np.full(self.capacity, -1, dtype=np.int64)
+        self.length = np.zeros(self.capacity, dtype=np.int64)
+        self.complete = np.zeros(self.capacity, dtype=np.int64)
+        self.complete_position = np.full(self.capacity, -1, dtype=np.int64)
+        self.n_complete = 0
         self.open: dict[int, tuple[int, int, int, int]] = {}
         self.next_episode = 0
+        self.obs_bytes = int(obs_bytes)
+        self.next_obs_start = int(next_obs_start)
+        #: per stream with an open episode, the next_obs bytes of its newest step
+        self.last_next: dict[int, bytes] = {}
+        self.breaks = 0
+        self.listener: Callable[[np.ndarray | None], None] | None = None
+        self._heads = np.zeros(1, dtype=np.int64)
 
     @property
     def nbytes(self) -> int:
         return int(
-            self.episode.nbytes + self.step.nbytes + self.prev_slot.nbytes + self.next_slot.nbytes
+            self.episode.nbytes
+            + self.step.nbytes
+            + self.prev_slot.nbytes
+            + self.next_slot.nbytes
+            + self.length.nbytes
+            + self.complete.nbytes
+            + self.complete_position.nbytes
         )
+
+    # ------------------------------------------------------------ complete episodes
+    def _forget(self, slot: int) -> None:
+        """Take ``slot`` (a complete episode's first slot, about to be overwritten) out of the
+        set: the set's last entry moves into its place."""
+        position = int(self.complete_position[slot])
+        last = self.n_complete - 1
+        moved = int(self.complete[last])
+        self.complete[position] = moved
+        self.complete_position[moved] = position
+        self.complete_position[slot] = -1
+        self.length[slot] = 0
+        self.n_complete = last
+
+    def _release(self, slots: np.ndarray) -> None:
+        """Forget the complete episodes whose first slot is among ``slots`` (shape (T,),
+        int64: about to be overwritten)."""
+        if slots.shape[0] == 1:
+            if self.complete_position[slots[0]] >= 0:
+                self._forget(int(slots[0]))
+            return
+        for slot in slots[self.complete_position[slots] >= 0].tolist():
+            self._forget(slot)
+
+    def _finish(self, last_slots: np.ndarray) -> None:
+        """Record the episodes that ended at ``last_slots`` (shape (k,), int64, stored slots, or
+        -1 for none) as complete where their first step is still stored (call after the index
+        holds the call's steps: a walk through a slot overwritten since fails its link
+        check)."""
+        if last_slots.shape[0] == 1:
+            heads = self._heads
+        else:
+            heads = np.empty(last_slots.shape[0], dtype=np.int64)
+        episode_heads(last_slots, self.episode, self.step, self.prev_slot, heads)
+        added = []
+        for head, last in zip(heads.tolist(), last_slots.tolist()):
+            if head < 0 or self.complete_position[head] >= 0:
+                continue
+            self.complete[self.n_complete] = head
+            self.complete_position[head] = self.n_complete
+            self.n_complete += 1
+            self.length[head] = self.step[last] + 1
+            added.append(head)
+        if added and self.listener is not None:
+            self.listener(np.array(added, dtype=np.int64))
+
+    def _close(
+        self, last: tuple[int, int, int, int], write_generation: np.ndarray, overwritten: Any
+    ) -> int:
+        """The newest slot of an open episode ``last`` (an :attr:`open` entry) that a stream
+        break ends, or -1 when it is no longer stored (or is among ``overwritten``)."""
+        slot, generation = last[2], last[3]
+        if slot < 0 or write_generation[slot] != generation or bool(np.any(overwritten == slot)):
+            return -1
+        return slot
+
+    def _broken(self, stream: int, obs: bytes) -> bool:
+        """Whether a step of ``stream`` with observation bytes ``obs`` breaks the stream (it
+        does not continue the open episode's newest step)."""
+        expected = self.last_next.get(stream)
+        return expected is not None and expected != obs
+
+    def complete_slots(self) -> np.ndarray:
+        """The first slots of the complete stored episodes (shape (n_complete,), int64, a view:
+        read it before the next write)."""
+        return self.complete[: self.n_complete]
+
+    def stored_episodes(self, size: int) -> int:
+        """Episodes with at least one step among the ``size`` filled slots (complete, cut by
+        the ring, or still open): the stored steps whose previous step is not stored."""
+        if size == 0:
+            return 0
+        prev = self.prev_slot[:size]
+        linked = prev >= 0
+        back = np.where(linked, prev, 0)
+        linked &= self.episode[back] == self.episode[:size]
+        linked &= self.step[back] == self.step[:size] - 1
+        return int(size - np.count_nonzero(linked))
+
+    def rebuild_complete(self, size: int, order: np.ndarray | None = None) -> None:
+        """Recompute the complete episodes from the links (after a state was loaded): every
+        stored step 0 whose episode's newest stored step is not a stream's open step.
+        ``order`` (the set as saved, shape (k,), int64) keeps the saved order where it holds
+        the same slots, so that draws continue as they would have."""
+        self.length[:] = 0
+        self.complete_position[:] = -1
+        heads = np.flatnonzero((self.step[:size] == 0) & (self.episode[:size] >= 0))
+        heads = heads.astype(np.int64)
+        tails = np.empty(heads.shape[0], dtype=np.int64)
+        if heads.shape[0]:
+            episode_tails(heads, self.episode, self.step, self.next_slot, tails)
+        open_slots = np.array([entry[2] for entry in self.open.values()], dtype=np.int64)
+        done = ~np.isin(tails, open_slots)
+        heads, tails = heads[done], tails[done]
+        if order is not None:
+            order = np.asarray(order, dtype=np.int64).reshape(-1)
+            if order.shape == heads.shape and np.array_equal(np.sort(order), heads):
+                heads = order
+                episode_tails(heads, self.episode, self.step, self.next_slot, tails)
+        count = heads.shape[0]
+        self.complete[:count] = heads
+        self.complete_position[heads] = np.arange(count, dtype=np.int64)
+        self.length[heads] = self.step[tails] + 1
+        self.n_complete = count
+        if self.listener is not None:
+            self.listener(None)
 
     def _continue(
         self, stream: int, write_generation: np.ndarray, overwritten: np.ndarray
@@ -479,11 +640,31 @@ class EpisodeIndex:
         return episode, step + 1, slot
 
     def commit_one(
-        self, slot: int, ends: bool, stream: int, generation: int, write_generation: np.ndarray
+        self,
+        slot: int,
+        ends: bool,
+        stream: int,
+        generation: int,
+        write_generation: np.ndarray,
+        row: np.ndarray | None = None,
+        quiet: bool = True,
+        full: bool = True,
     ) -> None:
         """:meth:`commit` for one step (``add``), with scalars only. Call before the storage
-        write; ``write_generation`` is the pre-write state and ``generation`` the new step's."""
+        write; ``write_generation`` is the pre-write state and ``generation`` the new step's.
+        ``row`` (the staged row, uint8, shape (row_bytes,)) is compared for stream breaks;
+        ``quiet`` and ``full`` are as in :meth:`commit`."""
+        if self.complete_position[slot] >= 0:
+            self._forget(slot)
         last = self.open.pop(stream, None)
+        closed = -1
+        check = row is not None and self.obs_bytes > 0
+        if last is not None and check and full:
+            assert row is not None
+            if self._broken(stream, row[: self.obs_bytes].tobytes()):
+                self.breaks += 1
+                closed = self._close(last, write_generation, slot)
+                last = None
         prev = -1
         if last is None:
             episode, step = self.next_episode, 0
@@ -501,6 +682,17 @@ class EpisodeIndex:
         self.next_slot[slot] = -1
         if not ends:
             self.open[stream] = (episode, step, slot, generation)
+        if not ends and check and quiet:
+            assert row is not None
+            start = self.next_obs_start
+            self.last_next[stream] = row[start : start + self.obs_bytes].tobytes()
+        else:
+            self.last_next.pop(stream, None)
+        if closed >= 0:
+            self._finish(np.array([closed], dtype=np.int64))
+        if ends:
+            self._heads[0] = slot
+            self._finish(self._heads.copy())
 
     def commit(
         self,
@@ -510,6 +702,9 @@ class EpisodeIndex:
         skip: int,
         first_generation: int,
         write_generation: np.ndarray,
+        rows: np.ndarray | None = None,
+        quiet: np.ndarray | None = None,
+        full: np.ndarray | None = None,
     ) -> None:
         """Record the steps of one call about to be written (call before the storage write).
 
@@ -529,18 +724,47 @@ class EpisodeIndex:
             Write generation of the call's first step (``total_writes`` before the call).
         write_generation : ndarray, shape (capacity,), int64
             The pre-write generations (to tell whether a stream's newest slot is still stored).
+        rows : ndarray, shape (T, row_bytes), uint8, optional
+            The staged rows, compared for stream breaks (``None``: no check).
+        quiet : ndarray, shape (T,), bool, optional
+            Whether each step's next_obs may be compared with the obs of the stream's next step:
+            no agent done and every agent present (default: all True).
+        full : ndarray, shape (T,), bool, optional
+            Whether each step's obs may be compared: every agent present (default: all True).
         """
+        if rows is not None:
+            quiet = np.ones(ends.shape[0], dtype=bool) if quiet is None else quiet
+            full = np.ones(ends.shape[0], dtype=bool) if full is None else full
+        self._release(slots)
+        check = rows is not None and self.obs_bytes > 0
+        if isinstance(streams, (int, np.integer)):
+            self._commit_stream(
+                slots,
+                ends,
+                int(streams),
+                skip,
+                first_generation,
+                write_generation,
+                rows if check else None,
+                quiet,
+                full,
+            )
+            return
         total = int(ends.shape[0])
         kept = total - skip
-        if isinstance(streams, (int, np.integer)):
-            self._commit_stream(slots, ends, int(streams), skip, first_generation, write_generation)
-            return
+        observed, following = self.obs_bytes, self.next_obs_start
         episode = np.empty(kept, dtype=np.int64)
         step = np.empty(kept, dtype=np.int64)
         prev = np.full(kept, -1, dtype=np.int64)
         links: list[tuple[int, int]] = []  # (older slot, its new successor)
+        closed: list[int] = []  # newest slots of episodes a stream break ended
         for k in range(total):
             stream = int(streams[k])
+            if check and stream in self.open and full is not None and full[k]:
+                assert rows is not None
+                if self._broken(stream, rows[k, :observed].tobytes()):
+                    self.breaks += 1
+                    closed.append(self._close(self.open.pop(stream), write_generation, slots))
             ep, st, back = self._continue(stream, write_generation, slots)
             slot = int(slots[k - skip]) if k >= skip else -1
             if k >= skip:
@@ -550,12 +774,22 @@ class EpisodeIndex:
                     links.append((back, slot))
             if not ends[k]:
                 self.open[stream] = (ep, st, slot, first_generation + k)
+            if not ends[k] and check and quiet is not None and quiet[k]:
+                assert rows is not None
+                self.last_next[stream] = rows[k, following : following + observed].tobytes()
+            else:
+                self.last_next.pop(stream, None)
         for older, newer in links:
             self.next_slot[older] = newer
         self.episode[slots] = episode
         self.step[slots] = step
         self.prev_slot[slots] = prev
         self.next_slot[slots] = -1
+        lasts = np.concatenate(
+            [np.array(closed, dtype=np.int64), slots[np.asarray(ends[skip:], dtype=bool)]]
+        )
+        if lasts.shape[0]:
+            self._finish(lasts)
 
     def _commit_stream(
         self,
@@ -565,9 +799,35 @@ class EpisodeIndex:
         skip: int,
         first_generation: int,
         write_generation: np.ndarray,
+        rows: np.ndarray | None,
+        quiet: np.ndarray | None,
+        full: np.ndarray | None,
     ) -> None:
         """:meth:`commit` for consecutive steps of one stream, vectorised."""
         total = int(ends.shape[0])
+        closed = -1
+        if rows is not None:
+            assert quiet is not None and full is not None
+            observed, following = self.obs_bytes, self.next_obs_start
+            if (
+                stream in self.open
+                and full[0]
+                and self._broken(stream, rows[0, :observed].tobytes())
+            ):
+                self.breaks += 1
+                closed = self._close(self.open.pop(stream), write_generation, slots)
+            if total > 1:
+                # a step whose obs is not its predecessor's next_obs (and the predecessor did
+                # not end its episode) breaks the stream: the predecessor ends the episode
+                same = (rows[1:, :observed] == rows[:-1, following : following + observed]).all(
+                    axis=1
+                )
+                cut = ~same & ~ends[:-1] & quiet[:-1] & full[1:]
+                cuts = int(np.count_nonzero(cut))
+                if cuts:
+                    self.breaks += cuts
+                    ends = ends.copy()
+                    ends[:-1] |= cut
         position = np.arange(total, dtype=np.int64)
         begins = np.ones(total, dtype=bool)  # the step begins a segment (episode or part of one)
         begins[1:] = ends[:-1]
@@ -606,6 +866,15 @@ class EpisodeIndex:
         if not ends[-1]:
             gen = first_generation + total - 1
             self.open[stream] = (int(episode[-1]), int(step[-1]), int(slots[-1]), gen)
+        if not ends[-1] and rows is not None and quiet is not None and quiet[-1]:
+            self.last_next[stream] = rows[-1, following : following + observed].tobytes()
+        else:
+            self.last_next.pop(stream, None)
+        lasts = slots[np.asarray(ends[skip:], dtype=bool)]
+        if closed >= 0:
+            lasts = np.concatenate([np.array([closed], dtype=np.int64), lasts])
+        if lasts.shape[0]:
+            self._finish(lasts)
 
     def sequences(self, starts: np.ndarray, before: int, after: int) -> np.ndarray:
         """The slot matrix of sequences around ``starts`` (shape (B,), int64, stored slots):
@@ -640,6 +909,7 @@ class EpisodeIndex:
             "next_slot": part(self.next_slot),
             "open": open_rows,
             "next_episode": int(self.next_episode),
+            "complete": self.complete[: self.n_complete].copy(),
         }
 
     def check_state(self, state: Mapping[str, Any], size: int) -> None:
@@ -672,6 +942,13 @@ class EpisodeIndex:
             raise ValueError(f"state's next_episode must be an int; got {next_episode!r}")
         if arrays["episode"].size and int(arrays["episode"].max()) >= int(next_episode):
             raise ValueError("state's episode ids reach its next_episode (corrupt state)")
+        if "complete" in state:  # optional: the order of the complete-episode set
+            complete = np.asarray(state["complete"])
+            if complete.ndim != 1 or (complete.size and complete.dtype.kind not in "iu"):
+                raise ValueError(
+                    f"state's complete episodes have shape {complete.shape}, dtype "
+                    f"{complete.dtype}; expected (k,) integers"
+                )
 
     def load_state_dict(self, state: Mapping[str, Any], size: int) -> None:
         self.check_state(state, size)
@@ -682,6 +959,8 @@ class EpisodeIndex:
         rows = np.asarray(state["open"], dtype=np.int64).reshape(-1, 5).tolist()
         self.open = {int(s): (int(e), int(st), int(sl), int(g)) for s, e, st, sl, g in rows}
         self.next_episode = int(state["next_episode"])
+        self.last_next = {}
+        self.rebuild_complete(size, state.get("complete"))
 
     def reconstruct(self, size: int, ends: np.ndarray, successor: np.ndarray | None) -> None:
         """Rebuild the index of a state saved without one (no stream or truncation record).
@@ -723,6 +1002,8 @@ class EpisodeIndex:
         self.next_slot[:size] = nxt
         self.open = {}
         self.next_episode = int(episode.max()) + 1 if size else 0
+        self.last_next = {}
+        self.rebuild_complete(size)
 
 
 __all__ = ["EpisodeIndex", "NextObsLinks", "RingWriter"]

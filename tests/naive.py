@@ -375,6 +375,7 @@ class NaiveEpisodeRing:
         self.content: list[tuple[int, int] | None] = [None] * capacity
         self.open: dict[int, tuple[int, int]] = {}  # stream -> (episode, next step number)
         self.episodes = 0
+        self.ended: set[int] = set()  # episodes whose last step was written
 
     def write(self, stream: int, ends: bool) -> None:
         if stream in self.open:
@@ -385,6 +386,8 @@ class NaiveEpisodeRing:
         self.content[self.cursor] = (episode, step)
         if not ends:
             self.open[stream] = (episode, step + 1)
+        else:
+            self.ended.add(episode)
         self.cursor = (self.cursor + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
@@ -395,6 +398,20 @@ class NaiveEpisodeRing:
         episode, step = item
         where = {held: slot for slot, held in enumerate(self.content) if held is not None}
         return [where.get((episode, step + j), -1) for j in range(-before, after + 1)]
+
+    def complete(self) -> dict[int, int]:
+        """First slot -> number of steps of every ended episode whose every step is stored."""
+        steps: dict[int, list[int]] = {}
+        for held in self.content:
+            if held is not None:
+                steps.setdefault(held[0], []).append(held[1])
+        out = {}
+        for slot, held in enumerate(self.content):
+            if held is not None and held[1] == 0 and held[0] in self.ended:
+                numbers = sorted(steps[held[0]])
+                assert numbers == list(range(len(numbers))), "a stored episode has a gap"
+                out[slot] = len(numbers)
+        return out
 
     def valid_starts(self, length: int) -> list[int]:
         """Slots whose episode has ``length - 1`` more steps stored (``pad=False`` starts)."""
@@ -636,3 +653,43 @@ def next_is_obs(rows: np.ndarray, obs_bytes: int, next_obs_start: int) -> np.nda
         ],
         dtype=bool,
     )
+
+
+# ------------------------------------------------------------------ whole episodes
+# (marlbuf/_kernels/episodes.py: episode_heads, episode_tails)
+
+
+def _linked(
+    slot: int, episode: np.ndarray, step: np.ndarray, links: np.ndarray, direction: int
+) -> int:
+    """The slot ``links[slot]`` when it holds the same episode at step ``+direction``, else -1."""
+    target = int(links[slot])
+    if target < 0 or episode[target] != episode[slot] or step[target] != step[slot] + direction:
+        return -1
+    return target
+
+
+def episode_heads(
+    last_slots: np.ndarray, episode: np.ndarray, step: np.ndarray, prev_slot: np.ndarray
+) -> np.ndarray:
+    """Per last slot, the slot of step 0 of its episode reached by checked links, or -1."""
+    out = []
+    for last in last_slots:
+        current = int(last)
+        while current >= 0 and step[current] != 0:
+            current = _linked(current, episode, step, prev_slot, -1)
+        out.append(current)
+    return np.array(out, dtype=np.int64)
+
+
+def episode_tails(
+    first_slots: np.ndarray, episode: np.ndarray, step: np.ndarray, next_slot: np.ndarray
+) -> np.ndarray:
+    """Per first slot, the last slot reached by checked next links."""
+    out = []
+    for first in first_slots:
+        current = int(first)
+        while (following := _linked(current, episode, step, next_slot, 1)) >= 0:
+            current = following
+        out.append(current)
+    return np.array(out, dtype=np.int64)

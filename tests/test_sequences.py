@@ -19,6 +19,8 @@ from marlbuf.writer import EpisodeIndex
 
 SPECS = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
 AGENTS = list(SPECS)
+#: step numbers of stream k start at k * STREAM_STRIDE (exact in float32 for the streams used)
+STREAM_STRIDE = 1_000_000
 CONFIGS = [
     ("interleaved", "rows", "once"),
     ("interleaved", "per_agent", "stored"),
@@ -30,15 +32,18 @@ CONFIGS = [
 class Driver:
     """Writes numbered steps into a buffer and a :class:`NaiveEpisodeRing` alike.
 
-    Step number ``n`` (a global counter) is stored as every agent's reward and in its obs, so
-    that every gathered row names the step it came from.
+    Each step gets a number ``n`` (unique: ``stream * STREAM_STRIDE`` plus the stream's step
+    counter), stored as every agent's reward and in its obs (``n + agent index``), so that every
+    gathered row names the step it came from. Its next_obs is the obs of the stream's next
+    step (``n + 1``), as an environment's would be: no write is a stream break.
     """
 
     def __init__(self, buf: MultiAgentReplayBuffer, seed: int = 0) -> None:
         self.buf = buf
         self.naive = NaiveEpisodeRing(buf.capacity)
         self.rng = np.random.default_rng(seed)
-        self.count = 0
+        self.count = 0  # steps written, all streams
+        self.counters: dict[int, int] = {}  # per stream, steps written
         self.slot_value = np.full(buf.capacity, -1.0)
 
     def _fields(self, numbers: np.ndarray, done: np.ndarray) -> dict:
@@ -48,14 +53,25 @@ class Driver:
             "obs": {a: np.repeat(values[:, None], 3, 1) + i for i, a in enumerate(AGENTS)},
             "action": {a: np.zeros((len(values), 2), np.float32) for a in AGENTS},
             "reward": {a: values.copy() for a in AGENTS},
-            "next_obs": {a: np.repeat(values[:, None], 3, 1) + 0.5 for a in AGENTS},
+            "next_obs": {a: np.repeat(values[:, None] + 1, 3, 1) + i for i, a in enumerate(AGENTS)},
             "done": {a: done[:, i].astype(np.float32) for i, a in enumerate(AGENTS)},
         }
 
+    def numbers(self, streams: list[int]) -> np.ndarray:
+        """The numbers of the next steps of ``streams`` (one step each, in order)."""
+        seen: dict[int, int] = {}
+        out = []
+        for stream in streams:
+            step = self.counters.get(stream, 0) + seen.get(stream, 0)
+            seen[stream] = seen.get(stream, 0) + 1
+            out.append(stream * STREAM_STRIDE + step)
+        return np.array(out, dtype=np.int64)
+
     def _record(self, streams: list[int], ends: np.ndarray) -> None:
-        for stream, end in zip(streams, ends):
-            self.slot_value[self.naive.cursor] = self.count
+        for stream, number, end in zip(streams, self.numbers(streams), ends):
+            self.slot_value[self.naive.cursor] = number
             self.naive.write(stream, bool(end))
+            self.counters[stream] = self.counters.get(stream, 0) + 1
             self.count += 1
 
     def _flags(self, steps: int, p_done: float, p_trunc: float) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +82,7 @@ class Driver:
 
     def add(self, stream: int = 0, p_done: float = 0.2, p_trunc: float = 0.05) -> None:
         done, truncated = self._flags(1, p_done, p_trunc)
-        fields = self._fields(np.array([self.count]), done)
+        fields = self._fields(self.numbers([stream]), done)
         step = {f: {a: x[0] for a, x in per.items()} for f, per in fields.items()}
         cut: object = bool(truncated[0])
         if cut and self.rng.random() < 0.5:  # per agent form: one agent's flag is enough
@@ -76,7 +92,7 @@ class Driver:
 
     def extend(self, steps: int, stream: int = 0, p_done: float = 0.1, p_trunc: float = 0.05):
         done, truncated = self._flags(steps, p_done, p_trunc)
-        fields = self._fields(self.count + np.arange(steps), done)
+        fields = self._fields(self.numbers([stream] * steps), done)
         cut: object = truncated if truncated.any() else False
         if truncated.any() and self.rng.random() < 0.5:
             cut = {AGENTS[0]: truncated, AGENTS[1]: np.zeros(steps, bool)}
@@ -85,7 +101,7 @@ class Driver:
 
     def add_envs(self, n_envs: int, first: int = 0, p_done: float = 0.2, p_trunc: float = 0.05):
         done, truncated = self._flags(n_envs, p_done, p_trunc)
-        fields = self._fields(self.count + np.arange(n_envs), done)
+        fields = self._fields(self.numbers(list(range(first, first + n_envs))), done)
         self.buf.add_envs(**fields, first_stream=first, truncated=truncated)
         self._record(list(range(first, first + n_envs)), done.all(axis=1) | truncated)
 
@@ -142,7 +158,7 @@ def check_batch(driver: Driver, batch: SequenceBatch, length: int, burn_in: int)
         np.testing.assert_array_equal(batch.reward[agent], value)
         np.testing.assert_array_equal(batch.obs[agent][..., 0], np.where(batch.mask, value + i, 0))
         np.testing.assert_array_equal(
-            batch.next_obs[agent][..., 1], np.where(batch.mask, value + 0.5, 0)
+            batch.next_obs[agent][..., 1], np.where(batch.mask, value + 1 + i, 0)
         )
         assert not batch.done[agent][~batch.mask].any()
 
@@ -181,12 +197,12 @@ def test_truncation_and_termination_end_episodes() -> None:
     driver = Driver(buf)
 
     def step(done: list[bool], truncated: object = False) -> None:
-        fields = driver._fields(np.array([driver.count]), np.array([done]))
+        fields = driver._fields(driver.numbers([0]), np.array([done]))
         buf.add(
             **{f: {a: x[0] for a, x in per.items()} for f, per in fields.items()},
             truncated=truncated,
         )
-        driver.count += 1
+        driver.counters[0] = driver.counters.get(0, 0) + 1
 
     step([True, False])  # one agent done: the episode goes on
     step([False, False], truncated=[False, True])  # truncated (any agent): ends here
@@ -516,6 +532,7 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
     # open episodes continue in both alike
     twin = Driver(other)
     twin.rng, twin.count, twin.naive = driver.rng, driver.count, driver.naive
+    twin.counters = dict(driver.counters)
     state = driver.rng.bit_generator.state
     driver.random_ops(3)
     twin.rng.bit_generator.state = state
@@ -672,12 +689,6 @@ def test_memory_mapped_buffers_refuse_sequences(tmp_path) -> None:
     with pytest.raises(ValueError, match="memory-mapped buffers"):
         MultiAgentReplayBuffer(SPECS, 30, sampler=Sequence(length=2), path=tmp_path / "m")
     assert not (tmp_path / "m").exists()
-
-
-def test_torch_backend_refuses_sequences() -> None:
-    pytest.importorskip("torch")
-    with pytest.raises(TypeError, match="does not sample sequences"):
-        MultiAgentReplayBuffer(SPECS, 30, sampler=Sequence(length=2), device="cpu")
 
 
 def test_to_torch_carries_the_mask() -> None:
