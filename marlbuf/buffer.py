@@ -20,6 +20,7 @@ from marlbuf._kernels import (
 )
 from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
+from marlbuf.convert import convert_state
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.samplers import Episodes as EpisodesSampler
 from marlbuf.samplers import Sampler, Uniform
@@ -36,6 +37,7 @@ from marlbuf.spec import (
 from marlbuf.staging import RowCodec, StepItems, steps_of
 from marlbuf.storage import Storage, available_memory_bytes
 from marlbuf.stores import make_store
+from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
 #: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
@@ -185,6 +187,8 @@ class MultiAgentReplayBuffer:
     _format_warned = False
     #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
     _breaks_warned = False
+    #: environments of the latest ``add_envs`` call (0: none yet)
+    _declared_envs = 0
     #: what the one-step commit of ``add`` needs, for the storage and sampler it was made for
     #: (see :meth:`_step_target`)
     _step: tuple[Any, ...] | None = None
@@ -257,8 +261,7 @@ class MultiAgentReplayBuffer:
         )
         if in_files and sampler.needs_episodes:
             raise ValueError(
-                f"sampler={sampler!r} needs the episode index, which memory-mapped buffers "
-                "(path=) do not keep; use an in-memory buffer for sequences"
+                f"sampler={sampler!r}: " + refusal("Sequence sampler", "mapped", "path=")
             )
         _check_memory(
             mapped.resident(needed) if in_files or self.device is not None else needed,
@@ -443,11 +446,14 @@ class MultiAgentReplayBuffer:
                 return
         with self.writer.write_lock:
             # else staged (one kernel, or NumPy per field, or the complete checks), committed
-            rows = codec.stage_step(values, items)
-            if rows is None:
-                rows = codec.stage_fast(values, None)
+            try:
+                rows = codec.stage_step(values, items)
                 if rows is None:
-                    rows, _ = codec.stage(dict(zip(codec.field_names, values)), None)
+                    rows = codec.stage_fast(values, None)
+                    if rows is None:
+                        rows, _ = codec.stage(dict(zip(codec.field_names, values)), None)
+            except ValueError as exc:
+                raise _with_hint(exc, self._leading_axis_hint("add", obs)) from exc
             if step[2] is None:
                 self._commit(rows, 1, stream, cut)
             else:
@@ -516,15 +522,20 @@ class MultiAgentReplayBuffer:
     ) -> None:
         # the fast path checks every item's shape against the first observation's length, so
         # the complete length check (a loop over every item) runs only when it declines
+        call = "extend" if stream is not None else "add_envs"
+        fields = self._unstacked(fields)
         guess = _leading_length(fields[0])
         with self.writer.write_lock:
-            rows = None if guess is None else self._codec.stage_fast(fields, guess)
-            if rows is None:
-                named = dict(zip(self._codec.field_names, fields))
-                steps = steps_of(self._codec, named)
-                rows, _ = self._codec.stage(named, steps)
-            else:
-                steps = int(rows.shape[0])  # the guessed length, confirmed by the fast path
+            try:
+                rows = None if guess is None else self._codec.stage_fast(fields, guess)
+                if rows is None:
+                    named = dict(zip(self._codec.field_names, fields))
+                    steps = steps_of(self._codec, named)
+                    rows, _ = self._codec.stage(named, steps)
+                else:
+                    steps = int(rows.shape[0])  # the guessed length, confirmed by the fast path
+            except ValueError as exc:
+                raise _with_hint(exc, self._leading_axis_hint(call, fields[0])) from exc
             if stream is None and first_stream + steps - 1 > persistence.MAX_STREAM:
                 raise ValueError(
                     f"add_envs numbers its {steps} environments' streams from first_stream="
@@ -535,7 +546,77 @@ class MultiAgentReplayBuffer:
                 stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
             )
             cut = _check_truncated(truncated, self.agents, steps, per_env=stream is None)
+            if stream is not None and 1 < steps == self._declared_envs:
+                self._refuse_environments(rows, steps, cut)
             self._commit(rows, steps, streams, cut)
+            if stream is None:
+                self._declared_envs = steps
+
+    def _unstacked(self, fields: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``fields`` of ``extend``/``add_envs`` with every per-agent field given as one stacked
+        array of shape ``(K, n_agents, ...)`` split into its agents' ``(K, ...)`` views.
+
+        An array whose first axis is the number of agents is left alone: it is read in agent
+        order, as before (a stacked array of exactly ``n_agents`` steps or environments must be
+        given per agent)."""
+        n_agents = len(self.specs)
+        out = list(fields)
+        for k, (name, value) in enumerate(zip(self._codec.field_names, fields)):
+            if (
+                name not in self.global_fields
+                and isinstance(value, np.ndarray)
+                and value.ndim >= 2
+                and value.shape[1] == n_agents
+                and value.shape[0] != n_agents
+            ):
+                out[k] = [value[:, i] for i in range(n_agents)]
+        return tuple(out)
+
+    def _leading_axis_hint(self, call: str, obs: Any) -> str:
+        """What to call instead, for a shape error of ``call`` whose ``obs`` has one leading
+        axis more than ``call`` takes ("" when it has not)."""
+        first = obs.get(self.agents[0]) if isinstance(obs, Mapping) else None
+        if first is None and isinstance(obs, np.ndarray) and obs.ndim >= 1:
+            first = obs[0] if obs.shape[0] == len(self.specs) else obs[:, 0]
+        ndim = len(self.specs[self.agents[0]].obs_shape)
+        shape = np.shape(first) if first is not None else ()
+        if call == "add" and len(shape) == ndim + 1:
+            return (
+                f"; obs has a leading axis of {shape[0]}: for one step of {shape[0]} vectorized "
+                f"environments use add_envs (environment k is stream first_stream + k), for "
+                f"{shape[0]} consecutive steps of one environment use extend"
+            )
+        if call != "add" and len(shape) == ndim + 2:
+            return (
+                f"; obs has two leading axes {shape[:2]}: {call} takes one leading "
+                f"{'time' if call == 'extend' else 'environment'} axis (per agent, or one "
+                "stacked (K, n_agents, ...) array); write each environment's steps with "
+                "extend(..., stream=k), or each step of all environments with add_envs"
+            )
+        return ""
+
+    def _refuse_environments(self, rows: np.ndarray, steps: int, truncated: Any) -> None:
+        """Refuse an ``extend`` of as many steps as ``add_envs`` had environments when every
+        step breaks the stream (its obs differs from the next_obs of the previous step, which
+        no agent ended and which was not truncated): one step of every environment given as
+        consecutive steps of one stream."""
+        codec = self._codec
+        raw = rows.view(np.uint8)
+        obs = raw[1:, : codec.obs_bytes]
+        previous_next = raw[:-1, codec.next_obs_start : codec.next_obs_start + codec.obs_bytes]
+        quiet, full = self._break_flags(rows)
+        breaks = ~(obs == previous_next).all(axis=1) & quiet[:-1] & full[1:]
+        if truncated is not None and truncated is not False:
+            breaks &= ~np.asarray(truncated, dtype=bool)[:-1]
+        if not breaks.all():
+            return
+        raise ValueError(
+            f"extend got {steps} steps, the number of environments add_envs wrote, and no "
+            "step's obs is the previous step's next_obs: this looks like one step of "
+            f"{steps} environments given as {steps} consecutive steps of one stream. Use "
+            "add_envs for it (environment k is stream first_stream + k), or extend each "
+            "environment's own steps with stream=k"
+        )
 
     def _commit(
         self,
@@ -1224,7 +1305,7 @@ class MultiAgentReplayBuffer:
             fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
             return EpisodeBatch(**fields, lengths=lengths)
         batch.lengths = lengths  # a store's own sequence batch (device tensors) carries them
-        return batch  # type: ignore[no-any-return]
+        return batch
 
     def gather_sequences(self, starts: Any, length: int) -> EpisodeBatch:
         """The sequences of ``length`` steps beginning at chosen stored slots.
@@ -1519,12 +1600,6 @@ class MultiAgentReplayBuffer:
             for k, mine, theirs in (
                 ("specs", self.specs, specs),
                 ("capacity", self.capacity, state["capacity"]),
-                ("layout", self.layout, state["layout"]),
-                (
-                    "next_obs",
-                    "stored" if adopt_dense else self.next_obs,
-                    state.get("next_obs", "stored"),
-                ),
                 ("global_fields", self.global_fields, global_fields),
                 ("alive", self.alive, alive),
                 ("n_trainers", self.n_trainers, state["n_trainers"]),
@@ -1537,14 +1612,14 @@ class MultiAgentReplayBuffer:
                 f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
                 "the state; build the buffer with MultiAgentReplayBuffer.load instead"
             )
-        if not adopt_dense:
-            self._load_checked(state, adopt)
+        if not adopt_dense:  # another layout or next_obs format is converted first
+            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
             return
         before = (self.storage, self.links, self.next_obs)
         self._choose_format = False
         self._store_next_obs()
         try:
-            self._load_checked(state, adopt)
+            self._load_checked(convert_state(state, self._codec, self.layout, "stored"), adopt)
         except BaseException:  # a rejected state leaves the buffer as it was
             self.storage, self.links, self.next_obs = before
             self._choose_format = True
@@ -1595,10 +1670,7 @@ class MultiAgentReplayBuffer:
             if self._mapped is not None:  # the files are unusable until the new checkpoint
                 self._mapped.begin_replace()
             try:
-                for key, dst in arrays.items():
-                    src = state["storage"][key]
-                    if not np.shares_memory(dst, src):  # load() streams straight into dst
-                        dst[:size] = src
+                self.storage.restore(state["storage"], size)  # skips what load() read in place
             except BaseException:
                 self.sampler.load_state_dict(sampler_before)
                 raise
@@ -1664,8 +1736,10 @@ class MultiAgentReplayBuffer:
             persistence.write_state(self._state(copy=False), path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> MultiAgentReplayBuffer:
-        """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state).
+    def load(cls, path: str | os.PathLike[str], device: Any = None) -> MultiAgentReplayBuffer:
+        """Rebuild a buffer written by :meth:`save` (specs, layout, sampler, data, RNG state),
+        on the store ``device`` selects (``None``: NumPy arrays; files are the same for every
+        store, so a buffer saved from one store loads on any other).
 
         The storage is read straight into the new buffer's preallocated arrays. The file is
         checked before memory is spent on it: it must be a regular file (a FIFO or device is
@@ -1695,12 +1769,14 @@ class MultiAgentReplayBuffer:
             buf = cls(
                 {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()},
                 capacity=int(header["capacity"]),
-                layout=header["layout"],
+                # a device store keeps interleaved rows: an agent_major file is converted
+                layout=header["layout"] if device is None else "interleaved",
                 next_obs=header.get("next_obs", "stored"),
                 sampler=Sampler.from_config(sampler["type"], sampler["config"]),
                 n_trainers=int(header["n_trainers"]),
                 global_fields=global_fields,
                 alive=alive,
+                device=device,
             )
             built.append(buf)
             return persistence.storage_destinations(buf, header)
@@ -1777,8 +1853,6 @@ def _check_device_options(device: Any, layout: str, in_files: bool, parallel_gat
     :data:`marlbuf.stores.capabilities.CAPABILITIES`'); ``None`` stays ``None``."""
     if device is None:
         return None
-    from marlbuf.stores.capabilities import refusal
-
     for feature, used in (
         ("layout='agent_major'", layout == "agent_major"),
         ("path=", in_files),
@@ -1824,6 +1898,11 @@ def _check_memory(
             ResourceWarning,
             stacklevel=3,
         )
+
+
+def _with_hint(exc: ValueError, hint: str) -> ValueError:
+    """``exc`` with ``hint`` appended to its message (``exc`` itself when there is none)."""
+    return ValueError(f"{exc}{hint}") if hint else exc
 
 
 def _break_flag_reader(codec: RowCodec) -> Any:

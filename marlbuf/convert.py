@@ -1,0 +1,91 @@
+"""Saved states converted between row formats (``next_obs`` stored or once) and layouts
+(``interleaved`` or ``agent_major``), so that a state loads into a buffer of any store.
+
+The conversion goes through the stores themselves: a host storage of the state's format
+gathers every filled slot (in the stored dtypes), and a host storage of the target format
+stores those rows again. Observations stored once get their links from the writer's own
+comparison over the transitions in write order (as one stream), so every batch stays the same,
+bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from marlbuf.staging import RowCodec
+from marlbuf.storage import make_storage
+from marlbuf.writer import NextObsLinks
+
+
+def _zeros(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
+def convert_state(
+    state: Mapping[str, Any], codec: RowCodec, layout: str, next_obs: str
+) -> Mapping[str, Any]:
+    """``state`` (a :meth:`~marlbuf.MultiAgentReplayBuffer.state_dict` whose header was
+    checked, for the row format ``codec``) in ``layout`` and ``next_obs`` format; ``state``
+    itself when it already is. The links of the state's format are checked before use."""
+    source = (state["layout"], state.get("next_obs", "stored"))
+    if source == (layout, next_obs):
+        return state
+    capacity = int(state["capacity"])
+    size = int(state["size"])
+    old_links = None
+    if source[1] == "once":
+        old_links = NextObsLinks(capacity, codec.obs_bytes)
+        old_links.check_state(state["links"])
+        old_links.load_state_dict(state["links"])
+    old = make_storage(
+        source[0], codec.specs, capacity, 2, codec, "rows", old_links, "storage", _zeros
+    )
+    arrays = old.arrays()
+    if set(state["storage"]) != set(arrays):
+        raise ValueError(
+            f"state_dict storage arrays {sorted(state['storage'])} do not match its layout "
+            f"{source[0]!r} ({sorted(arrays)})"
+        )
+    for key, dst in arrays.items():
+        src = np.asarray(state["storage"][key])
+        if src.shape != (size, *dst.shape[1:]) or src.dtype != dst.dtype:
+            raise ValueError(
+                f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
+                f"expected {(size, *dst.shape[1:])} {dst.dtype}"
+            )
+        dst[:size] = src
+    # every filled slot as a dense staging row, in the stored dtypes
+    fields, _ = old.gather(np.arange(size, dtype=np.int64))
+    rows = np.zeros((size, codec.row_words), dtype=np.uint64)
+    views = codec.views(rows)
+    for name, per_agent in views.items():
+        for agent, view in per_agent.items():
+            view[...] = fields[name][agent]
+    links = NextObsLinks(capacity, codec.obs_bytes) if next_obs == "once" else None
+    new = make_storage(layout, codec.specs, capacity, 2, codec, "rows", links, "storage", _zeros)
+    if size:
+        generations = np.asarray(state["write_generation"], dtype=np.int64)[:size]
+        order = np.argsort(generations, kind="stable")  # oldest first: write order
+        if links is not None:
+            links.commit(
+                order,
+                rows[order].view(np.uint8),
+                0,
+                generations[order],
+                codec.next_obs_start,
+                np.full(capacity, -1, dtype=np.int64),
+            )
+        new.write(order, rows[order], None)
+    return {
+        **state,
+        "layout": layout,
+        "next_obs": next_obs,
+        "storage": {key: array[:size].copy() for key, array in new.arrays().items()},
+        "links": {} if links is None else links.state_dict(copy=True),
+    }
+
+
+__all__ = ["convert_state"]
