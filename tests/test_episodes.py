@@ -1,0 +1,574 @@
+"""Whole-episode sampling (:class:`marlbuf.samplers.Episodes`), ``gather_sequences``, episode
+counts, and writes that cannot mix environments (stream breaks, the hints of shape errors, the
+refusal of environments given to ``extend``), against a list-of-episodes model."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from naive import NaiveEpisodeRing
+from naive import episode_heads as naive_heads
+from naive import episode_tails as naive_tails
+from scipy.stats import chisquare
+
+from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf._kernels.episodes import episode_heads, episode_tails
+from marlbuf.batch import EpisodeBatch
+from marlbuf.buffer import StreamBreakWarning
+from marlbuf.samplers import Episodes, Sampler, Sequence, Uniform
+
+SPECS = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
+AGENTS = list(SPECS)
+#: step numbers of stream k start at k * STREAM_STRIDE (exact in float32 for the streams used)
+STREAM_STRIDE = 100_000
+CONFIGS = [
+    ("interleaved", "rows", "once"),
+    ("interleaved", "per_agent", "stored"),
+    ("agent_major", "per_agent", "once"),
+]
+
+
+class Driver:
+    """Random episodes written by ``add``/``extend``/``add_envs`` on several streams, into a
+    buffer and a :class:`NaiveEpisodeRing` alike.
+
+    A step's number (``stream * STREAM_STRIDE`` plus the stream's step counter) is its reward
+    and its obs (``number + agent index``); its next_obs is the obs of the stream's next step,
+    so no write is a stream break.
+    """
+
+    def __init__(self, buf: MultiAgentReplayBuffer, seed: int = 0) -> None:
+        self.buf = buf
+        self.naive = NaiveEpisodeRing(buf.capacity)
+        self.rng = np.random.default_rng(seed)
+        self.counters: dict[int, int] = {}
+        self.slot_value = np.full(buf.capacity, -1.0)
+
+    def numbers(self, streams: list[int]) -> np.ndarray:
+        seen: dict[int, int] = {}
+        out = []
+        for stream in streams:
+            out.append(stream * STREAM_STRIDE + self.counters.get(stream, 0) + seen.get(stream, 0))
+            seen[stream] = seen.get(stream, 0) + 1
+        return np.array(out, dtype=np.int64)
+
+    @staticmethod
+    def fields(numbers: np.ndarray, done: np.ndarray) -> dict:
+        values = numbers.astype(np.float32)
+        return {
+            "obs": {a: np.repeat(values[:, None], 3, 1) + i for i, a in enumerate(AGENTS)},
+            "action": {a: np.zeros((len(values), 2), np.float32) for a in AGENTS},
+            "reward": {a: values.copy() for a in AGENTS},
+            "next_obs": {a: np.repeat(values[:, None] + 1, 3, 1) + i for i, a in enumerate(AGENTS)},
+            "done": {a: done.astype(np.float32) for a in AGENTS},
+        }
+
+    def _record(self, streams: list[int], ends: np.ndarray) -> None:
+        for stream, number, end in zip(streams, self.numbers(streams), ends):
+            self.slot_value[self.naive.cursor] = number
+            self.naive.write(stream, bool(end))
+            self.counters[stream] = self.counters.get(stream, 0) + 1
+
+    def extend(self, steps: int, stream: int = 0, p_end: float = 0.15) -> None:
+        done = self.rng.random(steps) < p_end
+        truncated = self.rng.random(steps) < p_end / 3
+        fields = self.fields(self.numbers([stream] * steps), done)
+        self.buf.extend(**fields, stream=stream, truncated=truncated)
+        self._record([stream] * steps, done | truncated)
+
+    def add(self, stream: int = 0, p_end: float = 0.15) -> None:
+        done = self.rng.random(1) < p_end
+        fields = self.fields(self.numbers([stream]), done)
+        self.buf.add(**{f: {a: x[0] for a, x in per.items()} for f, per in fields.items()},
+                     stream=stream)  # fmt: skip
+        self._record([stream], done)
+
+    def add_envs(self, n_envs: int, p_end: float = 0.15) -> None:
+        done = self.rng.random(n_envs) < p_end
+        fields = self.fields(self.numbers(list(range(n_envs))), done)
+        self.buf.add_envs(**fields)
+        self._record(list(range(n_envs)), done)
+
+    def episode(self, length: int, stream: int = 0) -> None:
+        """One whole episode, truncated at its last step (EPyMARL's way of inserting)."""
+        numbers = self.numbers([stream] * length)
+        end = np.arange(length) == length - 1
+        self.buf.extend(**self.fields(numbers, np.zeros(length)), stream=stream, truncated=end)
+        self._record([stream] * length, end)
+
+    def random_ops(self, n_ops: int, n_streams: int = 3) -> None:
+        for _ in range(n_ops):
+            op = self.rng.integers(4)
+            if op == 0:
+                self.add(int(self.rng.integers(n_streams)))
+            elif op == 1:
+                self.extend(int(self.rng.integers(1, 12)), int(self.rng.integers(n_streams)))
+            elif op == 2:
+                self.add_envs(int(self.rng.integers(1, n_streams + 1)))
+            else:
+                self.episode(int(self.rng.integers(1, 9)), int(self.rng.integers(n_streams)))
+
+
+def make(capacity: int = 60, config=CONFIGS[0], **sampler_args) -> MultiAgentReplayBuffer:
+    layout, batch_layout, next_obs = config
+    return MultiAgentReplayBuffer(
+        SPECS,
+        capacity,
+        layout=layout,
+        batch_layout=batch_layout,
+        next_obs=next_obs,
+        sampler=Episodes(**sampler_args),
+        seed=1,
+    )
+
+
+def check_complete(driver: Driver) -> None:
+    buf = driver.buf
+    assert buf.episodes is not None
+    slots = buf.episodes.complete_slots()
+    got = dict(zip(slots.tolist(), buf.episodes.length[slots].tolist()))
+    assert got == driver.naive.complete()
+    assert buf.complete_episodes == len(got)
+    held = {item[0] for item in driver.naive.content if item is not None}
+    assert buf.stored_episodes == len(held)
+    untracked = np.ones(buf.capacity, bool)
+    untracked[slots] = False
+    assert not buf.episodes.length[untracked].any()
+
+
+def check_batch(driver: Driver, batch: EpisodeBatch, max_length: int | None) -> None:
+    complete = driver.naive.complete()
+    first = batch.indices.tolist()
+    assert isinstance(batch, EpisodeBatch) and set(first) <= set(complete)
+    lengths = np.array([complete[s] for s in first])
+    np.testing.assert_array_equal(batch.lengths, lengths)
+    steps = max_length if max_length is not None else int(lengths.max())
+    assert batch.mask.shape == (len(first), steps) and batch.burn_in == 0
+    expected = np.array([driver.naive.sequence(s, 0, steps - 1) for s in first])
+    np.testing.assert_array_equal(batch.slots, expected)
+    kept = np.minimum(lengths, steps)[:, None]
+    np.testing.assert_array_equal(batch.mask, np.arange(steps) < kept)
+    assert batch.filled is batch.mask
+    value = np.where(batch.mask, driver.slot_value[np.maximum(batch.slots, 0)], 0.0)
+    for i, agent in enumerate(AGENTS):
+        np.testing.assert_array_equal(batch.reward[agent], value)
+        np.testing.assert_array_equal(batch.obs[agent][..., 2], np.where(batch.mask, value + i, 0))
+        np.testing.assert_array_equal(
+            batch.next_obs[agent][..., 0], np.where(batch.mask, value + 1 + i, 0)
+        )
+
+
+# ------------------------------------------------------------------ kernels and the index
+
+
+def test_kernels_match_their_naive_twins() -> None:
+    driver = Driver(make(50), 3)
+    for _ in range(10):
+        driver.random_ops(8)
+        index = driver.buf.episodes
+        assert index is not None
+        slots = np.arange(driver.buf.size, dtype=np.int64)
+        heads = np.empty_like(slots)
+        episode_heads(slots, index.episode, index.step, index.prev_slot, heads)
+        np.testing.assert_array_equal(
+            heads, naive_heads(slots, index.episode, index.step, index.prev_slot)
+        )
+        tails = np.empty_like(slots)
+        episode_tails(slots, index.episode, index.step, index.next_slot, tails)
+        np.testing.assert_array_equal(
+            tails, naive_tails(slots, index.episode, index.step, index.next_slot)
+        )
+    heads = np.empty(1, np.int64)
+    episode_heads(np.array([-1]), index.episode, index.step, index.prev_slot, heads)
+    assert heads[0] == -1
+
+
+@pytest.mark.parametrize("capacity", [7, 40, 200])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_complete_episodes_match_the_model(capacity: int, seed: int) -> None:
+    """Random writes on several streams, wrapping the ring: the complete set, each episode's
+    length and both counts equal the model's after every round."""
+    driver = Driver(make(capacity), seed)
+    check_complete(driver)
+    for _ in range(15):
+        driver.random_ops(5)
+        check_complete(driver)
+
+
+def test_a_partly_overwritten_episode_is_never_drawn() -> None:
+    driver = Driver(make(20), 0)
+    driver.episode(12)
+    driver.episode(5)
+    assert driver.buf.complete_episodes == 2
+    driver.episode(6)  # overwrites the first 3 steps of the 12-step episode
+    assert driver.buf.complete_episodes == 2 and driver.buf.stored_episodes == 3
+    check_complete(driver)
+    for _ in range(20):
+        assert 0 not in driver.buf.sample(2).indices.tolist()
+    driver.add()  # an open episode: stored, not complete
+    assert driver.buf.complete_episodes == 2 and driver.buf.stored_episodes == 4
+
+
+# ------------------------------------------------------------------ sampled episodes
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("max_length", [None, 4, 9])
+def test_batches_match_the_model(config, max_length) -> None:
+    """Exact slots, masks, lengths and zero-filled data, every layout and next_obs mode,
+    while filling and after wrapping; fixed lengths cut longer episodes."""
+    driver = Driver(make(80, config, max_length=max_length), 5)
+    for target in (30, 400):
+        while sum(driver.counters.values()) < target:
+            driver.random_ops(1, n_streams=2)
+        count = min(6, driver.buf.complete_episodes)
+        batch = driver.buf.sample(count)
+        check_batch(driver, batch, max_length)
+        assert len(set(batch.indices.tolist())) == count
+
+
+def test_uniform_over_complete_episodes_and_distinct() -> None:
+    driver = Driver(make(120), 2)
+    while driver.buf.complete_episodes < 25 or driver.buf.size < 120:
+        driver.random_ops(1)
+    complete = sorted(driver.naive.complete())
+    counts = dict.fromkeys(complete, 0)
+    for _ in range(1500):
+        drawn = driver.buf.sample(8).indices.tolist()
+        assert len(set(drawn)) == 8  # replace=False: distinct episodes
+        for slot in drawn:
+            counts[slot] += 1
+    assert chisquare(list(counts.values())).pvalue > 1e-3
+
+
+def test_with_replacement_and_refusals() -> None:
+    driver = Driver(make(60, replace=True), 0)
+    driver.add(p_end=0.0)  # an open episode only
+    with pytest.raises(ValueError, match="no complete episode is stored"):
+        driver.buf.sample(2)
+    driver.buf.add(**{f: {a: v[0] for a, v in per.items()}
+                      for f, per in Driver.fields(np.array([1]), np.ones(1)).items()})  # fmt: skip
+    driver._record([0], np.ones(1, bool))
+    driver.episode(3)
+    driver.episode(4)
+    batch = driver.buf.sample(16)  # more than stored: with replacement
+    assert set(batch.indices.tolist()) == {0, 2, 5}
+    distinct = Driver(make(60), 0)
+    distinct.episode(3)
+    with pytest.raises(ValueError, match="distinct episodes"):
+        distinct.buf.sample(2)
+
+
+def test_out_reuses_a_fixed_shape_block() -> None:
+    driver = Driver(make(60, max_length=6), 0)
+    for length in (3, 6, 2, 5):
+        driver.episode(length)
+    first = driver.buf.sample(3)
+    again = driver.buf.sample(3, out=first)
+    assert again.block is first.block
+    check_batch(driver, again, 6)
+    free = Driver(make(60), 0)
+    free.episode(3)
+    with pytest.raises(TypeError, match="max_length"):
+        free.buf.sample(1, out=free.buf.sample(1))
+
+
+# ------------------------------------------------------------------ prioritized episodes
+
+
+def prioritized_driver(**args) -> tuple[Driver, Episodes]:
+    driver = Driver(make(200, prioritized=True, **args), 4)
+    for length in np.random.default_rng(0).integers(2, 8, size=30):
+        driver.episode(int(length))
+    sampler = driver.buf.sampler
+    assert isinstance(sampler, Episodes)
+    return driver, sampler
+
+
+def test_prioritized_frequencies_and_weights_follow_priorities() -> None:
+    driver, sampler = prioritized_driver(replace=True, alpha=0.7, beta=0.5)
+    firsts = np.array(sorted(driver.naive.complete()))
+    priorities = np.linspace(0.5, 4.0, firsts.shape[0])
+    driver.buf.update_priorities(firsts, priorities, trainer=0)
+    mass = (priorities + sampler.eps) ** 0.7
+    counts = dict.fromkeys(firsts.tolist(), 0)
+    for _ in range(600):
+        batch = driver.buf.sample(16)
+        picked = mass[np.searchsorted(firsts, batch.indices)]
+        np.testing.assert_allclose(batch.weights, (picked.min() / picked) ** 0.5, rtol=1e-6)
+        for slot in batch.indices.tolist():
+            counts[slot] += 1
+    observed = np.array([counts[s] for s in firsts.tolist()])
+    assert chisquare(observed, mass / mass.sum() * observed.sum()).pvalue > 1e-3
+
+
+def test_prioritized_without_replacement_is_distinct_and_favours_priority() -> None:
+    driver, _ = prioritized_driver()
+    firsts = np.array(sorted(driver.naive.complete()))
+    priorities = np.where(np.arange(firsts.shape[0]) < 5, 100.0, 0.01)
+    driver.buf.update_priorities(firsts, priorities, trainer=0)
+    hits = 0
+    for _ in range(50):
+        drawn = driver.buf.sample(8).indices.tolist()
+        assert len(set(drawn)) == 8
+        hits += len(set(drawn) & set(firsts[:5].tolist()))
+    assert hits >= 50 * 4.5  # the 5 heavy episodes are in nearly every batch
+
+
+def test_stale_and_non_start_updates_are_dropped() -> None:
+    driver, sampler = prioritized_driver(replace=True)
+    assert sampler.trees is not None
+    batch = driver.buf.sample(4)
+    while driver.buf.write_generation[batch.indices[0]] == batch.generations[0]:
+        driver.episode(7)  # until the first drawn episode is overwritten
+    before = sampler.trees.leaves(0).copy()
+    driver.buf.update_priorities(batch.indices, np.full(4, 50.0), trainer=0)
+    leaves = sampler.trees.leaves(0)
+    assert leaves[batch.indices[0]] == before[batch.indices[0]]
+    middle = np.flatnonzero(driver.buf.episodes.step[: driver.buf.size] > 0)[:3]
+    driver.buf.update_priorities(middle, np.full(3, 50.0), trainer=0)
+    assert not leaves[middle].any()  # a slot inside an episode never gets a priority
+    np.testing.assert_array_equal(
+        np.flatnonzero(leaves), np.sort(driver.buf.episodes.complete_slots())
+    )
+
+
+@pytest.mark.parametrize(
+    "args", [{}, {"max_length": 5}, {"prioritized": True}, {"prioritized": True, "replace": True}]
+)
+@pytest.mark.parametrize("how", ["state_dict", "save"])
+def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
+    driver = Driver(make(70, **args), 9)
+    driver.random_ops(40)
+    if args.get("prioritized"):
+        firsts = driver.buf.episodes.complete_slots().copy()
+        driver.buf.update_priorities(firsts, np.arange(1.0, firsts.shape[0] + 1), trainer=1)
+    if how == "save":
+        driver.buf.save(tmp_path / "buf.npz")
+        other = MultiAgentReplayBuffer.load(tmp_path / "buf.npz")
+    else:
+        other = make(70, **args)
+        other.load_state_dict(driver.buf.state_dict())
+    assert other.complete_episodes == driver.buf.complete_episodes
+    for trainer in (0, 1):
+        a, b = driver.buf.sample(4, trainer=trainer), other.sample(4, trainer=trainer)
+        np.testing.assert_array_equal(a.slots, b.slots)
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        if a.weights is not None:
+            np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_a_state_without_an_index_is_rebuilt() -> None:
+    """A state saved by a buffer without episodes (Uniform) loads into an Episodes buffer:
+    episodes are cut at done flags, and every chain counts as complete."""
+    plain = MultiAgentReplayBuffer(SPECS, 40, sampler=Uniform(), seed=0)
+    numbers = np.arange(10)
+    done = (numbers % 5 == 4).astype(np.float32)
+    plain.extend(**Driver.fields(numbers, done))
+    other = make(40, prioritized=True)
+    other.load_state_dict(plain.state_dict())
+    assert other.complete_episodes == 2
+    assert sorted(other.sample(2).lengths.tolist()) == [5, 5]
+
+
+# ------------------------------------------------------------------ gather_sequences
+
+
+def test_gather_sequences_matches_the_model() -> None:
+    driver = Driver(make(50), 6)
+    driver.random_ops(30)
+    starts = np.arange(driver.buf.size)
+    batch = driver.buf.gather_sequences(starts, 5)
+    expected = np.array([driver.naive.sequence(int(s), 0, 4) for s in starts])
+    np.testing.assert_array_equal(batch.slots, expected)
+    np.testing.assert_array_equal(batch.lengths, (expected >= 0).sum(axis=1))
+    np.testing.assert_array_equal(batch.indices, starts)
+    value = np.where(batch.mask, driver.slot_value[np.maximum(batch.slots, 0)], 0.0)
+    np.testing.assert_array_equal(batch.reward[AGENTS[1]], value)
+    sequences = MultiAgentReplayBuffer(SPECS, 10, sampler=Sequence(length=2), seed=0)
+    Driver(sequences).episode(4)
+    assert sequences.gather_sequences([0], 9).lengths.tolist() == [4]
+
+
+def test_gather_sequences_and_counts_refuse_bad_input() -> None:
+    buf = make(20)
+    Driver(buf).episode(3)
+    with pytest.raises(ValueError, match="length must be a positive int"):
+        buf.gather_sequences([0], 0)
+    with pytest.raises(ValueError, match="indices must lie in"):
+        buf.gather_sequences([5], 2)
+    with pytest.raises(TypeError, match="1-D integer array"):
+        buf.gather_sequences([[0]], 2)
+    plain = MultiAgentReplayBuffer(SPECS, 20, seed=0)
+    for call in (
+        lambda: plain.gather_sequences([0], 2),
+        lambda: plain.complete_episodes,
+        lambda: plain.stored_episodes,
+    ):
+        with pytest.raises(TypeError, match="episode index"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ({"max_length": 0}, ValueError, "max_length must be a positive int"),
+        ({"max_length": 2.5}, ValueError, "max_length must be a positive int"),
+        ({"replace": "no"}, TypeError, "replace must be a bool"),
+        ({"prioritized": 1}, TypeError, "prioritized must be a bool"),
+        ({"alpha": -1}, ValueError, "alpha"),
+    ],
+)
+def test_bad_episode_arguments(args: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        Episodes(**args)
+
+
+def test_config_and_refusals_of_the_buffer() -> None:
+    sampler = Episodes(max_length=7, replace=True, prioritized=True, alpha=0.5)
+    again = Sampler.from_config("Episodes", sampler.config())
+    assert again.config() == sampler.config()
+    with pytest.raises(ValueError, match="longer than the buffer's capacity"):
+        MultiAgentReplayBuffer(SPECS, 5, sampler=Episodes(max_length=6))
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        make(10).sample(0)
+
+
+def test_torch_store_samples_the_same_episodes() -> None:
+    pytest.importorskip("torch")
+    host = make(60, max_length=None)
+    device = MultiAgentReplayBuffer(SPECS, 60, sampler=Episodes(), seed=1, device="cpu")
+    for buf in (host, device):
+        driver = Driver(buf, 3)
+        driver.random_ops(25)
+    a, b = host.sample(4), device.sample(4)
+    np.testing.assert_array_equal(a.slots, b.slots)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_array_equal(a.obs[AGENTS[0]], b.obs[AGENTS[0]].cpu().numpy())
+
+
+# ------------------------------------------------------------------ writes that cannot mix
+
+
+def env_step(env: int, t: int) -> dict:
+    """Step ``t`` of environment ``env``: its obs names the environment; next_obs is the obs
+    of step ``t + 1``."""
+
+    def obs(step: int) -> dict:
+        return {a: np.array([env, step, i], np.float32) for i, a in enumerate(AGENTS)}
+
+    return {
+        "obs": obs(t),
+        "action": {a: np.zeros(2, np.float32) for a in AGENTS},
+        "reward": {a: float(env) for a in AGENTS},
+        "next_obs": obs(t + 1),
+        "done": {a: float((t + 1) % 25 == 0) for a in AGENTS},
+    }
+
+
+@pytest.mark.parametrize("sampler", [Sequence(length=8), Episodes()])
+def test_four_environments_written_in_turn_never_mix(sampler) -> None:
+    """Without stream=, four environments added in turn: every step breaks the stream, so
+    no sequence or episode mixes environments, and the buffer warns once."""
+    buf = MultiAgentReplayBuffer(SPECS, 2000, sampler=sampler, seed=0)
+    with pytest.warns(StreamBreakWarning, match="add_envs") as caught:
+        for t in range(100):
+            for env in range(4):
+                buf.add(**env_step(env, t))
+    assert len([w for w in caught if w.category is StreamBreakWarning]) == 1
+    assert "stream=" in str(caught[0].message)
+    mixed = 0
+    for _ in range(64):
+        batch = buf.sample(16 if isinstance(sampler, Episodes) else 256)
+        envs = batch.reward[AGENTS[0]]
+        for row, keep in zip(envs, batch.mask):
+            mixed += len(set(row[keep].tolist())) > 1
+    assert mixed == 0
+
+
+def test_environments_on_their_own_streams_do_not_warn() -> None:
+    buf = MultiAgentReplayBuffer(SPECS, 2000, sampler=Sequence(length=8), seed=0)
+    for t in range(60):
+        for env in range(4):
+            buf.add(**env_step(env, t), stream=env)
+        steps = [env_step(env, t + 1000) for env in range(4)]
+        buf.add_envs(
+            **{f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]},
+            first_stream=4,
+        )
+    batch = buf.sample(64)
+    assert batch.mask.sum(axis=1).mean() > 4  # episodes of 25 steps: sequences go on
+
+
+def test_extend_with_breaks_cuts_episodes_and_warns_once() -> None:
+    buf = MultiAgentReplayBuffer(SPECS, 200, sampler=Episodes(), seed=0)
+    steps = [env_step(env, 0) for env in range(4)] * 2  # one step of each env, twice over
+    stacked = {f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]}
+    with pytest.warns(StreamBreakWarning):
+        buf.extend(**stacked)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        buf.extend(**stacked)  # once per buffer
+    assert buf.complete_episodes == 15  # every step alone; the newest is still open
+    assert buf.episodes is not None and buf.episodes.breaks == 15
+
+
+def test_agents_done_or_absent_do_not_break_the_stream() -> None:
+    """A step after one where an agent is done, or where agents join or leave, may see an
+    obs its previous next_obs did not predict: it continues the episode."""
+    buf = MultiAgentReplayBuffer(SPECS, 50, sampler=Episodes(), alive=True, seed=0)
+    first = env_step(0, 0)
+    first["done"] = {AGENTS[0]: 1.0, AGENTS[1]: 0.0}
+    buf.add(**first)
+    buf.add(**env_step(0, 7))  # agent_0 respawned somewhere new
+    gone = env_step(0, 8)
+    gone = {f: {AGENTS[1]: v[AGENTS[1]]} for f, v in gone.items()}
+    buf.add(**gone)  # agent_0 absent
+    buf.add(**env_step(0, 20), truncated=True)  # it joins again
+    assert buf.complete_episodes == 1 and buf.sample(1).lengths.tolist() == [4]
+
+
+def test_environments_given_to_extend_are_refused() -> None:
+    """After add_envs with K environments, an extend of K steps in which every step breaks the
+    stream is one step of each environment: refused, nothing written."""
+    buf = MultiAgentReplayBuffer(SPECS, 100, seed=0)
+    steps = [env_step(env, 0) for env in range(4)]
+    stacked = {f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]}
+    buf.add_envs(**stacked)
+    with pytest.raises(ValueError, match="looks like one step of 4 environments"):
+        buf.extend(**stacked)
+    assert len(buf) == 4
+    run = [env_step(0, t) for t in range(1, 5)]  # four consecutive steps of one environment
+    buf.extend(**{f: {a: np.stack([s[f][a] for s in run]) for a in AGENTS} for f in run[0]})
+    assert len(buf) == 8
+
+
+def test_shape_errors_name_add_envs_and_extend() -> None:
+    buf = MultiAgentReplayBuffer(SPECS, 100, seed=0)
+    steps = [env_step(env, 0) for env in range(4)]
+    per_agent = {f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]}
+    with pytest.raises(ValueError, match="leading axis of 4: for one step of 4 vectorized"):
+        buf.add(**per_agent)
+    stacked = {f: np.stack([per_agent[f][a] for a in AGENTS], axis=1) for f in per_agent}
+    with pytest.raises(ValueError, match="use add_envs"):
+        buf.add(**stacked)
+    doubled = {f: {a: v[None] for a, v in per.items()} for f, per in per_agent.items()}
+    with pytest.raises(ValueError, match=r"two leading axes .*add_envs"):
+        buf.extend(**doubled)
+    assert len(buf) == 0
+
+
+def test_add_envs_takes_a_stacked_array() -> None:
+    """``(K, n_agents, ...)`` arrays are split per agent: the same rows as per-agent dicts."""
+    steps = [env_step(env, 3) for env in range(4)]
+    per_agent = {f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]}
+    stacked = {f: np.stack([per_agent[f][a] for a in AGENTS], axis=1) for f in per_agent}
+    a = MultiAgentReplayBuffer(SPECS, 10, seed=0)
+    b = MultiAgentReplayBuffer(SPECS, 10, seed=0)
+    a.add_envs(**per_agent)
+    b.add_envs(**stacked)
+    for field in ("obs", "reward", "next_obs"):
+        for agent in AGENTS:
+            np.testing.assert_array_equal(a.stored(field)[agent], b.stored(field)[agent])
