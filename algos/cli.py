@@ -17,6 +17,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import re
 import shutil
 import signal
 import sys
@@ -85,7 +86,11 @@ RESUME_MAY_CHANGE = (
     "overlap_gather",
     "no_plot",
     "no_progress",
+    "log_every",
 )
+
+#: Episodes between progress lines when no progress bar is shown (``--no-progress``).
+DEFAULT_LOG_EVERY = 100
 
 #: What a run writes into ``--out``: a folder holding any of these is an existing run.
 RUN_FILES = ("checkpoint", "episodes.csv", "episodes.jsonl", "config.json", "rewards.png")
@@ -94,6 +99,33 @@ RUN_FILES = ("checkpoint", "episodes.csv", "episodes.jsonl", "config.json", "rew
 def flag(dest: str) -> str:
     """The command-line spelling of the option stored under ``dest``."""
     return "--" + dest.replace("_", "-")
+
+
+def flags_in(message: str) -> str:
+    """``message`` (a :class:`TrainConfig` or runner error) with configuration field names
+    replaced by the flags that set them: ``n_agents=0`` reads ``--agents=0``.
+
+    Field names with an underscore are replaced wherever they stand as a word; one-word names
+    (``env``, ``seed``) only where a value follows (``env=CN``), so that prose keeps its words.
+    """
+    for dest, fields in CONFIG_FLAGS.items():
+        for name in fields:
+            pattern = rf"\b{name}\b" if "_" in name else rf"\b{name}(?==)"
+            message = re.sub(pattern, flag(dest), message)
+    return message
+
+
+def first_update_step(config: TrainConfig) -> int:
+    """The env step (counted from 1) at which the first update round runs: the first multiple
+    of ``update_every`` once the warm-up is stored (openai/maddpg's rule, as
+    :meth:`Runner.update_due`)."""
+    every = config.update_every
+    return max(every, -(-config.effective_warmup // every) * every)
+
+
+def episodes_for_steps(steps: int, episode_length: int) -> int:
+    """Whole episodes that contain ``steps`` env steps."""
+    return -(-steps // episode_length)
 
 
 def build_parser() -> ArgumentParser:
@@ -139,8 +171,9 @@ def build_parser() -> ArgumentParser:
         "--episodes",
         type=int,
         default=DEFAULT_EPISODES,
-        help="episodes of the whole run, counting those already in a checkpoint (default: "
-        f"{DEFAULT_EPISODES}; with --resume: the checkpointed run's)",
+        help="total episodes of the run, counted from its first: with --resume the run "
+        "continues until it has this many (default: "
+        f"{DEFAULT_EPISODES}; with --resume: the checkpointed run's total)",
     )
     p.add_argument("--seed", type=int, default=0, help="seeds env, sampler, networks, noise")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -164,7 +197,8 @@ def build_parser() -> ArgumentParser:
         "--warmup",
         type=int,
         default=None,
-        help="transitions stored before updates start (default: batch size * 25)",
+        help="transitions stored before the first update round (default: --batch-size * 25, "
+        "25,600 at the default batch; a run shorter than that never updates)",
     )
     p.add_argument("--update-every", type=int, default=100, help="env steps per update round")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate (actor and critic)")
@@ -211,7 +245,18 @@ def build_parser() -> ArgumentParser:
         "deleted)",
     )
     p.add_argument("--no-plot", action="store_true", help="skip rewards.png")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar; print a progress line every --log-every episodes instead",
+    )
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=None,
+        help="episodes between progress lines (default: "
+        f"{DEFAULT_LOG_EVERY} with --no-progress or without tqdm; none beside the progress bar)",
+    )
     p.add_argument(
         "--actors",
         type=int,
@@ -311,6 +356,29 @@ def log_episode(record: Any, jsonl_file: Any, writer: csv.DictWriter) -> None:
     writer.writerow(flat)
 
 
+def trailing_mean(values: Any, window: int) -> Any:
+    """Mean of the last ``window`` values at every position (of fewer at the start).
+
+    Parameters
+    ----------
+    values : ndarray of shape (n,)
+        Per-episode returns.
+    window : int
+        Values averaged, >= 1.
+
+    Returns
+    -------
+    ndarray of shape (n,), float64
+        One point per value, so a curve drawn from it exists however short the run.
+    """
+    import numpy as np
+
+    values = np.asarray(values, np.float64)
+    sums = np.cumsum(values)
+    lagged = np.concatenate([np.zeros(window), sums[:-window]])[: len(values)]
+    return (sums - lagged) / np.minimum(np.arange(1, len(values) + 1), window)
+
+
 def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     """Reward curve (raw and a 100-episode moving mean) from ``episodes.csv``; ``False`` when
     matplotlib is missing."""
@@ -330,10 +398,11 @@ def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     episodes = np.array([int(r["episode"]) for r in rows])
     returns = np.array([float(r["return_original"]) for r in rows])
     window = min(100, len(returns))
-    smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
+    smooth = trailing_mean(returns, window)
+    marker = "o" if len(returns) < 50 else None  # a line of few points shows its points
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(episodes, returns, color="0.8", lw=0.5, label="episode")
-    ax.plot(episodes[window - 1 :], smooth, color="C0", label=f"mean of {window}")
+    ax.plot(episodes, returns, color="0.6", lw=0.5, marker=marker, ms=2, label="episode")
+    ax.plot(episodes, smooth, color="C0", lw=1.5, label=f"mean of the last {window} episodes")
     ax.set_xlabel("episode")
     ax.set_ylabel("return (original MPE units, sum over agents)")
     ax.set_title(title)
@@ -342,6 +411,31 @@ def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return True
+
+
+def warmup_line(config: TrainConfig, episodes: int) -> str:
+    """The header line that says when updates start, and whether this run reaches them."""
+    first = first_update_step(config)
+    line = (
+        f"warm-up {config.effective_warmup:,} transitions (--warmup); the first update round "
+        f"at step {first:,} (in episode {episodes_for_steps(first, config.episode_length):,}), "
+        f"then one every {config.update_every} steps (--update-every)"
+    )
+    if episodes * config.episode_length < first:
+        line += f"; this run of {episodes:,} episodes ends before it"
+    return line
+
+
+def no_update_note(config: TrainConfig, steps: int) -> str:
+    """Why a run that ended trained nothing, and the flags that change it."""
+    first = first_update_step(config)
+    return (
+        f"no update round ran, so nothing was trained: updates start at step {first:,}, once "
+        f"the warm-up (--warmup, default --batch-size * 25) of {config.effective_warmup:,} "
+        f"transitions is stored, and this run ended at step {steps:,}. Run "
+        f"--episodes {episodes_for_steps(first, config.episode_length)} or more, or lower "
+        f"--warmup (at least --batch-size, {config.batch_size})"
+    )
 
 
 def _remove_run(out: Path) -> None:
@@ -441,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--episodes must be >= 1; got {args.episodes}")
         if args.checkpoint_every < 0:
             raise UsageError(f"--checkpoint-every must be >= 0; got {args.checkpoint_every}")
+        if args.log_every is not None and args.log_every < 1:
+            raise UsageError(f"--log-every must be >= 1; got {args.log_every}")
         if args.resume:
             config, episodes = resumed_config(args, given_flags(parser, argv), checkpoint)
         else:
@@ -453,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             config, episodes = config_from_args(args), args.episodes
             config.extra["episodes"] = episodes  # what a later --resume runs to by default
     except (ValueError, TypeError) as exc:  # UsageError and TrainConfig's own checks
-        return error(PROG, str(exc))
+        return error(PROG, flags_in(str(exc)))
     if args.actors or args.ray_address is not None:
         from marlbuf.algos.distributed import main_distributed
 
@@ -463,8 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     timer = PhaseTimer()
     try:
         runner = Runner(config, profiler=timer)
-    except (ValueError, TypeError) as exc:
-        return error(PROG, str(exc))
+    except (ValueError, TypeError, MemoryError) as exc:
+        return error(PROG, flags_in(str(exc)))
     if args.resume:
         try:
             runner.load_checkpoint(checkpoint)
@@ -484,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{config.formulation}{where}; episodes {runner.episodes}..{episodes}; out {out}",
         file=sys.stderr,
     )
+    print(f"marlbuf train: {warmup_line(config, episodes)}", file=sys.stderr)
     stop = _StopFlag()
     previous_handler = signal.signal(signal.SIGINT, stop)
     csv_file = open(out / "episodes.csv", "a", newline="")
@@ -503,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             bar = tqdm(total=episodes, initial=runner.episodes, unit="ep", file=sys.stderr)
         except ImportError:
             bar = None
+    log_every = args.log_every or (DEFAULT_LOG_EVERY if bar is None else 0)
 
     def on_episode(record: Any) -> None:
         nonlocal last_phases
@@ -517,6 +615,15 @@ def main(argv: list[str] | None = None) -> int:
                 steps_s=f"{rate:.0f}", ret=f"{sum(recent) / len(recent):.1f}", refresh=False
             )
             bar.update(1)
+        if log_every and runner.episodes % log_every == 0:
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            print(
+                f"marlbuf train: episode {runner.episodes:,}/{episodes:,}, "
+                f"{runner.total_steps:,} steps, {runner.update_rounds:,} update rounds, "
+                f"return {sum(recent) / len(recent):.1f} (mean of the last {len(recent)}), "
+                f"{(runner.total_steps - steps_at_start) / elapsed:,.0f} steps/s",
+                file=sys.stderr,
+            )
         if args.checkpoint_every and runner.episodes % args.checkpoint_every == 0:
             csv_file.flush()
             jsonl_file.flush()
@@ -545,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{runner.update_rounds} update rounds; this session {elapsed:.1f} s",
         file=sys.stderr,
     )
+    if status == 0 and runner.update_rounds == 0:
+        print(f"marlbuf train: {no_update_note(config, runner.total_steps)}", file=sys.stderr)
     if not args.no_plot and status == 0:
         title = f"{config.algo} {config.env} N={config.n_agents} ({config.sampler})"
         if plot_rewards(out / "episodes.csv", out / "rewards.png", title):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -195,6 +196,7 @@ class DistributedRunner:
             address=ray_address,
             num_cpus=n_actors if ray_address is None else None,
             object_store_memory=_store_bytes(config, specs) if ray_address is None else None,
+            logging_level=logging.ERROR,  # Ray's INFO/WARNING start-up lines are not ours
         )
         self.buffer = ShardedReplayBuffer(
             specs,
@@ -358,7 +360,16 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
     import json
     import sys
 
-    from marlbuf.algos.cli import CSV_FIELDS, PROG, _remove_run, log_episode, plot_rewards
+    from marlbuf.algos.cli import (
+        CSV_FIELDS,
+        PROG,
+        _remove_run,
+        flags_in,
+        log_episode,
+        no_update_note,
+        plot_rewards,
+        warmup_line,
+    )
     from marlbuf.algos.runner import PhaseTimer
     from marlbuf.cli import error
 
@@ -374,7 +385,7 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
             config, args.actors, args.ray_address, args.weights_every, profiler=timer
         )
     except (ValueError, TypeError) as exc:
-        return error(PROG, str(exc))
+        return error(PROG, flags_in(str(exc)))
     _remove_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(
@@ -386,6 +397,7 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
         f"({config.layout}/{config.sampler}); {episodes} episodes; out {out}",
         file=sys.stderr,
     )
+    print(f"marlbuf train: {warmup_line(config, episodes)}", file=sys.stderr)
     start = time.perf_counter()
     last = timer.snapshot()
     status = 0
@@ -421,6 +433,8 @@ def main_distributed(args: Any, config: TrainConfig, episodes: int, out: Any) ->
         f"({runner.total_steps / max(elapsed, 1e-9):.0f} env steps/s)",
         file=sys.stderr,
     )
+    if status == 0 and runner.update_rounds == 0:
+        print(f"marlbuf train: {no_update_note(config, runner.total_steps)}", file=sys.stderr)
     if not args.no_plot and status == 0:
         title = f"{config.algo} {config.env} N={config.n_agents} ({args.actors} actors)"
         if plot_rewards(out / "episodes.csv", out / "rewards.png", title):

@@ -146,3 +146,55 @@ def test_version_matches_pyproject_and_changelog(capsys):
     assert f"## {__version__}" in (root / "CHANGELOG.md").read_text()
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"marlbuf {__version__}"
+
+
+TRAIN_SMALL = ["--batch-size", "32", "--buffer-size", "3000", "--no-plot"]
+
+
+def test_train_header_says_when_updates_start_and_a_short_run_says_it_trained_nothing(
+    tmp_path, capsys
+):
+    pytest.importorskip("torch")
+    from marlbuf.algos.cli import main as train
+
+    argv = ["--episodes", "3", "--no-progress", "--log-every", "2", "--out", str(tmp_path / "a")]
+    assert train([*argv, *TRAIN_SMALL]) == 0
+    err = capsys.readouterr().err
+    # default warm-up: batch 32 * 25 = 800 transitions -> first round at step 800, episode 32
+    assert "warm-up 800 transitions (--warmup); the first update round at step 800" in err
+    assert "this run of 3 episodes ends before it" in err
+    assert "episode 2/3, 50 steps, 0 update rounds" in err  # --log-every without a bar
+    assert "no update round ran" in err and "--episodes 32 or more" in err
+    assert "--warmup (at least --batch-size, 32)" in err
+
+    argv = ["--episodes", "4", "--warmup", "50", "--no-progress", "--out", str(tmp_path / "b")]
+    assert train([*argv, *TRAIN_SMALL]) == 0
+    err = capsys.readouterr().err
+    assert "first update round at step 100 (in episode 4)" in err
+    assert "1 update rounds" in err and "no update round ran" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--agents", "0"], "--agents must be a positive int; got --agents=0"),
+        (["--warmup", "10"], "--warmup must be an int >= --batch-size (1024); got --warmup=10"),
+        (["--prey", "2"], "--prey applies to predator_prey only"),
+        (["--log-every", "0"], "--log-every must be >= 1; got 0"),
+    ],
+)
+def test_train_errors_name_the_flag(tmp_path, capsys, argv, expected):
+    from marlbuf.algos.cli import main as train
+
+    assert train([*argv, "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "n_agents" not in err and "warmup_steps" not in err and "n_prey" not in err
+
+
+def test_reward_curve_has_a_point_per_episode():
+    from marlbuf.algos.cli import trailing_mean
+
+    assert trailing_mean([1.0, 2.0, 3.0, 4.0], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    assert trailing_mean([5.0], 100).tolist() == [5.0]  # one episode still draws its mean
+    assert len(trailing_mean(list(range(60)), 60)) == 60
