@@ -1799,20 +1799,31 @@ class MultiAgentReplayBuffer:
         path: str | os.PathLike[str],
         durable: bool = False,
         parallel_gather: bool = False,
+        mode: str = "r+",
     ) -> MultiAgentReplayBuffer:
         """Reopen a memory-mapped buffer (built with ``path=``) where it was left.
 
         The storage files are mapped, not read, so this takes about as long as reading the
         metadata. Specs, layout, next_obs mode, batch options, sampler and its state, RNG state,
         ring counters and next-observation links are restored; writes logged since the last
-        checkpoint are applied again (see :mod:`marlbuf.mapped` for what survives a crash).
-        ``durable`` and ``parallel_gather`` are runtime settings, as for the constructor.
+        checkpoint are applied again after checking that the log follows this checkpoint and
+        that its records are whole (see :mod:`marlbuf.mapped` for what survives a crash and
+        what is refused). ``durable`` and ``parallel_gather`` are runtime settings, as for the
+        constructor.
+
+        ``mode="r"`` opens the folder read-only (a shared lock; the files mapped read-only, so
+        it works on read-only media): sampling, ``gather``, ``latest`` and
+        ``update_priorities`` work (priorities and RNG are not saved), writes are refused. A
+        folder that was not closed cleanly and holds writes to apply again must be opened once
+        with ``mode="r+"`` first.
 
         Raises ``FileNotFoundError`` for a missing folder, ``NotADirectoryError`` for a file,
-        ``ValueError`` for a folder that holds no (or a corrupt or incomplete) buffer, and
-        ``BlockingIOError`` while another buffer object has it open.
+        ``ValueError`` for a folder that holds no (or a corrupt, incomplete or altered) buffer
+        or whose redo log is missing or damaged after an unclean close
+        (:class:`marlbuf.mapped.LogDamaged`), and ``BlockingIOError`` while another buffer
+        object has it open for writing.
         """
-        return mapped.open_buffer(cls, path, durable, parallel_gather)
+        return mapped.open_buffer(cls, path, durable, parallel_gather, mode)
 
     @property
     def path(self) -> str | None:
@@ -1873,29 +1884,28 @@ def _check_memory(
     global_fields: Mapping[str, FieldSpec] | None = None,
     alive: bool = False,
 ) -> None:
-    """Refuse (``MemoryError``, naming the lean options that would fit) or warn before
-    allocating a buffer that will not fit in the memory the OS reports available."""
+    """Refuse (``MemoryError``, listing every storage format that would fit, with its size,
+    and the largest capacity that fits) or warn (:class:`marlbuf.memory.MemoryWarning`, a
+    ``UserWarning``) before allocating a buffer that will not fit in the memory the OS reports
+    available. ``next_obs`` is the format ``needed`` was estimated for."""
+    from marlbuf.memory import MemoryWarning, advice
+
     available = available_memory_bytes()
     if available is None:
         return
     gib = 1024**3
     if needed.total_bytes > available:
-        options = []
-        if next_obs != "once":
-            lean = estimate(
-                specs, needed.capacity, layout, "once", global_fields=global_fields, alive=alive
-            )
-            options.append(f"next_obs='once' needs {lean.total_bytes / gib:.2f} GiB")
-        hint = ("; " + ", ".join(options)) if options else ""
         raise MemoryError(
-            f"this buffer needs {needed} but only {available / gib:.2f} GiB is available"
-            f"{hint}; reduce capacity (or the number of agents / observation size)"
+            f"this buffer (next_obs={next_obs!r}, capacity={needed.capacity:,}) needs {needed} "
+            f"but only {available / gib:.2f} GiB is available; "
+            + advice(needed, available, specs, layout, global_fields=global_fields, alive=alive)
+            + " (marlbuf.memory.format_options lists every format's size)"
         )
     if needed.total_bytes > _config.MEMORY_WARN_FRACTION * available:
         warnings.warn(
             f"this buffer needs {needed} of the {available / gib:.2f} GiB available; the "
-            "machine may start swapping",
-            ResourceWarning,
+            "machine may start swapping (marlbuf.memory.format_options lists smaller formats)",
+            MemoryWarning,
             stacklevel=3,
         )
 

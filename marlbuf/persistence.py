@@ -207,7 +207,7 @@ def check_target(path: Path, overwrite: bool = False) -> None:
         )
     if not stat.S_ISREG(mode):
         raise ValueError(
-            f"cannot save to {str(path)!r}: it is {_kind(mode)}, not a regular file; save "
+            f"cannot save to {str(path)!r}: it is {file_kind(mode)}, not a regular file; save "
             "never replaces one: pass the path of a regular file"
         )
     if not overwrite and info.st_size and not _is_buffer_file(path):
@@ -217,7 +217,7 @@ def check_target(path: Path, overwrite: bool = False) -> None:
         )
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """What a non-regular file is, in words."""
     for test, name in (
         (stat.S_ISCHR, "a character device"),
@@ -276,7 +276,7 @@ def open_regular(path: str | os.PathLike[str], follow: bool = True, write: bool 
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise ValueError(f"{str(path)!r} is {_kind(mode)}, not a regular file")
+        raise ValueError(f"{str(path)!r} is {file_kind(mode)}, not a regular file")
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
     return fd
@@ -881,6 +881,7 @@ __all__ = [
     "check_priorities",
     "check_ring",
     "check_target",
+    "file_kind",
     "load_into",
     "open_regular",
     "read_state",

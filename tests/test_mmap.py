@@ -200,7 +200,8 @@ def test_log_is_checkpointed_and_stays_bounded(tmp_path, monkeypatch):
         store = buf._mapped
         assert store is not None and store._offset < store._limit  # checkpointed when reached
     assert store.checkpoint_number > 10
-    assert os.path.getsize(tmp_path / "c" / mapped.LOG) < 2 * store._limit  # stays bounded
+    # stays bounded: reserved in whole units, given back when a huge write grew it
+    assert os.path.getsize(tmp_path / "c" / mapped.LOG) <= 2 * mapped.LOG_UNIT_BYTES
     store.release()
     reopened = MultiAgentReplayBuffer.open(tmp_path / "c")
     assert reopened.total_writes == t
@@ -230,28 +231,95 @@ def _killed_after(folder: Path, calls: int) -> tuple[MultiAgentReplayBuffer, int
     return buf, t
 
 
+def _last_record(buf: MultiAgentReplayBuffer, steps: int) -> tuple[int, int]:
+    """(start, bytes) of the last log record of ``buf``, a call of ``steps`` steps."""
+    assert buf._mapped is not None
+    payload = steps * buf._codec.row_words * 8
+    size = mapped.RECORD_HEADER_BYTES + payload + mapped.RECORD_TRAILER_BYTES
+    return buf._mapped._offset - size, size
+
+
 def test_a_torn_log_record_is_dropped(tmp_path):
-    """Killed while writing a record: that call never reached the table and is not replayed;
-    the calls before it are."""
-    for name, keep in (("payload", -1), ("header", mapped.RECORD_HEADER_BYTES // 2)):
+    """Killed while writing a record (a prefix of it written, no trailer): that call never
+    reached the table and is not replayed; the calls before it are."""
+    for name, keep in (
+        ("trailer", -mapped.RECORD_TRAILER_BYTES + 3),
+        ("payload", mapped.RECORD_HEADER_BYTES + 10),
+        ("header", mapped.RECORD_HEADER_BYTES // 2),
+    ):
         buf, total = _killed_after(tmp_path / name, 8)  # the last call wrote 4 steps
-        log = tmp_path / name / mapped.LOG
-        record = mapped.RECORD_HEADER_BYTES + 4 * buf._codec.row_bytes
-        start = log.stat().st_size - record
-        os.truncate(log, start + keep if keep > 0 else start + record + keep)
+        start, size = _last_record(buf, 4)
+        cut = start + keep if keep > 0 else start + size + keep
+        with open(tmp_path / name / mapped.LOG, "r+b") as fh:  # the rest never written
+            fh.seek(cut)
+            fh.write(bytes(start + size - cut))
         with MultiAgentReplayBuffer.open(tmp_path / name) as reopened:
             assert reopened.total_writes == total - 4
             check_consistent(reopened)
-    # a record whose payload was corrupted (bit flip) is dropped with everything after it
-    buf, total = _killed_after(tmp_path / "u", 9)
-    with open(tmp_path / "u" / mapped.LOG, "r+b") as fh:
-        fh.seek(mapped.RECORD_HEADER_BYTES + 5)  # inside the first record's rows
-        byte = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([byte[0] ^ 1]))
-    with MultiAgentReplayBuffer.open(tmp_path / "u") as reopened:
-        assert reopened.total_writes == 0
+
+
+def test_a_damaged_truncated_or_missing_log_is_refused(tmp_path):
+    """After an unclean close, a log that does not vouch for the table is refused with what
+    was found (before: opened with rows that did not hold their generation's step)."""
+    cases = {
+        "bit flip in a complete record": lambda log, buf: _flip(log, mapped.LOG_HEADER_BYTES + 70),
+        "bit flip in a header": lambda log, buf: _flip(log, mapped.LOG_HEADER_BYTES + 20),
+        "truncated": lambda log, buf: os.truncate(log, _last_record(buf, 4)[0] + 10),
+        "truncated at a record": lambda log, buf: os.truncate(log, _last_record(buf, 4)[0]),
+        "emptied": lambda log, buf: os.truncate(log, 0),
+        "deleted": lambda log, buf: log.unlink(),
+        "a folder": lambda log, buf: (log.unlink(), log.mkdir()),
+    }
+    for k, (name, damage) in enumerate(cases.items()):
+        folder = tmp_path / f"case{k}"
+        buf, _ = _killed_after(folder, 8)
+        damage(folder / mapped.LOG, buf)
+        with pytest.raises(ValueError, match=r"not closed cleanly|is a folder") as info:
+            MultiAgentReplayBuffer.open(folder)
+        message = str(info.value)
+        assert "log" in message, (name, message)
+        assert "Put back the log" in message or "regular file" in message, (name, message)
+
+
+def test_an_older_checkpoint_is_refused(tmp_path):
+    folder = tmp_path / "old"
+    buf = MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0)
+    buf.extend(**encoded(np.arange(5)))
+    buf.flush()
+    old = (folder / mapped.CHECKPOINT).read_bytes()
+    buf.extend(**encoded(np.arange(5, 30)))  # wraps the ring
+    buf.flush()
+    buf.extend(**encoded(np.arange(30, 33)))
+    assert buf._mapped is not None
+    buf._mapped.release()  # the process dies; someone puts the older checkpoint back
+    (folder / mapped.CHECKPOINT).write_bytes(old)
+    with pytest.raises(ValueError, match="older than its log"):
+        MultiAgentReplayBuffer.open(folder)
+
+
+def test_a_clean_close_leaves_nothing_like_a_crash(tmp_path):
+    folder = tmp_path / "clean"
+    with MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0) as buf:
+        buf.extend(**encoded(np.arange(20)))
+    assert (folder / mapped.LOG).stat().st_size == 0  # nothing to replay, the space given back
+    state = persistence.read_state(folder / mapped.CHECKPOINT)
+    assert state["mapped"]["clean"] is True
+    (folder / mapped.LOG).unlink()  # a clean folder does not need its log
+    with MultiAgentReplayBuffer.open(folder) as reopened:
+        assert reopened.total_writes == 20
         check_consistent(reopened)
+        reopened.extend(**encoded(np.arange(20, 23)))
+    with MultiAgentReplayBuffer.open(folder) as reopened:
+        assert reopened.total_writes == 23
+        check_consistent(reopened)
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 1]))
 
 
 def test_rows_torn_in_the_table_are_rewritten_from_the_log(tmp_path):

@@ -150,6 +150,13 @@ class _Round:
         self.refs = refs
 
 
+#: what sampling from a closed :class:`ShardedReplayBuffer` says
+_CLOSED = (
+    "this ShardedReplayBuffer is closed (close() ended its shard actors); build a new one, or "
+    "ShardedReplayBuffer.load(folder) from a folder written by save() before closing"
+)
+
+
 class ShardedReplayBuffer:
     """``n_shards`` Ray actors, each a :class:`~marlbuf.MultiAgentReplayBuffer` of
     ``shard_capacity`` transitions; writers keep environment streams whole, the learner samples
@@ -450,6 +457,8 @@ class ShardedReplayBuffer:
     def sample(self, batch_size: int, trainer: int = 0) -> Batch:
         """One batch of ``batch_size`` rows for ``trainer``, drawn from all shards by the global
         rule of the sampler (synchronous: no prefetch)."""
+        if self._closed:  # its shard actors are gone: restarting one would not help
+            raise RuntimeError(_CLOSED)
         trainer = self._template._check_trainer(trainer)
         batch_size = self._check_batch(batch_size)
         return self._draw(batch_size, (trainer,))[0]
@@ -490,7 +499,7 @@ class ShardedReplayBuffer:
 
     def _submit(self, key: tuple[int, tuple[int, ...]]) -> Future[list[Batch]]:
         if self._closed:
-            raise RuntimeError("this ShardedReplayBuffer is closed")
+            raise RuntimeError(_CLOSED)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="marlbuf-prefetch")
         return self._executor.submit(self._draw, *key)
