@@ -1,0 +1,159 @@
+"""Two versions of marlbuf measured pairwise in one run: every case of the named suites.
+
+``python -m marlbuf.bench.pairwise --base PATH [--suites sampling prioritized] [--rounds 3]``
+runs each suite alternately with the marlbuf found at ``PATH`` (a checkout or an unpacked
+release: its folder holds the ``marlbuf`` package) and with this one, ``rounds`` times each, in
+subprocesses (``PYTHONPATH=PATH`` selects the base). For every case both versions measured, it
+reports the median over rounds of this version's time divided by the base's, per timing
+column, and whether it lies within ``--tolerance`` (default 5%). Alternating the versions
+round by round exposes both to the same machine state, so the ratio is a same-run figure.
+
+A case is identified by the values of its row that are not timings (workload, case name,
+capacity, ...); timing columns are those ending in ``_median``, plus the drop-in suite's
+``write_us``, ``sample_ms`` and ``update_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marlbuf.bench.common import RESULTS_DIR, markdown_table
+
+#: timing columns outside the ``*_median`` convention (the drop-in suite's)
+EXTRA_TIMINGS = ("write_us", "sample_ms", "update_ms")
+
+
+def _is_timing(key: str) -> bool:
+    return key.endswith("_median") or key in EXTRA_TIMINGS
+
+
+def _identity(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The values of a row that name its case (everything that is not a measurement)."""
+    return tuple(
+        sorted(
+            (k, v)
+            for k, v in row.items()
+            if isinstance(v, (str, int, bool))
+            and not isinstance(v, float)
+            and not _is_timing(k)
+            and not k.endswith(("_ms", "_us", "_min", "_max"))
+            and "vs" not in k
+            and "speedup" not in k
+        )
+    )
+
+
+def _run_suite(suite: str, base: Path | None, quick: bool, out: Path) -> list[dict[str, Any]]:
+    """One run of ``suite`` with the base (``base``) or this version (``None``)."""
+    env = dict(os.environ)
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    if base is not None:
+        env["PYTHONPATH"] = str(base)
+    else:
+        env.pop("PYTHONPATH", None)
+    command = [sys.executable, "-m", "marlbuf", "bench", suite, "--out", str(out)]
+    if quick:
+        command.append("--quick")
+    subprocess.run(command, check=True, env=env, cwd=tempfile.gettempdir(), capture_output=True)
+    name = f"{suite}-quick.json" if quick else f"{suite}.json"
+    payload = json.loads((out / name).read_text())
+    rows = [r for key in ("rows", "write_rows") for r in payload.get(key) or []]
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def compare(suite: str, base: Path, rounds: int, quick: bool, tolerance: float) -> dict[str, Any]:
+    """Per case and timing column, the median ratio (this / base) over ``rounds`` pairs."""
+    ratios: dict[tuple[Any, str], list[float]] = {}
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            # alternate which version goes first, so neither always runs on a warmer machine
+            order = (
+                [("base", base), ("this", None)] if r % 2 == 0 else [("this", None), ("base", base)]
+            )
+            runs: dict[str, dict[Any, dict[str, Any]]] = {}
+            for label, path in order:
+                out = Path(tmp) / f"{label}-{r}"
+                out.mkdir()
+                runs[label] = {_identity(row): row for row in _run_suite(suite, path, quick, out)}
+            for case, mine in runs["this"].items():
+                theirs = runs["base"].get(case)
+                if theirs is None:
+                    continue
+                for key, value in mine.items():
+                    other = theirs.get(key)
+                    if _is_timing(key) and isinstance(value, (int, float)) and other:
+                        ratios.setdefault((case, key), []).append(float(value) / float(other))
+    rows = []
+    for (case, key), values in sorted(ratios.items(), key=lambda item: str(item[0])):
+        ratio = float(np.median(values))
+        rows.append(
+            {
+                "case": ", ".join(f"{k}={v}" for k, v in case),
+                "timing": key,
+                "ratio_this_vs_base": round(ratio, 3),
+                "ratios": [round(v, 3) for v in values],
+                "within_tolerance": bool(ratio <= 1 + tolerance),
+            }
+        )
+    return {
+        "suite": f"pairwise-{suite}",
+        "quick": quick,
+        "base": str(base),
+        "rounds": rounds,
+        "tolerance": tolerance,
+        "seconds": round(time.time() - started, 1),
+        "rows": rows,
+        "slower_than_tolerance": [r for r in rows if not r["within_tolerance"]],
+        "markdown": markdown_table(
+            rows, ["case", "timing", "ratio_this_vs_base", "within_tolerance"]
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m marlbuf.bench.pairwise", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--base", type=Path, required=True, help="folder holding the base marlbuf")
+    parser.add_argument(
+        "--suites",
+        nargs="+",
+        default=["sampling", "prioritized", "sequences", "dropin"],
+        help="suites to compare (default: sampling prioritized sequences dropin)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of runs per suite (default 3)")
+    parser.add_argument("--quick", action="store_true", help="the suites' small sizes")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="allowed slowdown (default 0.05: 5%%)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
+    args = parser.parse_args(argv)
+    if not (args.base / "marlbuf" / "__init__.py").is_file():
+        parser.error(f"--base must be a folder holding the marlbuf package; got {args.base}")
+    worst = 0
+    for suite in args.suites:
+        result = compare(suite, args.base.resolve(), args.rounds, args.quick, args.tolerance)
+        suffix = "-quick" if args.quick else ""
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"pairwise-{suite}{suffix}.json").write_text(json.dumps(result, indent=1))
+        slower = result["slower_than_tolerance"]
+        print(f"{suite}: {len(result['rows'])} timings, {len(slower)} past the tolerance")
+        for row in slower:
+            print(f"  {row['ratio_this_vs_base']:.3f}x  {row['timing']}  {row['case']}")
+        worst = max(worst, len(slower))
+    return 1 if worst else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
