@@ -25,7 +25,7 @@ import numpy as np
 from marlbuf._kernels import fill_new_slots, rebuild, set_leaves
 
 
-def _finite_float(name: str, value: Any, low: float, high: float = math.inf) -> float:
+def finite_float(name: str, value: Any, low: float, high: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number; got {name}={value!r}")
     value = float(value)
@@ -65,8 +65,8 @@ class LinearBeta:
     steps: int = 100_000
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _finite_float("beta start", self.start, 0.0, 1.0))
-        object.__setattr__(self, "end", _finite_float("beta end", self.end, 0.0, 1.0))
+        object.__setattr__(self, "start", finite_float("beta start", self.start, 0.0, 1.0))
+        object.__setattr__(self, "end", finite_float("beta end", self.end, 0.0, 1.0))
         steps = self.steps
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ValueError(f"beta steps must be a positive int; got steps={steps!r}")
@@ -101,7 +101,7 @@ def parse_beta(beta: Any) -> float | LinearBeta:
         raise TypeError(
             f"beta must be a float in [0, 1] or a LinearBeta schedule; got beta={beta!r}"
         )
-    return _finite_float("beta", beta, 0.0, 1.0)
+    return finite_float("beta", beta, 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------------- predictors
@@ -195,7 +195,7 @@ class ThresholdPredictor(RunLengthPredictor):
         run_lengths: Sequence[int] = (1, 2, 4),
     ) -> None:
         try:
-            values = [_finite_float("threshold", t, 0.0, 1.0) for t in thresholds]
+            values = [finite_float("threshold", t, 0.0, 1.0) for t in thresholds]
             lengths = list(run_lengths)
         except TypeError as exc:
             raise TypeError(
@@ -375,9 +375,9 @@ def check_priority_args(
     alpha: Any, beta: Any, eps: Any, priority: Any
 ) -> tuple[float, float | LinearBeta, float, str]:
     """Validate the prioritized samplers' shared constructor arguments."""
-    alpha_value = _finite_float("alpha", alpha, 0.0)
+    alpha_value = finite_float("alpha", alpha, 0.0)
     beta_value = parse_beta(beta)
-    eps_value = _finite_float("eps", eps, 0.0)
+    eps_value = finite_float("eps", eps, 0.0)
     if priority not in PRIORITY_MODES:
         raise ValueError(
             f"priority must be one of {PRIORITY_MODES} (|d|+eps, d**2+eps, or the values are "

@@ -50,7 +50,7 @@ RESERVED_NAMES = frozenset(
 )
 
 
-def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
+def check_shape(name: str, shape: Any) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (int(shape),)
     if not isinstance(shape, (tuple, list)) or not all(
@@ -104,7 +104,7 @@ class FieldSpec:
         if isinstance(shape, (tuple, list)) and len(shape) == 0:
             shape = ()  # a scalar per step
         else:
-            shape = _check_shape("shape", shape)
+            shape = check_shape("shape", shape)
         object.__setattr__(self, "shape", tuple(shape))
         object.__setattr__(self, "dtype", _check_dtype("dtype", self.dtype))
 
@@ -198,8 +198,8 @@ class AgentSpec:
     _dtypes: dict[str, np.dtype] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "obs_shape", _check_shape("obs_shape", self.obs_shape))
-        object.__setattr__(self, "action_shape", _check_shape("action_shape", self.action_shape))
+        object.__setattr__(self, "obs_shape", check_shape("obs_shape", self.obs_shape))
+        object.__setattr__(self, "action_shape", check_shape("action_shape", self.action_shape))
         obs_dt = _check_dtype("obs_dtype", self.obs_dtype)
         act_dt = _check_dtype("action_dtype", self.action_dtype)
         object.__setattr__(self, "obs_dtype", obs_dt)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf.spec import _check_shape
+from marlbuf.spec import check_shape
 
 
 def check_size(size: Any) -> int:
@@ -38,6 +38,6 @@ def check_shape_list(name: str, shapes: Any, n_agents: int) -> list[tuple[int, .
             f"{name} must hold one shape per agent ({n_agents}); got {name}={shapes!r}"
         )
     return [
-        _check_shape(f"{name}[{i}]", tuple(np.atleast_1d(np.asarray(s)).tolist()))
+        check_shape(f"{name}[{i}]", tuple(np.atleast_1d(np.asarray(s)).tolist()))
         for i, s in enumerate(shapes)
     ]

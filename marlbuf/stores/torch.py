@@ -909,19 +909,19 @@ class TorchStorage(Storage):
         if blocks is None:
             rows = self._new_rows(k * n).view(k, n, self.row_words)
         else:  # the blocks must be the trainers' slices of one earlier round, in order
-            base = blocks[0]._base
-            step = n * self.row_words * 8
-            if (
-                base is None
-                or base.numel() != k * n * self.row_words
-                or not base.is_contiguous()
-                or any(
-                    b._base is not base or b.data_ptr() != base.data_ptr() + t * step
-                    for t, b in enumerate(blocks)
-                )
+            first = blocks[0]
+            step = n * self.row_words * first.element_size()
+            storage = first.untyped_storage()
+            end = first.data_ptr() + k * step
+            if end > storage.data_ptr() + storage.nbytes() or any(
+                b.untyped_storage().data_ptr() != storage.data_ptr()
+                or b.data_ptr() != first.data_ptr() + t * step
+                for t, b in enumerate(blocks)
             ):
                 return None
-            rows = base.view(k, n, self.row_words)
+            rows = torch.as_strided(
+                first, (k, n, self.row_words), (n * self.row_words, self.row_words, 1)
+            )
         self.gather_rows(np.concatenate(draws), rows.view(k * n, self.row_words))
         stacked = None if weights[0] is None else self.weights_to_device(np.stack(weights))  # type: ignore[arg-type]
         whole = _Round(rows, np.stack(draws), np.stack(generations), stacked)
