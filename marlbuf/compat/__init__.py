@@ -7,6 +7,10 @@
   ``PrioritizedReplayBuffer``.
 * :mod:`marlbuf.compat.pettingzoo` — filling a :class:`~marlbuf.MultiAgentReplayBuffer` from a
   PettingZoo parallel environment's step dicts.
+* :mod:`marlbuf.compat.epymarl` — EPyMARL's episode ``ReplayBuffer`` (``insert_episode_batch``,
+  ``can_sample``, ``sample``, ``episodes_in_buffer``) from its ``scheme``/``groups``/
+  ``preprocess``, returning batches its learners use unchanged; only the filled steps of each
+  episode are stored (needs torch).
 
 See ``docs/migrating.md`` for before/after snippets and the documented differences.
 """

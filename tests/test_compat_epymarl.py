@@ -1,0 +1,366 @@
+"""marlbuf.compat.epymarl against a padded episode ring written here from the semantics of
+EPyMARL's episode buffer: field by field, with the same draws, and through a short QMIX-style
+learner loop that must give the same losses and parameters on both."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from marlbuf.compat.epymarl import EpisodeBatch, ReplayBuffer  # noqa: E402
+
+N_AGENTS, N_ACTIONS, OBS, STATE = 3, 5, 6, 8
+LIMIT = 12  # episode limit: episodes hold up to LIMIT transitions + the final observation
+MAX_T = LIMIT + 1
+
+
+class OneHot:
+    """A transform with EPyMARL's interface: integer actions (..., 1) -> one-hot (..., n)."""
+
+    def __init__(self, out_dim: int) -> None:
+        self.out_dim = out_dim
+
+    def transform(self, tensor: Any) -> Any:
+        out = tensor.new_zeros(*tensor.shape[:-1], self.out_dim)
+        out.scatter_(-1, tensor.long(), 1)
+        return out.float()
+
+    def infer_output_info(self, vshape: Any, dtype: Any) -> tuple[tuple[int, ...], Any]:
+        return (self.out_dim,), torch.float32
+
+
+SCHEME = {
+    "state": {"vshape": STATE},
+    "obs": {"vshape": OBS, "group": "agents"},
+    "actions": {"vshape": (1,), "group": "agents", "dtype": torch.long},
+    "avail_actions": {"vshape": (N_ACTIONS,), "group": "agents", "dtype": torch.int},
+    "reward": {"vshape": (1,)},
+    "terminated": {"vshape": (1,), "dtype": torch.uint8},
+}
+GROUPS = {"agents": N_AGENTS}
+PREPROCESS = {"actions": ("actions_onehot", [OneHot(N_ACTIONS)])}
+
+
+# ------------------------------------------------------------------ the reference
+class RefBatch:
+    """Padded episodes as tensors ``(B, T, ...)``, with the read interface EPyMARL's learners
+    use (key and time-slice indexing, ``max_t_filled``, sizes)."""
+
+    def __init__(self, data: dict[str, Any], batch_size: int, max_seq_length: int) -> None:
+        self.data, self.batch_size, self.max_seq_length = data, batch_size, max_seq_length
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, str):
+            return self.data[item]
+        rows, steps = item if isinstance(item, tuple) else (item, slice(None))
+        data = {k: v[rows][:, steps] for k, v in self.data.items()}
+        first = next(iter(data.values()))
+        return RefBatch(data, first.shape[0], first.shape[1])
+
+    def max_t_filled(self) -> Any:
+        return self.data["filled"].sum(1).max(0)[0]
+
+
+class PaddedRing:
+    """A ring of ``size`` padded episodes (``MAX_T`` steps each): an insert copies every step
+    of each episode, padding included, to the next positions (wrapping); the preprocessed
+    field is computed over the whole inserted slice and then replaced by the episode's own
+    copy, as the episode's fields are written in scheme order; a sample draws distinct
+    positions with ``np.random.choice(n, B, replace=False)``, or takes ``[:B]`` when ``B`` is
+    every stored episode."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.index, self.episodes_in_buffer = size, 0, 0
+        self.data: dict[str, Any] = {}
+        for key, info in SCHEME.items():
+            vshape = info["vshape"] if isinstance(info["vshape"], tuple) else (info["vshape"],)
+            shape = ((N_AGENTS,) if "group" in info else ()) + vshape
+            self.data[key] = torch.zeros(size, MAX_T, *shape, dtype=info.get("dtype", torch.float))
+        self.data["actions_onehot"] = torch.zeros(size, MAX_T, N_AGENTS, N_ACTIONS)
+        self.data["filled"] = torch.zeros(size, MAX_T, 1, dtype=torch.long)
+
+    def insert(self, episodes: dict[str, Any]) -> None:
+        count = episodes["filled"].shape[0]
+        for e in range(count):
+            slot = self.index
+            for key, value in episodes.items():
+                self.data[key][slot] = value[e]
+                if key == "actions":
+                    self.data["actions_onehot"][slot] = OneHot(N_ACTIONS).transform(value[e])
+            self.index = (self.index + 1) % self.size
+            self.episodes_in_buffer = min(self.size, self.episodes_in_buffer + 1)
+
+    def sample(self, batch_size: int) -> RefBatch:
+        if self.episodes_in_buffer == batch_size:
+            ids: Any = slice(0, batch_size)
+        else:
+            ids = np.random.choice(self.episodes_in_buffer, batch_size, replace=False)  # noqa: NPY002 - EPyMARL draws from the global generator
+        return RefBatch({k: v[ids] for k, v in self.data.items()}, batch_size, MAX_T)
+
+
+# ------------------------------------------------------------------ episodes like a runner's
+def runner_batch(rng: np.random.Generator, count: int, lengths: Any = None) -> SimpleNamespace:
+    """``count`` episodes as an EPyMARL runner fills its batch: ``length`` transitions then
+    the final state/obs/avail_actions (and an action) at row ``length``; ``filled`` on rows
+    ``0 .. length``; ``terminated`` on the last transition unless the limit cut it."""
+    if lengths is None:
+        lengths = rng.integers(3, LIMIT + 1, size=count)
+    data = {
+        "state": torch.zeros(count, MAX_T, STATE),
+        "obs": torch.zeros(count, MAX_T, N_AGENTS, OBS),
+        "actions": torch.zeros(count, MAX_T, N_AGENTS, 1, dtype=torch.long),
+        "avail_actions": torch.zeros(count, MAX_T, N_AGENTS, N_ACTIONS, dtype=torch.int),
+        "reward": torch.zeros(count, MAX_T, 1),
+        "terminated": torch.zeros(count, MAX_T, 1, dtype=torch.uint8),
+        "actions_onehot": torch.zeros(count, MAX_T, N_AGENTS, N_ACTIONS),
+        "filled": torch.zeros(count, MAX_T, 1, dtype=torch.long),
+    }
+    for e, length in enumerate(lengths):
+        rows = int(length) + 1
+        data["state"][e, :rows] = torch.from_numpy(rng.normal(size=(rows, STATE))).float()
+        data["obs"][e, :rows] = torch.from_numpy(rng.normal(size=(rows, N_AGENTS, OBS))).float()
+        avail = rng.random((rows, N_AGENTS, N_ACTIONS)) < 0.7
+        avail[..., 0] = True
+        data["avail_actions"][e, :rows] = torch.from_numpy(avail.astype(np.int32))
+        actions = rng.integers(0, N_ACTIONS, size=(rows, N_AGENTS, 1))
+        data["actions"][e, :rows] = torch.from_numpy(actions)
+        data["actions_onehot"][e, :rows] = OneHot(N_ACTIONS).transform(data["actions"][e, :rows])
+        data["reward"][e, : rows - 1] = torch.from_numpy(rng.normal(size=(rows - 1, 1))).float()
+        data["terminated"][e, rows - 2] = int(length < LIMIT)
+        data["filled"][e, :rows] = 1
+    return SimpleNamespace(
+        batch_size=count,
+        max_seq_length=MAX_T,
+        data=SimpleNamespace(transition_data=data, episode_data={}),
+    )
+
+
+def make(size: int, **kwargs: Any) -> ReplayBuffer:
+    return ReplayBuffer(SCHEME, GROUPS, size, MAX_T, preprocess=PREPROCESS, **kwargs)
+
+
+def fill(buffers: tuple[ReplayBuffer, PaddedRing], inserts: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(inserts):
+        episodes = runner_batch(rng, int(rng.integers(1, 5)))
+        buffers[0].insert_episode_batch(episodes)
+        buffers[1].insert(episodes.data.transition_data)
+
+
+def same_batch(got: EpisodeBatch, want: RefBatch) -> None:
+    assert got.batch_size == want.batch_size and got.max_seq_length == want.max_seq_length
+    assert set(got.data.transition_data) == set(want.data)
+    for key, value in want.data.items():
+        tensor = got[key]
+        assert tensor.dtype == value.dtype and tensor.shape == value.shape, key
+        assert torch.equal(tensor, value), key
+    assert torch.equal(got.max_t_filled(), want.max_t_filled())
+
+
+# ------------------------------------------------------------------ field by field
+@pytest.mark.parametrize("size", [7, 40])
+def test_batches_equal_the_padded_ring_field_by_field(size: int) -> None:
+    """Inserts of 1-4 episodes (crossing the ring's end), samples with the same draws: every
+    field, dtype, shape, filled mask, episodes_in_buffer and can_sample agree."""
+    buffers = (make(size), PaddedRing(size))
+    for round_ in range(6):
+        fill(buffers, 5, seed=round_)
+        assert buffers[0].episodes_in_buffer == buffers[1].episodes_in_buffer
+        for batch_size in (1, 4, buffers[1].episodes_in_buffer):
+            assert buffers[0].can_sample(batch_size)
+            np.random.seed(round_ * 10 + batch_size)  # noqa: NPY002 - both buffers draw from it
+            got = buffers[0].sample(batch_size)
+            np.random.seed(round_ * 10 + batch_size)  # noqa: NPY002 - both buffers draw from it
+            want = buffers[1].sample(batch_size)
+            same_batch(got, want)
+            assert len(set(buffers[0].last_episode_ids.tolist())) == batch_size
+        assert not buffers[0].can_sample(buffers[1].episodes_in_buffer + 1)
+
+
+def test_indexing_as_the_learners_do() -> None:
+    buffers = (make(20), PaddedRing(20))
+    fill(buffers, 6)
+    np.random.seed(3)  # noqa: NPY002 - both buffers draw from it
+    got = buffers[0].sample(8)
+    np.random.seed(3)  # noqa: NPY002 - both buffers draw from it
+    want = buffers[1].sample(8)
+    max_t = got.max_t_filled()
+    same_batch(got[:, :max_t], want[:, : int(max_t)])
+    same_batch(got[[0, 2, 5]], want[[0, 2, 5]])
+    same_batch(got[np.array([1, 3])], want[np.array([1, 3])])
+    same_batch(got[2:6, 1:4], want[2:6, 1:4])
+    assert got[1].batch_size == 1 and got[:, 3].max_seq_length == 1
+    assert torch.equal(got["obs"][:, 4], want["obs"][:, 4])
+    pair = got[("obs", "state")]
+    assert set(pair.data.transition_data) == {"obs", "state"} and pair.groups == GROUPS
+    got.to("cpu")
+    assert (
+        got.device == "cpu" and "EpisodeBatch" in repr(got) and "ReplayBuffer" in repr(buffers[0])
+    )
+    with pytest.raises(IndexError, match="contiguous"):
+        got[:, [0, 1]]
+    with pytest.raises(KeyError):
+        got[("obs", "nothing")]
+
+
+def test_a_smaller_capacity_keeps_only_what_it_holds() -> None:
+    """capacity_steps below buffer_size * max_seq_length: episodes the ring overwrote leave
+    the count and are never drawn; the rest still equal the reference."""
+    small = make(30, capacity_steps=60)
+    ring = PaddedRing(30)
+    fill((small, ring), 12, seed=4)
+    held = small.episodes_in_buffer
+    assert 0 < held < ring.episodes_in_buffer
+    full = make(30)
+    assert small.buffer.nbytes < full.buffer.nbytes / 4
+    for _ in range(20):
+        batch = small.sample(min(held, 5))
+        for b, position in enumerate(small.last_episode_ids.tolist()):
+            for key, value in batch.data.transition_data.items():
+                assert torch.equal(value[b], ring.data[key][position]), key
+
+
+def test_own_generator_and_bad_input() -> None:
+    buf = make(10, rng=np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    buf.insert_episode_batch(runner_batch(rng, 3))
+    assert sorted(buf.sample(2).data.transition_data) == sorted(
+        [*SCHEME, "actions_onehot", "filled"]
+    )
+    with pytest.raises(ValueError, match="3 are stored"):
+        buf.sample(4)
+    bad = runner_batch(rng, 1)
+    bad.data.transition_data["filled"][0, -1] = 1  # a gap before the last step
+    with pytest.raises(ValueError, match="prefix"):
+        buf.insert_episode_batch(bad)
+    extra = runner_batch(rng, 1)
+    extra.data.transition_data["nothing"] = torch.zeros(1, MAX_T, 1)
+    with pytest.raises(KeyError, match="nothing"):
+        buf.insert_episode_batch(extra)
+    with pytest.raises(ValueError, match="reserved"):
+        ReplayBuffer({**SCHEME, "filled": {"vshape": 1}}, GROUPS, 5, MAX_T)
+    with pytest.raises(ValueError, match="group"):
+        ReplayBuffer({"obs": {"vshape": 2, "group": "enemies"}}, GROUPS, 5, MAX_T)
+    with pytest.raises(ValueError, match="vshape"):
+        ReplayBuffer({"obs": {"group": "agents"}}, GROUPS, 5, MAX_T)
+    with pytest.raises(ValueError, match="capacity_steps"):
+        make(10, capacity_steps=20).insert_episode_batch(runner_batch(rng, 4, [LIMIT] * 4))
+    assert buf.episodes_in_buffer == 3
+
+
+# ------------------------------------------------------------------ a QMIX-style learner
+class Agent(torch.nn.Module):
+    """A recurrent agent network over (obs, last action one-hot, agent id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        width = OBS + N_ACTIONS + N_AGENTS
+        self.fc, self.rnn, self.out = (
+            torch.nn.Linear(width, 16),
+            torch.nn.GRUCell(16, 16),
+            torch.nn.Linear(16, N_ACTIONS),
+        )
+
+    def forward(self, inputs: Any, hidden: Any) -> tuple[Any, Any]:
+        hidden = self.rnn(torch.relu(self.fc(inputs)), hidden)
+        return self.out(hidden), hidden
+
+
+class Mixer(torch.nn.Module):
+    """QMIX's monotonic mixer: state-conditioned non-negative weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1, self.b1 = torch.nn.Linear(STATE, N_AGENTS * 8), torch.nn.Linear(STATE, 8)
+        self.w2, self.b2 = torch.nn.Linear(STATE, 8), torch.nn.Linear(STATE, 1)
+
+    def forward(self, qs: Any, states: Any) -> Any:
+        b, t = qs.shape[:2]
+        s = states.reshape(-1, STATE)
+        hidden = torch.bmm(
+            qs.reshape(-1, 1, N_AGENTS), self.w1(s).abs().view(-1, N_AGENTS, 8)
+        ) + self.b1(s).view(-1, 1, 8)
+        y = torch.bmm(torch.nn.functional.elu(hidden), self.w2(s).abs().view(-1, 8, 1))
+        return (y + self.b2(s).view(-1, 1, 1)).view(b, t, 1)
+
+
+class Learner:
+    """One QMIX update per batch, reading the batch only as EPyMARL's learners do."""
+
+    def __init__(self, agent: Agent, mixer: Mixer) -> None:
+        self.agent, self.mixer = agent, mixer
+        self.target_agent, self.target_mixer = copy.deepcopy(agent), copy.deepcopy(mixer)
+        params = [*agent.parameters(), *mixer.parameters()]
+        self.optimiser = torch.optim.Adam(params, lr=1e-3)
+
+    def q_values(self, agent: Agent, batch: Any) -> Any:
+        hidden = torch.zeros(batch.batch_size * N_AGENTS, 16)
+        eye = torch.eye(N_AGENTS).expand(batch.batch_size, -1, -1)
+        outs = []
+        for t in range(batch.max_seq_length):
+            last = (
+                batch["actions_onehot"][:, t - 1]
+                if t
+                else torch.zeros_like(batch["actions_onehot"][:, 0])
+            )
+            inputs = torch.cat([batch["obs"][:, t], last, eye], dim=-1)
+            q, hidden = agent(inputs.reshape(-1, inputs.shape[-1]), hidden)
+            outs.append(q.view(batch.batch_size, N_AGENTS, -1))
+        return torch.stack(outs, dim=1)
+
+    def train(self, batch: Any) -> float:
+        rewards = batch["reward"][:, :-1]
+        actions = batch["actions"][:, :-1]
+        terminated = batch["terminated"][:, :-1].float()
+        mask = batch["filled"][:, :-1].float()
+        mask[:, 1:] = mask[:, 1:] * (1 - terminated[:, :-1])
+        avail = batch["avail_actions"]
+        chosen = torch.gather(self.q_values(self.agent, batch)[:, :-1], 3, actions).squeeze(3)
+        target = self.q_values(self.target_agent, batch)[:, 1:]
+        target[avail[:, 1:] == 0] = -9999999
+        chosen = self.mixer(chosen, batch["state"][:, :-1])
+        best = self.target_mixer(target.max(dim=3)[0], batch["state"][:, 1:])
+        targets = rewards + 0.99 * (1 - terminated) * best.detach()
+        error = (chosen - targets.detach()) * mask
+        loss = (error**2).sum() / mask.sum()
+        self.optimiser.zero_grad()
+        loss.backward()
+        self.optimiser.step()
+        return float(loss.detach())
+
+
+def test_a_qmix_learner_loop_gives_the_same_results() -> None:
+    """The run loop of EPyMARL (insert, can_sample, sample, cut to max_t_filled, train) on
+    both buffers with the same draws: identical losses and parameters at every update."""
+    torch.manual_seed(0)
+    template = Learner(Agent(), Mixer())
+    learners = (copy.deepcopy(template), copy.deepcopy(template))
+    buffers = (make(16), PaddedRing(16))
+    rng = np.random.default_rng(7)
+    updates = 0
+    for episode in range(30):
+        episodes = runner_batch(rng, 1)
+        buffers[0].insert_episode_batch(episodes)
+        buffers[1].insert(episodes.data.transition_data)
+        if not buffers[0].can_sample(4):
+            continue
+        losses = []
+        for buffer, learner in zip(buffers, learners):
+            np.random.seed(episode)  # noqa: NPY002 - both buffers draw from it
+            batch = buffer.sample(4)
+            max_t = batch.max_t_filled()
+            batch = batch[:, : int(max_t)] if isinstance(buffer, PaddedRing) else batch[:, :max_t]
+            losses.append(learner.train(batch))
+        assert losses[0] == losses[1]
+        updates += 1
+    assert updates >= 20
+    for a, b in zip(learners[0].agent.parameters(), learners[1].agent.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(learners[0].mixer.parameters(), learners[1].mixer.parameters()):
+        assert torch.equal(a, b)
