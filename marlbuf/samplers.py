@@ -39,8 +39,8 @@ from marlbuf.prioritized import (
     PriorityTrees,
     RunLengthPredictor,
     ThresholdPredictor,
-    _finite_float,
     check_priority_args,
+    finite_float,
 )
 from marlbuf.writer import EpisodeIndex
 
@@ -767,7 +767,7 @@ class Sequence(Sampler):
         self.pad = bool(pad)
         self.prioritized = bool(prioritized)
         self.weighted = self.prioritized
-        self.eta = _finite_float("eta", eta, 0.0, 1.0)
+        self.eta = finite_float("eta", eta, 0.0, 1.0)
         self.alpha, self.beta, self.eps, _ = check_priority_args(alpha, beta, eps, "abs")
         self.episodes: EpisodeIndex | None = None
 
