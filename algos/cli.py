@@ -29,14 +29,13 @@ from typing import Any
 from marlbuf.algos.config import (
     ALGOS,
     ENV_IMPLS,
-    ENVS,
     FORMULATIONS,
     LAYOUTS,
     SAMPLE_ORDERS,
     SAMPLERS,
     TrainConfig,
 )
-from marlbuf.cli import ArgumentParser, error
+from marlbuf.cli import ENV_HELP, ArgumentParser, env_name, error
 
 PROG = "marlbuf train"
 
@@ -132,7 +131,7 @@ def build_parser() -> ArgumentParser:
     """The ``marlbuf train`` argument parser (``--help`` shows every default)."""
     p = ArgumentParser(PROG, "Train MADDPG / MATD3 on MPE (paper defaults; deviations are flags).")
     p.add_argument("--algo", choices=ALGOS, default="maddpg", help="trainer")
-    p.add_argument("--env", choices=ENVS, default="cooperative_navigation", help="MPE task")
+    p.add_argument("--env", type=env_name, default="cooperative_navigation", help=ENV_HELP)
     p.add_argument("--agents", type=int, default=3, help="agents (CN) or predators (PP), 1-48")
     p.add_argument("--prey", type=int, default=None, help="PP prey (default: max(1, N // 3))")
     p.add_argument(

@@ -25,6 +25,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The MPE tasks by every name a command accepts (``--env``): full names and short ones.
+ENV_NAMES: dict[str, str] = {
+    "cooperative_navigation": "cooperative_navigation",
+    "cn": "cooperative_navigation",
+    "predator_prey": "predator_prey",
+    "pp": "predator_prey",
+}
+
+#: How ``--help`` names the accepted ``--env`` values.
+ENV_HELP = "MPE task: cooperative_navigation (cn) or predator_prey (pp)"
+
+
+def env_name(value: str) -> str:
+    """``argparse`` type of ``--env``: the task's full name for a full or a short name."""
+    try:
+        return ENV_NAMES[value.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"unknown task {value!r}; choose cooperative_navigation (cn) or predator_prey (pp)"
+        ) from None
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` lists every option's default: appended as ``(default: X)`` unless the help
     text already states it (defaults computed from other options, such as ``--warmup``'s)."""

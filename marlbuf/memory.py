@@ -15,6 +15,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from marlbuf import _config
 from marlbuf.spec import AgentSpec, FieldSpec, interleaved_row_layout, row_fields
 
@@ -131,9 +133,158 @@ def estimate(
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
 
+class MemoryWarning(UserWarning):
+    """A buffer that fits, but in most of the memory the OS reports available (the machine
+    may start swapping). A ``UserWarning``, so Python shows it by default."""
+
+
+@dataclass(frozen=True)
+class FormatOption:
+    """One way to store a buffer, and what it costs.
+
+    Attributes
+    ----------
+    name : str
+        What the format is, in words ("observations stored once, float16").
+    setting : str
+        The arguments that select it (``next_obs='once'``, ``AgentSpec(obs_dtype=np.float16)``,
+        ``path=...``).
+    estimate : MemoryEstimate
+        Everything the format stores (RAM and, for ``path=``, files).
+    ram_bytes : int
+        The part of it held in RAM: all of it, except the storage arrays with ``path=``.
+    """
+
+    name: str
+    setting: str
+    estimate: MemoryEstimate
+    ram_bytes: int
+
+
+def _half(specs: Mapping[str, AgentSpec]) -> dict[str, AgentSpec]:
+    return {a: replace(s, obs_dtype=np.float16) for a, s in specs.items()}
+
+
+def format_options(
+    specs: Mapping[str, AgentSpec],
+    capacity: int,
+    layout: str = "interleaved",
+    *,
+    extra_metadata_bytes: int = 0,
+    episode_length: int = DEFAULT_EPISODE_LENGTH,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
+) -> list[FormatOption]:
+    """Every storage format of a buffer of ``specs`` and ``capacity``, with its size.
+
+    The formats: next observations stored in every row (``next_obs='stored'``) or stored once
+    (``next_obs='once'``; ``'auto'``, the default, picks it for streams of environment steps),
+    each with float32 and float16 observations (``AgentSpec(obs_dtype=np.float16)``: batches
+    are still float32), and the storage arrays of the stored-once format in memory-mapped files
+    (``path=``: only the side table and metadata stay in RAM).
+
+    Parameters
+    ----------
+    specs, capacity, layout, global_fields, alive
+        As for the buffer.
+    extra_metadata_bytes : int
+        Bytes every format adds alike (priority trees, an episode index).
+    episode_length : int
+        Steps per episode, for the side table of observations stored once.
+
+    Returns
+    -------
+    list of FormatOption
+        In the order above; the float16 rows are left out where the observations are float16
+        already.
+    """
+    half = _half(specs)
+    variants = [("dense", "next_obs='stored'", specs, "stored")]
+    variants.append(("stored once", "next_obs='once'", specs, "once"))
+    if any(half[a].obs_dtype != s.obs_dtype for a, s in specs.items()):
+        f16 = "AgentSpec(obs_dtype=np.float16)"
+        variants.append(("dense, float16 obs", f"next_obs='stored' + {f16}", half, "stored"))
+        variants.append(("stored once, float16 obs", f"next_obs='once' + {f16}", half, "once"))
+    options = []
+    for name, setting, fmt_specs, next_obs in variants:
+        est = estimate(
+            fmt_specs,
+            capacity,
+            layout,
+            next_obs,
+            episode_length=episode_length,
+            global_fields=global_fields,
+            alive=alive,
+        )
+        est = replace(est, metadata_bytes=est.metadata_bytes + extra_metadata_bytes)
+        options.append(FormatOption(name, setting, est, est.total_bytes))
+    once = options[1].estimate
+    options.append(
+        FormatOption(
+            "stored once, in mapped files",
+            "next_obs='once' + path='DIR'",
+            once,
+            once.total_bytes - once.storage_bytes,
+        )
+    )
+    return options
+
+
+def largest_capacity(bytes_per_transition: float, budget_bytes: float) -> int:
+    """The largest capacity, rounded down to two significant figures, whose buffer of
+    ``bytes_per_transition`` fits in ``budget_bytes``."""
+    exact = int(budget_bytes // max(bytes_per_transition, 1.0))
+    if exact < 100:
+        return exact
+    scale = 10 ** (len(str(exact)) - 2)
+    return exact // scale * scale
+
+
+def advice(
+    needed: MemoryEstimate,
+    available: int,
+    specs: Mapping[str, AgentSpec],
+    layout: str,
+    *,
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    alive: bool = False,
+) -> str:
+    """What fits instead of a buffer that needs ``needed`` of RAM: every storage format of
+    :func:`format_options` that fits in ``available`` bytes, with its size, and the largest
+    capacity of this format that fits (one sentence each, for a ``MemoryError``)."""
+    if needed.table_row_bytes == 0:  # storage in mapped files already: RAM holds metadata
+        fitting = []
+    else:
+        base = estimate(specs, needed.capacity, layout, "stored", global_fields=global_fields)
+        once = estimate(specs, needed.capacity, layout, "once", global_fields=global_fields)
+        # what the sampler adds (priority trees, an episode index) is the same in every format
+        own = once if needed.side_table_bytes else base
+        extra = max(0, needed.metadata_bytes - own.metadata_bytes)
+        options = format_options(
+            specs,
+            needed.capacity,
+            layout,
+            extra_metadata_bytes=extra,
+            global_fields=global_fields,
+            alive=alive,
+        )
+        fitting = [
+            o for o in options if o.ram_bytes <= available and o.ram_bytes < needed.total_bytes
+        ]
+    parts = []
+    for o in fitting:
+        size = f"{o.ram_bytes / GIB:.2f} GiB"
+        if o.ram_bytes != o.estimate.total_bytes:
+            size += f" of RAM and {o.estimate.storage_bytes / GIB:.2f} GiB of disk"
+        parts.append(f"{o.name} ({o.setting}): {size}")
+    fits = largest_capacity(needed.bytes_per_transition, _config.MEMORY_WARN_FRACTION * available)
+    text = "formats that fit: " + "; ".join(parts) + ". Or " if parts else "Fix: "
+    return text + f"lower capacity to {fits:,} or less in this format"
+
+
 def check_fits_in_memory(nbytes: int, what: str) -> None:
-    """Refuse (``MemoryError``) or warn (``ResourceWarning``) before allocating ``nbytes`` of
-    host memory that will not fit in what the OS reports available."""
+    """Refuse (``MemoryError``) or warn (:class:`MemoryWarning`) before allocating ``nbytes``
+    of host memory that will not fit in what the OS reports available."""
     from marlbuf.storage import available_memory_bytes
 
     available = available_memory_bytes()
@@ -142,35 +293,95 @@ def check_fits_in_memory(nbytes: int, what: str) -> None:
     if nbytes > available:
         raise MemoryError(
             f"{what} needs {nbytes / GIB:.2f} GiB but only {available / GIB:.2f} GiB is "
-            "available; reduce capacity (or the number of agents / observation size)"
+            "available; reduce capacity (or the number of agents / observation size), or store "
+            "observations as float16 (AgentSpec(obs_dtype=np.float16))"
         )
     if nbytes > _config.MEMORY_WARN_FRACTION * available:
         warnings.warn(
             f"{what} needs {nbytes / GIB:.2f} GiB of the {available / GIB:.2f} GiB available; "
             "the machine may start swapping",
-            ResourceWarning,
+            MemoryWarning,
             stacklevel=3,
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``marlbuf memory``: bytes per transition and total size for an MPE configuration."""
-    from marlbuf.cli import ArgumentParser, error
+def format_table(
+    options: list[FormatOption], available: int | None, default: str = "stored once"
+) -> list[str]:
+    """The lines of ``marlbuf memory``'s table: one row per format, sizes in GiB, each
+    format's RAM as a share of ``available`` (``None``: unknown here)."""
+    dense = options[0].estimate.bytes_per_transition
+    header = (
+        f"{'format':<32}{'bytes/transition':>17}{'vs dense':>9}{'total GiB':>11}"
+        f"{'RAM GiB':>9}  of RAM available"
+    )
+    lines = [header, "-" * len(header)]
+    for o in options:
+        name = o.name + (" (default)" if o.name == default else "")
+        if available is None:
+            share = "unknown"
+        elif o.ram_bytes > available:
+            share = "does not fit"
+        else:
+            share = f"{o.ram_bytes / available:.0%}" if o.ram_bytes >= available / 100 else "<1%"
+            if o.ram_bytes > _config.MEMORY_WARN_FRACTION * available:
+                share += " (warns)"
+        lines.append(
+            f"{name:<32}{o.estimate.bytes_per_transition:>17,.0f}"
+            f"{o.estimate.bytes_per_transition / dense:>8.2f}x{o.estimate.total_bytes / GIB:>11.2f}"
+            f"{o.ram_bytes / GIB:>9.2f}  {share}"
+        )
+    return lines
 
+
+#: How each part of a format is selected, in Python and on ``marlbuf train``'s command line.
+HOW_TO_SELECT = (
+    ("dense", 'MultiAgentReplayBuffer(..., next_obs="stored")'),
+    ("stored once", 'the default for streams of env steps (next_obs="auto"); next_obs="once"'),
+    ("float16 obs", "AgentSpec(..., obs_dtype=np.float16); marlbuf train --obs-dtype float16"),
+    ("in mapped files", 'MultiAgentReplayBuffer(..., path="DIR"): the rows live in files'),
+    ("capacity", "MultiAgentReplayBuffer(specs, capacity); marlbuf train --buffer-size"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``marlbuf memory``: each storage format's size for an MPE configuration, against this
+    machine's available RAM."""
+    from marlbuf.cli import ENV_HELP, ArgumentParser, env_name, error
+    from marlbuf.storage import available_memory_bytes
+
+    prog = "marlbuf memory"
     parser = ArgumentParser(
-        "marlbuf memory",
+        prog,
         description="What a buffer will hold, before allocating it: bytes per transition and "
-        "total size of each storage format for the paper's MPE tasks.",
+        "total size of each storage format for the paper's MPE tasks, against the RAM this "
+        "machine has available.",
+    )
+    parser.add_argument("--env", type=env_name, default="cooperative_navigation", help=ENV_HELP)
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=24,
+        help="agents (cooperative navigation) or predators (predator-prey; prey added as the "
+        "trainer does: max(1, agents // 3))",
     )
     parser.add_argument(
-        "--env",
-        choices=("cooperative_navigation", "predator_prey"),
-        default="cooperative_navigation",
+        "--capacity", type=float, default=1e6, help="transitions the buffer holds (1e6 is fine)"
     )
-    parser.add_argument("--agents", type=int, default=24, help="agents (predators)")
-    parser.add_argument("--capacity", type=float, default=1e6, help="transitions")
-    parser.add_argument("--layout", choices=("interleaved", "agent_major"), default="interleaved")
-    parser.add_argument("--episode-length", type=int, default=DEFAULT_EPISODE_LENGTH)
+    parser.add_argument(
+        "--layout",
+        choices=("interleaved", "agent_major"),
+        default="interleaved",
+        help="interleaved: one padded row per step (the default); agent_major: one array per "
+        "field and agent",
+    )
+    parser.add_argument(
+        "--episode-length",
+        type=int,
+        default=DEFAULT_EPISODE_LENGTH,
+        help="steps per episode: observations stored once keep one next observation per "
+        "episode end in a side table",
+    )
     parser.add_argument(
         "--hidden",
         type=int,
@@ -182,41 +393,58 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--alive", action="store_true", help="an alive flag per agent per step")
     args = parser.parse_args(argv)
-    if args.agents < 1 or args.capacity < 1 or not float(args.capacity).is_integer():
-        return error("marlbuf memory", "--agents and --capacity must be positive integers")
-    if args.hidden < 0 or args.state < 0:
-        return error("marlbuf memory", "--hidden and --state must be >= 0")
+    for name, value, low in (
+        ("--agents", args.agents, 1),
+        ("--capacity", args.capacity, 1),
+        ("--episode-length", args.episode_length, 1),
+        ("--hidden", args.hidden, 0),
+        ("--state", args.state, 0),
+    ):
+        if value < low or not float(value).is_integer():
+            return error(prog, f"{name} must be an integer >= {low}; got {name} {value:g}")
     from marlbuf.bench.workloads import Workload
 
     workload = Workload(args.env, args.agents)
     extras = {"hidden": FieldSpec((args.hidden,))} if args.hidden else {}
     specs = {a: replace(s, extras=extras) for a, s in workload.specs().items()}
     global_fields = {"state": FieldSpec((args.state,))} if args.state else {}
-    half = {
-        a: AgentSpec(s.obs_shape, s.action_shape, obs_dtype="float16", extras=extras)
-        for a, s in specs.items()
-    }
     capacity = int(args.capacity)
-    print(f"{workload.label} ({workload.n_trainers} agents), capacity {capacity:,}:")
-    dense = None
-    for name, fmt_specs, next_obs in (
-        ("dense (next_obs stored)", specs, "stored"),
-        ("observations stored once", specs, "once"),
-        ("stored once + float16 obs", half, "once"),
-    ):
-        est = estimate(
-            fmt_specs,
-            capacity,
-            args.layout,
-            next_obs,
-            episode_length=args.episode_length,
-            global_fields=global_fields,
-            alive=args.alive,
-        )
-        dense = dense or est
-        ratio = est.bytes_per_transition / dense.bytes_per_transition
-        print(f"  {name:<28} {est}  ({ratio:.2f}x dense)")
+    options = format_options(
+        specs,
+        capacity,
+        args.layout,
+        episode_length=args.episode_length,
+        global_fields=global_fields,
+        alive=args.alive,
+    )
+    available = available_memory_bytes()
+    ram = "unknown" if available is None else f"{available / GIB:.2f} GiB"
+    print(
+        f"{workload.label} ({workload.n_trainers} agents), capacity {capacity:,}, "
+        f"{args.layout} layout; RAM available here: {ram}"
+    )
+    print()
+    print("\n".join(format_table(options, available)))
+    print()
+    print("how to select each part of a format:")
+    for part, how in HOW_TO_SELECT:
+        print(f"  {part:<16} {how}")
+    print(
+        "default: what a buffer without options stores for streams of environment steps\n"
+        f"(warns): above {_config.MEMORY_WARN_FRACTION:.0%} of the available RAM a buffer warns "
+        "(MemoryWarning);\nabove 100% it refuses (MemoryError), naming the formats that fit"
+    )
     return 0
 
 
-__all__ = ["DEFAULT_EPISODE_LENGTH", "MemoryEstimate", "check_fits_in_memory", "estimate"]
+__all__ = [
+    "DEFAULT_EPISODE_LENGTH",
+    "FormatOption",
+    "MemoryEstimate",
+    "MemoryWarning",
+    "advice",
+    "check_fits_in_memory",
+    "estimate",
+    "format_options",
+    "largest_capacity",
+]

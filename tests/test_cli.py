@@ -113,9 +113,9 @@ def test_memory_command_prints_every_format(capsys):
 
     assert cli.main(["memory", "--agents", "3", "--capacity", "1e4"]) == 0
     out = capsys.readouterr().out
-    assert "CN-3" in out and "stored once + float16" in out and "x dense" in out
+    assert "CN-3" in out and "stored once, float16 obs" in out and "x" in out
     assert cli.main(["memory", "--agents", "0"]) == 2
-    assert "positive integers" in capsys.readouterr().err
+    assert "--agents must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_memory_command_counts_extra_fields(capsys):
@@ -127,8 +127,9 @@ def test_memory_command_counts_extra_fields(capsys):
     assert cli.main([*args, "--alive"]) == 0
     extra = capsys.readouterr().out
 
-    def stored(text):
-        return int(text.split("bytes per transition: ")[1].split(" stored")[0].replace(",", ""))
+    def stored(text):  # the dense row's bytes per transition (metadata alike in both runs)
+        row = next(line for line in text.splitlines() if line.startswith("dense "))
+        return int(row.split()[1].replace(",", ""))
 
     # 3 agents x 64 float32 + 8 float32 + 3 bytes more, rows padded to 64 bytes
     assert stored(extra) - stored(plain) > 3 * 64 * 4 + 8 * 4 + 3 - 64
