@@ -81,9 +81,16 @@ def half_obs(specs: dict) -> dict:
     return out
 
 
+def host_batch(batch):
+    """A batch as NumPy arrays (a torch store's DeviceBatch is copied to the host)."""
+    return batch.to_numpy() if hasattr(batch, "to_numpy") else batch
+
+
 def make_machine(
-    layout: str, sampler_kind: str, storage: str = "once"
+    layout: str, sampler_kind: str, storage: str = "once", store: str = "ram"
 ) -> type[RuleBasedStateMachine]:
+    """The state machine for one configuration; ``store``: ``"ram"`` (NumPy arrays),
+    ``"mapped"`` (``path=``) or ``"torch"`` (``device="cpu"``)."""
     weighted = sampler_kind.startswith("prioritized")
     next_obs, half = STORAGES[storage]
 
@@ -115,6 +122,12 @@ def make_machine(
             self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # trainer -> (idx, gens)
 
         def _new_buffer(self, seed):
+            where: dict = {}
+            if store == "mapped":
+                self.saves += 1
+                where["path"] = Path(self.tmp.name) / f"mapped{self.saves}"
+            elif store == "torch":
+                where["device"] = "cpu"
             return MultiAgentReplayBuffer(
                 self.specs,
                 self.capacity,
@@ -122,9 +135,12 @@ def make_machine(
                 sampler=build_sampler(sampler_kind, self.capacity, self.run_length),
                 seed=seed,
                 next_obs=next_obs,
+                **where,
             )
 
         def teardown(self) -> None:
+            for buf in getattr(self, "bufs", []):
+                buf.close()
             self.tmp.cleanup()
 
         # ------------------------------------------------------------------ the model
@@ -203,6 +219,7 @@ def make_machine(
 
         # ------------------------------------------------------------------ checks
         def check_batch(self, batch, buf, batch_size, trainer, sampled=True):
+            batch = host_batch(batch)
             size = self.size
             assert len(batch) == batch_size
             idx = batch.indices
@@ -246,6 +263,7 @@ def make_machine(
 
         def same_batches(self, batches):
             """Batches drawn by the copies for the same call are identical, bit for bit."""
+            batches = [host_batch(b) for b in batches]
             first = batches[0]
             for other in batches[1:]:
                 np.testing.assert_array_equal(other.indices, first.indices)
@@ -427,7 +445,9 @@ def make_machine(
                 self.saves += 1
                 path = Path(self.tmp.name) / f"buf{self.saves}.npz"
                 source.save(path)
-                restored = MultiAgentReplayBuffer.load(path)
+                restored = MultiAgentReplayBuffer.load(
+                    path, device="cpu" if store == "torch" else None
+                )
                 assert restored.layout == layout and restored.specs == source.specs
                 assert repr(restored.sampler) == repr(source.sampler)
             self.bufs = [self.bufs[0], restored]
@@ -469,7 +489,7 @@ def make_machine(
                         )
                 np.testing.assert_allclose(trees.max_priority, self.max_prio, rtol=1e-12)
 
-    BufferMachine.__name__ = f"BufferMachine_{layout}_{sampler_kind}"
+    BufferMachine.__name__ = f"BufferMachine_{layout}_{sampler_kind}_{store}"
     return BufferMachine
 
 
@@ -484,3 +504,13 @@ def test_buffer_state_machine(layout, sampler_kind):
 def test_buffer_state_machine_dense_half(layout, sampler_kind):
     """next_obs stored in every row, float16 observations converted in the gather."""
     run_state_machine_as_test(make_machine(layout, sampler_kind, "stored+half"), settings=SETTINGS)
+
+
+@pytest.mark.parametrize("sampler_kind", ["uniform", "neighbor", "prioritized_neighbor"])
+@pytest.mark.parametrize("store", ["mapped", "torch"])
+def test_buffer_state_machine_on_every_store(store, sampler_kind):
+    """The same machine on the memory-mapped store and the torch store (on the CPU)."""
+    if store == "torch":
+        pytest.importorskip("torch")
+    machine = make_machine("interleaved", sampler_kind, store=store)
+    run_state_machine_as_test(machine, settings=SETTINGS)
