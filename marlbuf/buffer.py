@@ -1133,6 +1133,84 @@ class MultiAgentReplayBuffer:
             )
         return int(n_trainers)
 
+    def check_trainer(self, trainer: Any) -> int:
+        """``trainer`` as this buffer's methods check it: an int in ``[0, n_trainers)``.
+
+        For code that takes a trainer on this buffer's behalf (a sharded buffer's learner).
+
+        Raises
+        ------
+        TypeError
+            ``trainer`` is not an int (a bool is not one).
+        ValueError
+            It is outside ``[0, n_trainers)``.
+        """
+        return self._check_trainer(trainer)
+
+    def check_n_trainers(self, n_trainers: Any) -> int:
+        """``n_trainers`` of a round as :meth:`sample_for_trainers` checks it: ``None`` gives
+        the buffer's ``n_trainers``, else an int in ``[1, n_trainers]`` (``TypeError`` or
+        ``ValueError`` otherwise)."""
+        return self._check_n_trainers(n_trainers)
+
+    def sample_prefix(
+        self, batch_size: int, size: int, trainer: int = 0, out: Batch | None = None
+    ) -> Batch:
+        """One batch drawn by the buffer's sampler from slots ``[0, size)`` only, as
+        :meth:`sample` would draw it if the buffer held just those (under the buffer's lock).
+
+        This is one shard's part of a draw over several buffers
+        (:class:`marlbuf.distributed.ShardedReplayBuffer`): the learner split the batch by
+        the sizes it counted, and a shard that received writes since draws from those slots
+        only, so the global draw is exact for the counted state. The sampler is asked through
+        :meth:`marlbuf.samplers.Sampler.sample_share`: ``Uniform(replace=True)`` may then draw
+        more rows than ``size`` (the whole batch fits the union of the shards; the caller
+        checks that).
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows in the batch (checked by the sampler, as :meth:`sample`).
+        size : int
+            Slots to draw from, in ``[1, len(self)]``. Samplers that draw from state kept per
+            slot (priority trees, the episode index) draw from every stored slot, so for them
+            ``size`` must be ``len(self)``.
+        trainer : int, default 0
+            Whose sampler state to use.
+        out : Batch, optional
+            As in :meth:`sample`.
+
+        Returns
+        -------
+        Batch
+            As :meth:`sample` returns (a sequence batch for sequence samplers).
+        """
+        trainer = self._check_trainer(trainer)
+        batch_size = self.sampler.check_batch_size(batch_size)
+        out_block = None if out is None else self._out_block(out, batch_size)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"size must be an int; got size={size!r}")
+        with self.writer.lock:
+            self._check_enough(batch_size)
+            whole = self.sampler.weighted or self.episodes is not None
+            if whole and size != self.size:
+                raise ValueError(
+                    f"size must be len(self)={self.size}: {self.sampler!r} draws from every "
+                    f"stored slot; got size={size}"
+                )
+            if not 1 <= size <= self.size:
+                raise ValueError(
+                    f"size must be in [1, {self.size}] (the stored slots); got size={size}"
+                )
+            if self._deferred:
+                self.apply_deferred_updates()
+            indices, weights = self.sampler.sample_share(batch_size, int(size), self.rng, trainer)
+            if self._sequence is not None:
+                return self._gather_sequences(indices, weights, trainer, out_block)
+            if isinstance(self.sampler, EpisodesSampler):
+                return self._gather_episodes(indices, weights, trainer, out_block)
+            return self._gather(indices, weights, trainer, out_block)
+
     def gather(self, indices: Any, trainer: int | None = None) -> Batch:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``,
         ``B >= 1``: empty ``indices`` are a ``ValueError``, like ``latest(0)``)."""
@@ -1206,6 +1284,8 @@ class MultiAgentReplayBuffer:
     def _check_indices(self, indices: Any) -> np.ndarray:
         """``indices`` as a 1-D int64 array of filled slots, or a clear error."""
         idx = np.asarray(indices)
+        if idx.shape == (0,):  # [] is float64 to NumPy: no values, so no wrong type
+            return np.empty(0, dtype=np.int64)
         if idx.ndim != 1 or idx.dtype.kind not in "iu":
             raise TypeError(
                 f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
@@ -1576,6 +1656,10 @@ class MultiAgentReplayBuffer:
         self._load_state(state, adopt=False)
 
     def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"a buffer state is a mapping (what state_dict() returns); got {state!r:.80}"
+            )
         try:
             self._load_header_checked(state, adopt)
         except (KeyError, TypeError, AttributeError, IndexError) as exc:

@@ -1,7 +1,8 @@
 """Memory-mapped storage: a buffer whose storage arrays live in files, so that its capacity is
 bounded by disk, not RAM (``MultiAgentReplayBuffer(..., path=folder)``; reopened with
 ``MultiAgentReplayBuffer.open(folder)``, or ``open(folder, mode="r")`` to sample from a frozen
-buffer, e.g. on read-only media).
+buffer, e.g. on read-only media: the files are opened read-only and mapped copy-on-write, a log
+left by a crash is replayed in memory only, and the arrays are read-only once open).
 
 The folder holds:
 
@@ -202,6 +203,7 @@ class MappedStore:
         self.manifest = manifest
         self._arrays: dict[str, dict[str, Any]] = {}  # name -> file, dtype, shape
         self._maps: list[mmap.mmap] = []
+        self._mapped_arrays: list[np.ndarray] = []
         self._fds: dict[str, int] = {}  # "folder" (the lock), "log": raw descriptors
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         self.checkpoint_number = 0
@@ -481,12 +483,21 @@ class MappedStore:
             array = np.zeros(shape, dtype=dtype)
             array.flags.writeable = not self.readonly
             return array
-        access = mmap.ACCESS_READ if self.readonly else mmap.ACCESS_WRITE
+        # read-only: a private copy-on-write mapping of a file opened read-only, so that opening
+        # may replay the log in memory; the arrays are made read-only once open (freeze())
+        access = mmap.ACCESS_COPY if self.readonly else mmap.ACCESS_WRITE
         mapping = mmap.mmap(fd, nbytes, access=access)
         self._maps.append(mapping)
-        # a plain ndarray over the mapping (kernels take it like any array); read-only
-        # mappings give read-only arrays
-        return np.frombuffer(mapping, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
+        # a plain ndarray over the mapping (kernels take it like any array)
+        array = np.frombuffer(mapping, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
+        self._mapped_arrays.append(array)
+        return array
+
+    def freeze(self) -> None:
+        """Make the storage arrays of a read-only store read-only (once the log is replayed)."""
+        if self.readonly:
+            for array in self._mapped_arrays:
+                array.flags.writeable = False
 
     def sync_arrays(self) -> None:
         """Flush the mapped storage arrays to disk (``msync``)."""
@@ -582,8 +593,9 @@ class MappedStore:
     def replay(self, buffer: MultiAgentReplayBuffer, checkpoint: Mapping[str, Any]) -> int:
         """Run the log's records after the checkpoint (``checkpoint["mapped"]``) through
         ``buffer``'s commit (not yet attached, so nothing is logged again); returns how many
-        there were. Raises :class:`LogDamaged` when the log does not vouch for the table (see
-        the module docstring); with ``mode="r"``, when there are records to replay."""
+        there were (with ``mode="r"`` into the private copy-on-write mappings: the files are
+        not changed). Raises :class:`LogDamaged` when the log does not vouch for the table
+        (see the module docstring)."""
         self._row_words = buffer._codec.row_words
         info = checkpoint["mapped"]
         if self._legacy_log:
@@ -651,12 +663,6 @@ class MappedStore:
                     else f"record {count} of its log (at byte {offset}) is incomplete but "
                     "later records follow it (damaged)"
                 )
-            if self.readonly:
-                raise ValueError(
-                    f"the memory-mapped buffer at {str(self.folder)!r} was not closed: its log "
-                    "holds writes to apply again, which mode='r' cannot do. Open it once with "
-                    "mode='r+' (MultiAgentReplayBuffer.open(path)) and close() it"
-                )
             rows, steps, stream, streams, size = record
             buffer._commit(rows, steps, stream if stream >= 0 else streams)
             offset += size
@@ -694,11 +700,6 @@ class MappedStore:
                 )
                 if zlib.crc32(_bytes(streams), zlib.crc32(_bytes(rows))) != crc:
                     break
-                if self.readonly:
-                    raise ValueError(
-                        f"the memory-mapped buffer at {str(self.folder)!r} was not closed: open "
-                        "it once with mode='r+' and close() it before opening it with mode='r'"
-                    )
                 buffer._commit(rows, steps, stream if stream >= 0 else streams)
                 offset += RECORD_HEADER_BYTES + nbytes
                 count += 1
@@ -741,7 +742,12 @@ class MappedStore:
         parts.append(memoryview(_TRAILER.pack(_TRAILER_MAGIC, self._seq, head_crc)))
         size = RECORD_HEADER_BYTES + payload + RECORD_TRAILER_BYTES
         if self._offset + size > self._reserved:
-            self._reserve_log(self._offset + size)  # before anything is written
+            try:
+                self._reserve_log(self._offset + size)  # before anything is written
+            except OSError as exc:
+                raise _no_space(
+                    exc, self.folder, f"its redo log {str(self.folder / LOG)!r}"
+                ) from None
         fd = self._fds[LOG]
         _write_at(fd, parts, self._offset, self.folder / LOG)
         if self.durable:
@@ -796,7 +802,7 @@ class MappedStore:
             # atomic: temporary file (fsync), rename; it replaces only a buffer file
             persistence.write_state(state, path, sync)
         except OSError as exc:
-            raise _no_space(exc, self.folder, "the checkpoint") from None
+            raise _no_space(exc, self.folder, "a checkpoint", changed=True) from None
         self.checkpoint_number += 1  # older log records no longer count
         self.checkpoint_id = new_id
         self._limit = max(_config.MAPPED_LOG_BYTES, path.stat().st_size)
@@ -873,6 +879,7 @@ def open_buffer(
         buffer._load_state(state, adopt=True)  # the storage is already in place: nothing copied
         replayed = store.replay(buffer, state)
         buffer._mapped = store
+        store.freeze()
         if not store.readonly:
             legacy = store._legacy_log
             store._legacy_log = False
@@ -1027,15 +1034,20 @@ def _close_all(fds: dict[str, int]) -> None:
             pass
 
 
-def _no_space(exc: OSError, folder: Path, what: str) -> OSError:
-    """``exc``, with a hint when the disk is full."""
+def _no_space(exc: OSError, folder: Path, what: str, changed: bool = False) -> OSError:
+    """``exc``, with a hint when the disk is full (``changed``: the failure came after the
+    buffer's call was applied and logged, as a checkpoint does)."""
     if exc.errno != errno.ENOSPC:
         return exc
+    outcome = (
+        "the call before it is applied and in the log (kept); free some space, then flush() "
+        "writes the checkpoint"
+        if changed
+        else "free some space (or move the folder to a larger disk) and write again: the call "
+        "that failed changed nothing in the buffer"
+    )
     return OSError(
-        errno.ENOSPC,
-        f"no space left on the disk of {str(folder)!r} to write {what}; free some space (or "
-        "move the folder to a larger disk) and write again: the write that failed changed "
-        "nothing in the buffer",
+        errno.ENOSPC, f"no space left on the disk of {str(folder)!r} to write {what}; {outcome}"
     )
 
 
