@@ -63,9 +63,9 @@ PY
 [ $? -eq 0 ] || status=1
 cat "$out/environment.txt"
 
-echo "== 1/2 torch backend tests (CUDA and CPU)"
+echo "== 1/2 torch store tests (CUDA and CPU)"
 if "$python" -c "import pytest" 2>/dev/null; then
-  timeout 180 "$python" -m pytest tests/test_torch_backend.py -q -p no:cacheprovider -k "not device_check_script" \
+  timeout 180 "$python" -m pytest tests/test_torch_backend.py tests/test_stores.py -q -p no:cacheprovider -k "not device_check_script" \
     --junitxml="$out/cuda-tests.xml" 2>&1 | tee "$out/cuda-tests.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else

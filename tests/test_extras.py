@@ -621,17 +621,16 @@ def test_batch_conveniences_and_torch():
     assert torch.equal(tb.extras["avail"]["agent_2"], torch.ones(3, 2, dtype=torch.bool))
 
 
-def test_torch_backend_refuses_extras():
-    pytest.importorskip("torch")
-    with pytest.raises(ValueError, match="extra fields"):
-        MultiAgentReplayBuffer(PACKED_SPECS, 8, next_obs="stored", device="cpu")
+def test_torch_store_gathers_extras_globals_and_alive():
+    torch = pytest.importorskip("torch")
     plain = {a: AgentSpec(s.obs_shape, s.action_shape) for a, s in PACKED_SPECS.items()}
-    with pytest.raises(ValueError, match="alive=True"):
-        MultiAgentReplayBuffer(plain, 8, next_obs="stored", device="cpu", alive=True)
-    with pytest.raises(ValueError, match="global_fields"):
-        MultiAgentReplayBuffer(
-            plain, 8, next_obs="stored", device="cpu", global_fields={"s": FieldSpec(2)}
-        )
+    for specs, kw in (
+        (PACKED_SPECS, {}),
+        (plain, {"alive": True, "global_fields": {"s": FieldSpec(2)}}),
+    ):
+        buf = MultiAgentReplayBuffer(specs, 8, next_obs="stored", device="cpu", **kw)
+        assert buf.device == torch.device("cpu")
+        assert buf.stored("obs").keys() == specs.keys()
 
 
 def test_memory_estimate_counts_extras():
