@@ -206,3 +206,109 @@ def from_stream(
         final = np.zeros_like(per_episode[:, :1]) if last is None else last[:, None]
         out[field] = np.concatenate([per_episode, final], axis=1)
     return out
+
+
+class TorchPaddedEpisodeBuffer:
+    """The padded-episode layout in torch tensors, as EPyMARL keeps it (``EpisodeBatch``'s
+    ``transition_data``): the whole-episode baseline of the ``sequences`` suite's episodes part.
+
+    Same layout as :class:`PaddedEpisodeBuffer` (every field ``(n_episodes, max_t + 1, ...)``,
+    ``filled`` int64 and ``terminated`` uint8 ``(n_episodes, max_t + 1, 1)``), in torch tensors
+    on ``device``. An insert writes already padded episodes (a runner fills a padded batch as it
+    steps the environment) into consecutive episode slots with slice assignments, every field
+    and every one of the ``max_t + 1`` steps; a draw takes ``B`` distinct stored episode slots
+    (``Generator.choice(..., replace=False)``) and indexes every tensor with them (copies), as
+    ``ReplayBuffer.sample`` does. Written from that description, not from EPyMARL's code.
+
+    Parameters
+    ----------
+    fields : mapping of name to PaddedField
+        The stored fields (``filled`` and ``terminated`` are added).
+    n_agents, n_episodes, max_t, seed
+        As in :class:`PaddedEpisodeBuffer`.
+    device : str, default "cpu"
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[str, PaddedField],
+        n_agents: int,
+        n_episodes: int,
+        max_t: int,
+        seed: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        import torch
+
+        if "filled" in fields or "terminated" in fields:
+            raise ValueError("'filled' and 'terminated' are added by the buffer; do not declare")
+        self.n_agents, self.n_episodes, self.max_t = int(n_agents), int(n_episodes), int(max_t)
+        self.fields = dict(fields)
+        steps = (self.n_episodes, self.max_t + 1)
+
+        def dtype(np_dtype: Any) -> Any:
+            return torch.from_numpy(np.zeros(0, np_dtype)).dtype
+
+        self.data: dict[str, Any] = {
+            name: torch.zeros(
+                steps + ((self.n_agents,) if f.per_agent else ()) + tuple(f.shape),
+                dtype=dtype(f.dtype),
+                device=device,
+            )
+            for name, f in self.fields.items()
+        }
+        self.data["terminated"] = torch.zeros((*steps, 1), dtype=torch.uint8, device=device)
+        self.data["filled"] = torch.zeros((*steps, 1), dtype=torch.long, device=device)
+        self.index = 0
+        self.episodes_in_buffer = 0
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the padded tensors (``filled`` and ``terminated`` included)."""
+        return sum(t.numel() * t.element_size() for t in self.data.values())
+
+    def pad(self, episode: Mapping[str, np.ndarray], length: int) -> dict[str, Any]:
+        """One episode as a runner's padded batch of one: every field ``(1, max_t + 1, ...)``
+        from ``episode[name]`` (``(length + 1, ...)``: the steps and the row after the last),
+        zeros past it, ``filled`` on rows ``0 .. length``, ``terminated`` on row
+        ``length - 1``."""
+        import torch
+
+        out = {}
+        for name, array in self.data.items():
+            padded = torch.zeros((1, *array.shape[1:]), dtype=array.dtype)
+            if name == "filled":
+                padded[0, : length + 1] = 1
+            elif name == "terminated":
+                padded[0, length - 1] = 1
+            else:
+                padded[0, : length + 1] = torch.from_numpy(np.asarray(episode[name][: length + 1]))
+            out[name] = padded
+        return out
+
+    def insert_episode_batch(self, episodes: Mapping[str, Any]) -> None:
+        """Store E padded episodes (every field ``(E, max_t + 1, ...)``, ``filled`` and
+        ``terminated`` included) at the next slots, wrapping as EPyMARL's buffer does."""
+        count = int(episodes["filled"].shape[0])
+        if self.index + count > self.n_episodes:  # split at the end of the ring
+            left = self.n_episodes - self.index
+            self.insert_episode_batch({k: v[:left] for k, v in episodes.items()})
+            self.insert_episode_batch({k: v[left:] for k, v in episodes.items()})
+            return
+        rows = slice(self.index, self.index + count)
+        for name, value in episodes.items():
+            self.data[name][rows] = value
+        self.index = (self.index + count) % self.n_episodes
+        self.episodes_in_buffer = min(self.n_episodes, self.episodes_in_buffer + count)
+
+    def sample_episodes(self, batch_size: int) -> dict[str, Any]:
+        """B distinct whole padded episodes: every field ``(B, max_t + 1, ...)`` (copies)."""
+        import torch
+
+        if batch_size > self.episodes_in_buffer:
+            raise ValueError(
+                f"batch_size={batch_size} exceeds the {self.episodes_in_buffer} stored episodes"
+            )
+        ids = torch.from_numpy(self.rng.choice(self.episodes_in_buffer, batch_size, replace=False))
+        return {name: array[ids] for name, array in self.data.items()}

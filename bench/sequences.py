@@ -58,6 +58,25 @@ times, carry over between machines):
   early; the padded layout still reserves ``max_t + 1 = 26`` steps per episode). marlbuf's
   figure is :func:`marlbuf.memory.estimate` and a measured buffer (``nbytes`` / capacity); the
   padded figure is the arrays' bytes over the real transitions they hold.
+* **Episodes** — whole-episode replay as EPyMARL's learners use it: ``sample(32)`` of 32
+  distinct whole episodes out of ``episodes_stored`` (5,000 in the full run), cooperative
+  navigation with 3 and 12 agents plus a global state (all observations: EPyMARL's MPE state),
+  episodes of 25 steps and of mixed lengths (uniform in 5..25):
+
+  - ``marlbuf``: ``MultiAgentReplayBuffer(specs, capacity=the steps of those episodes,
+    sampler=Episodes(), global_fields={"state": ...})``, each episode written by one
+    ``extend`` ending with ``done``; ``sample(32)`` returns an ``EpisodeBatch`` padded to the
+    batch's longest episode (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors
+    sharing its memory);
+  - ``padded_torch`` (:class:`marlbuf.bench.padded_episodes.TorchPaddedEpisodeBuffer`): the
+    EPyMARL layout in torch tensors (obs, action and reward per agent, the state,
+    ``terminated`` and ``filled``, every episode padded to ``max_t + 1 = 26`` steps),
+    ``sample_episodes(32)`` indexing every tensor with 32 distinct episode slots.
+
+  Also timed: inserting one episode (marlbuf: ``extend`` of its steps; padded: writing the
+  runner's padded episode, every field and step), and the bytes per stored step (marlbuf:
+  every array the buffer keeps, over its capacity; padded: the tensors over the real
+  transitions they hold).
 """
 
 from __future__ import annotations
@@ -74,7 +93,12 @@ import numpy as np
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.memory import half_specs
-from marlbuf.bench.padded_episodes import PaddedEpisodeBuffer, PaddedField, from_stream
+from marlbuf.bench.padded_episodes import (
+    PaddedEpisodeBuffer,
+    PaddedField,
+    TorchPaddedEpisodeBuffer,
+    from_stream,
+)
 from marlbuf.bench.workloads import Workload, episode_steps
 from marlbuf.memory import GIB, estimate
 from marlbuf.storage import available_memory_bytes
@@ -94,6 +118,18 @@ TARGET_SPEEDUP = 5.0
 TARGET_FLAT = 1.3
 #: episode mixes of the memory part: name -> (shortest, longest) episode length
 EPISODE_MIXES: dict[str, tuple[int, int]] = {"length 25": (25, 25), "mixed 5-25": (5, 25)}
+#: whole episodes per draw in the episodes part (EPyMARL's default batch_size)
+EPISODE_BATCH = 32
+#: targets of the episodes part: padded time / marlbuf time per mix, marlbuf bytes per step /
+#: padded bytes per step with mixed lengths, marlbuf insert time / padded insert time
+EPISODE_TARGETS: dict[str, float] = {
+    "sample_speedup length 25": 1.5,
+    "sample_speedup mixed 5-25": 2.0,
+    "memory_vs_padded mixed 5-25": 0.7,
+    "insert_vs_padded": 1.0,
+}
+#: episodes generated once per workload and written again and again (the bytes do not matter)
+EPISODE_POOL = 16
 
 QUICK: dict[str, Any] = {
     "workload": Workload("cooperative_navigation", 6),
@@ -102,6 +138,9 @@ QUICK: dict[str, Any] = {
     "scaling_workload": Workload("cooperative_navigation", 3),
     "scaling": [10_000, 40_000],
     "memory_capacity": 5_000,
+    "episode_workloads": [Workload("cooperative_navigation", 3)],
+    "episodes_stored": 200,
+    "episode_repeats": 5,
 }
 FULL: dict[str, Any] = {
     "workload": Workload("cooperative_navigation", 6),
@@ -110,6 +149,12 @@ FULL: dict[str, Any] = {
     "scaling_workload": Workload("cooperative_navigation", 3),
     "scaling": [100_000, 1_000_000, 10_000_000],
     "memory_capacity": 100_000,
+    "episode_workloads": [
+        Workload("cooperative_navigation", 3),
+        Workload("cooperative_navigation", 12),
+    ],
+    "episodes_stored": 5_000,
+    "episode_repeats": 200,
 }
 
 
@@ -656,6 +701,222 @@ def held_bytes(buf: MultiAgentReplayBuffer) -> int:
     return int(total)
 
 
+# ------------------------------------------------------------------------------- episodes
+def _episode_pool(
+    specs: dict[str, AgentSpec], state_dim: int, rng: np.random.Generator
+) -> list[dict[str, Any]]:
+    """:data:`EPISODE_POOL` episodes of ``EPISODE_LENGTH`` steps: per agent an observation
+    chain of ``EPISODE_LENGTH + 1`` rows (obs, then next_obs one row later), actions, rewards,
+    and a state chain (the observations side by side)."""
+    pool = []
+    for _ in range(EPISODE_POOL):
+        chain = {
+            a: rng.random((EPISODE_LENGTH + 1, *s.obs_shape), np.float32) for a, s in specs.items()
+        }
+        state = np.concatenate([c.reshape(EPISODE_LENGTH + 1, -1) for c in chain.values()], 1)
+        pool.append(
+            {
+                "chain": chain,
+                "state": state[:, :state_dim],
+                "action": {
+                    a: rng.random((EPISODE_LENGTH + 1, *s.action_shape), np.float32)
+                    for a, s in specs.items()
+                },
+                "reward": {a: rng.random(EPISODE_LENGTH + 1, np.float32) for a in specs},
+            }
+        )
+    return pool
+
+
+def _marlbuf_episode(episode: Mapping[str, Any], length: int) -> dict[str, Any]:
+    """``extend`` keywords of the first ``length`` steps of a pool episode (done at the last)."""
+    done = np.zeros(length, np.float32)
+    done[-1] = 1.0
+    chain = episode["chain"]
+    return {
+        "obs": {a: c[:length] for a, c in chain.items()},
+        "action": {a: x[:length] for a, x in episode["action"].items()},
+        "reward": {a: x[:length] for a, x in episode["reward"].items()},
+        "next_obs": {a: c[1 : length + 1] for a, c in chain.items()},
+        "done": {a: done for a in chain},
+        "state": episode["state"][:length],
+    }
+
+
+def _padded_episode(
+    buf: TorchPaddedEpisodeBuffer, episode: Mapping[str, Any], length: int
+) -> dict[str, Any]:
+    """A pool episode as a runner's padded batch of one (agents stacked)."""
+
+    def stacked(per_agent: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.stack(list(per_agent.values()), axis=1)
+
+    return buf.pad(
+        {
+            "obs": stacked(episode["chain"]),
+            "action": stacked(episode["action"]),
+            "reward": stacked(episode["reward"]),
+            "state": episode["state"],
+        },
+        length,
+    )
+
+
+def _episode_buffers(
+    specs: dict[str, AgentSpec], state_dim: int, lengths: np.ndarray
+) -> tuple[MultiAgentReplayBuffer, TorchPaddedEpisodeBuffer]:
+    from marlbuf.samplers import Episodes  # type: ignore[attr-defined,unused-ignore]
+    from marlbuf.spec import FieldSpec  # type: ignore[attr-defined,unused-ignore]
+
+    first = next(iter(specs.values()))
+    ours = MultiAgentReplayBuffer(
+        specs,
+        int(lengths.sum()),
+        sampler=Episodes(),
+        seed=0,
+        global_fields={"state": FieldSpec((state_dim,))},
+    )
+    padded = TorchPaddedEpisodeBuffer(
+        {
+            "obs": PaddedField(first.obs_shape),
+            "action": PaddedField(first.action_shape),
+            "reward": PaddedField(()),
+            "state": PaddedField((state_dim,), per_agent=False),
+        },
+        n_agents=len(specs),
+        n_episodes=len(lengths),
+        max_t=EPISODE_LENGTH,
+        seed=0,
+    )
+    return ours, padded
+
+
+def _episodes(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return [], {"episodes": f"needs torch ([algos] extra): {exc}"}
+    rows: list[dict[str, Any]] = []
+    for workload in cfg["episode_workloads"]:
+        for mix_name in EPISODE_MIXES:
+            rows += _episode_case(workload, mix_name, cfg, progress)
+            gc.collect()
+    return rows, {}
+
+
+def _cycle(call: Callable[[Any], Any], items: list[Any]) -> Callable[[], None]:
+    """A zero-argument callable that calls ``call`` on the next of ``items`` each time."""
+    position = [0]
+
+    def step() -> None:
+        position[0] = (position[0] + 1) % len(items)
+        call(items[position[0]])
+
+    return step
+
+
+def _sample_to_torch(buf: MultiAgentReplayBuffer, batch_size: int) -> Any:
+    return buf.sample(batch_size).to_torch()
+
+
+def _episode_case(
+    workload: Workload, mix_name: str, cfg: dict[str, Any], progress: bool
+) -> list[dict[str, Any]]:
+    """The episodes part for one workload and episode mix (see the module notes)."""
+    specs = workload.specs()
+    state_dim = sum(s.obs_dim for s in specs.values())
+    count = int(cfg["episodes_stored"])
+    low, high = EPISODE_MIXES[mix_name]
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(low, high + 1, size=count)
+    pool = _episode_pool(specs, state_dim, rng)
+    ours, padded = _episode_buffers(specs, state_dim, lengths)
+    pads: dict[tuple[int, int], dict[str, Any]] = {}  # (pool episode, length) -> padded batch
+    for e, length in enumerate(lengths.tolist()):
+        episode = pool[e % EPISODE_POOL]
+        ours.extend(**_marlbuf_episode(episode, length))
+        key = (e % EPISODE_POOL, length)
+        if key not in pads:
+            pads[key] = _padded_episode(padded, episode, length)
+        padded.insert_episode_batch(pads[key])
+    if ours.complete_episodes != count:
+        raise RuntimeError(f"marlbuf holds {ours.complete_episodes} complete episodes, not {count}")
+    ours_bytes = held_bytes(ours) / ours.capacity
+    padded_bytes = padded.nbytes / int(lengths.sum())
+    # both buffers insert the same episodes, cycling through lengths of the mix
+    chosen = list(enumerate(lengths[: 4 * EPISODE_POOL].tolist()))
+    fns: dict[str, Callable[[], Any]] = {
+        "marlbuf": partial(ours.sample, EPISODE_BATCH),
+        "marlbuf_torch": partial(_sample_to_torch, ours, EPISODE_BATCH),
+        "padded_torch": partial(padded.sample_episodes, EPISODE_BATCH),
+        "insert/marlbuf": _cycle(
+            lambda kwargs: ours.extend(**kwargs),
+            [_marlbuf_episode(pool[e % EPISODE_POOL], n) for e, n in chosen],
+        ),
+        "insert/padded_torch": _cycle(
+            padded.insert_episode_batch, [pads[(e % EPISODE_POOL, n)] for e, n in chosen]
+        ),
+    }
+    timings = time_interleaved(fns, repeats=cfg["episode_repeats"], warmup=3, rotate=True)
+    rows = []
+    for case, t in timings.items():
+        insert = case.startswith("insert/")
+        ref = "insert/marlbuf" if insert else "marlbuf"
+        rows.append(
+            {
+                "part": "episodes",
+                "workload": workload.label + f" + state({state_dim})",
+                "episodes": mix_name,
+                "episodes_stored": count,
+                "mean_episode_length": float(lengths.mean()),
+                "case": case,
+                "measure": "insert one episode" if insert else f"sample({EPISODE_BATCH})",
+                "ms_median": 1e3 * t["median"],
+                "ms_min": 1e3 * t["min"],
+                "first_call_ms": 1e3 * t["first_call"],
+                "time_vs_marlbuf": t["median"] / timings[ref]["median"],
+                "marlbuf_bytes_per_step": ours_bytes,
+                "padded_bytes_per_step": padded_bytes,
+                "marlbuf_vs_padded_bytes": ours_bytes / padded_bytes,
+            }
+        )
+    if progress:
+        print(
+            f"[sequences] episodes {workload.label} {mix_name}: "
+            + ", ".join(f"{k} {1e3 * v['median']:.3f} ms" for k, v in timings.items())
+            + f"; bytes/step {ours_bytes:.0f} vs {padded_bytes:.0f}",
+            flush=True,
+        )
+    return rows
+
+
+def _episodes_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload and mix: marlbuf's speed-ups over the padded torch buffer (sampling and
+    inserting), its bytes per step against the padded layout's, and the targets met."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        if row["case"] != "padded_torch" and row["case"] != "insert/padded_torch":
+            continue
+        entry = out.setdefault(f"{row['workload']} {row['episodes']}", {})
+        mix = row["episodes"]
+        if row["case"] == "padded_torch":
+            entry["sample_speedup_over_padded_torch"] = round(row["time_vs_marlbuf"], 3)
+            target = EPISODE_TARGETS[f"sample_speedup {mix}"]
+            entry[f"sample_target_{target:g}x_met"] = row["time_vs_marlbuf"] >= target
+            entry["marlbuf_bytes_per_step"] = round(row["marlbuf_bytes_per_step"], 1)
+            entry["padded_bytes_per_step"] = round(row["padded_bytes_per_step"], 1)
+            entry["marlbuf_vs_padded_bytes"] = round(row["marlbuf_vs_padded_bytes"], 3)
+            key = f"memory_vs_padded {mix}"
+            if key in EPISODE_TARGETS:
+                limit = EPISODE_TARGETS[key]
+                entry[f"memory_target_{limit:g}x_met"] = row["marlbuf_vs_padded_bytes"] <= limit
+        else:
+            speedup = row["time_vs_marlbuf"]  # padded insert time / marlbuf insert time
+            entry["insert_speedup_over_padded_torch"] = round(speedup, 3)
+            entry["insert_no_slower_met"] = speedup >= EPISODE_TARGETS["insert_vs_padded"]
+    return out
+
+
 # -------------------------------------------------------------------------------- summary
 def _summary(
     sampling: list[dict[str, Any]],
@@ -727,16 +988,37 @@ def _summary(
     return out
 
 
-def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
+#: the suite's parts, in the order they run
+PARTS = ("sampling", "scaling", "memory", "episodes")
+
+
+def run(
+    quick: bool = False, progress: bool = True, parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
+    """Run the suite (``parts``: a subset of :data:`PARTS`, e.g. ``("episodes",)``)."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts must be among {PARTS}; got {sorted(unknown)}")
     cfg = QUICK if quick else FULL
     threads = quiet_threads()
     load_before = os.getloadavg()  # the machine may be shared: recorded with the results
-    sampling, skipped = _sampling(cfg, progress)
-    scaling, skip = _scaling(cfg, progress)
-    skipped |= skip
-    memory, skip = _memory(cfg, progress)
-    skipped |= skip
-    rows = sampling + scaling + memory
+    skipped: dict[str, str] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, part in (
+        ("sampling", _sampling),
+        ("scaling", _scaling),
+        ("memory", _memory),
+        ("episodes", _episodes),
+    ):
+        results[name] = []
+        if name in parts:
+            results[name], skip = part(cfg, progress)
+            skipped |= skip
+    sampling, scaling, memory = results["sampling"], results["scaling"], results["memory"]
+    episodes = results["episodes"]
+    rows = sampling + scaling + memory + episodes
+    summary = _summary(sampling, scaling, memory, skipped)
+    summary["episodes"] = _episodes_summary(episodes)
     return {
         "config": {
             "batch_size": BATCH,
@@ -749,12 +1031,17 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             "scaling": cfg["scaling"],
             "memory_capacity": cfg["memory_capacity"],
             "repeats": cfg["repeats"],
+            "parts": list(parts),
+            "episode_workloads": [w.label for w in cfg["episode_workloads"]],
+            "episodes_stored": cfg["episodes_stored"],
+            "episode_batch": EPISODE_BATCH,
+            "episode_repeats": cfg["episode_repeats"],
             "threads": threads,
             "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
             "load_average_1_5_15_min_after": [round(x, 2) for x in os.getloadavg()],
         },
         "rows": rows,
-        "summary": _summary(sampling, scaling, memory, skipped),
+        "summary": summary,
         "markdown": "\n\n".join(
             markdown_table(part_rows, columns)
             for part_rows, columns in (
@@ -783,6 +1070,19 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                         "marlbuf_measured_bytes_per_step",
                         "padded_bytes_per_step",
                         "marlbuf_vs_padded",
+                    ],
+                ),
+                (
+                    episodes,
+                    [
+                        "workload",
+                        "episodes",
+                        "measure",
+                        "case",
+                        "ms_median",
+                        "ms_min",
+                        "time_vs_marlbuf",
+                        "marlbuf_vs_padded_bytes",
                     ],
                 ),
             )
