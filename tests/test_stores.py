@@ -418,3 +418,22 @@ def test_a_device_round_does_not_wait_for_the_device() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     buf.check_priority_errors()
+
+
+@pytest.mark.parametrize("source", ["agent_major/once", "agent_major/stored", "interleaved/once"])
+@pytest.mark.parametrize("target", ["ram-interleaved", "ram-agent_major", "torch-cpu"])
+def test_states_of_another_layout_or_format_load_everywhere(source: str, target: str) -> None:
+    """Every (layout, next_obs) state loads into every store; batches stay the same."""
+    layout, next_obs = source.split("/")
+    specs = make_specs(half=True)
+    ref = MultiAgentReplayBuffer(specs, 48, seed=5, layout=layout, next_obs=next_obs)
+    for k in range(2):  # wraps the ring
+        ref.extend(**episodes(specs, 30, k))
+    kind, option = target.split("-")
+    kw: dict[str, Any] = {"device": "cpu"} if kind == "torch" else {"layout": option}
+    for mode in ("once", "stored"):
+        buf = MultiAgentReplayBuffer(specs, 48, seed=1, next_obs=mode, **kw)
+        buf.load_state_dict(ref.state_dict())
+        assert (buf.next_obs, buf.layout) == (mode, kw.get("layout", "interleaved"))
+        assert_same_batch(ref.gather(np.arange(48)), buf.gather(np.arange(48)))
+        assert_same_batch(ref.sample(16, trainer=2), buf.sample(16, trainer=2))
