@@ -1015,6 +1015,24 @@ class Sequence(Sampler):
         self._fresh_priorities = False
 
 
+def _distinct(draws: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``draws`` (shape (B,), int64, i.i.d. uniform in ``[0, size)``, ``B <= size``) made
+    distinct: a repeated value is replaced by a fresh draw until none repeats, which gives a
+    uniform sample without replacement in random order (the distinct values of i.i.d. draws in
+    the order they first appear). Selection by a random permutation once ``B`` is a large
+    share of ``size`` (where repeats would take many rounds)."""
+    batch_size = draws.shape[0]
+    if batch_size > _config.SELECTION_SAMPLING_FRACTION * size:
+        return rng.permutation(size)[:batch_size].astype(np.int64)
+    while True:
+        _, first = np.unique(draws, return_index=True)
+        if first.shape[0] == batch_size:
+            return draws
+        repeated = np.ones(batch_size, dtype=bool)
+        repeated[first] = False
+        draws[repeated] = rng.integers(0, size, size=int(repeated.sum()), dtype=np.int64)
+
+
 class Episodes(Sampler):
     """Whole stored episodes from their first step, for episode-based learners (QMIX, VDN,
     MAPPO with recurrent agents, as EPyMARL's episode buffer serves them).
@@ -1163,10 +1181,9 @@ class Episodes(Sampler):
                 "Episodes(replace=True)"
             )
         if self.trees is None:
-            if self.replace:
-                positions = rng.integers(0, stored, size=batch_size, dtype=np.int64)
-            else:
-                positions = rng.choice(stored, size=batch_size, replace=False)
+            positions = rng.integers(0, stored, size=batch_size, dtype=np.int64)
+            if not self.replace:
+                positions = _distinct(positions, stored, rng)
             return index.complete[positions], None
         return self._sample_prioritized(batch_size, rng, trainer)
 
