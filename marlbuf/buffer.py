@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import warnings
@@ -1381,9 +1380,8 @@ class MultiAgentReplayBuffer:
         batch = self.storage.make_sequences(
             gathered, mask, 0, slots, drawn, generations, weights, trainer, zeroed
         )
-        if type(batch) is SequenceBatch:
-            fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-            return EpisodeBatch(**fields, lengths=lengths)
+        if type(batch) is SequenceBatch:  # a dataclass: its fields are its instance dict
+            return EpisodeBatch(**vars(batch), lengths=lengths)
         batch.lengths = lengths  # a store's own sequence batch (device tensors) carries them
         return batch
 
