@@ -3,10 +3,11 @@
 Usage::
 
     marlbuf bench --quick                  # every suite at small sizes (the README's main job)
+    marlbuf bench sampling --out results   # results into ./results (default ./bench-results)
     marlbuf bench guard --quick            # the default path's same-run checks, in seconds
     marlbuf bench sampling prioritized     # named suites at full size
     marlbuf bench --list                   # suites and whether they can run here
-    marlbuf bench compare A.json B.json    # ratio table between two result files
+    marlbuf bench compare A.json B.json    # time ratio table between two result files
     marlbuf bench report [--quick]         # rebuild REPORT.md and figures from the result files
 
 A suite whose payload lists ``failed_checks`` (the ``guard`` suite: ratios past their limits)
@@ -23,8 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marlbuf.bench.common import RESULTS_DIR, markdown_table, result_path, write_result
+from marlbuf.bench.common import markdown_table, write_result
 from marlbuf.cli import ArgumentParser
+
+#: Where results go unless ``--out`` says otherwise: a folder in the current directory (the
+#: package's own folder may be a read-only site-packages).
+DEFAULT_OUT = Path("bench-results")
+
+OUT_HELP = "result folder (default: ./bench-results in the current folder)"
 
 #: suite name -> module (each exposes SUITE and run(quick) -> payload)
 SUITES: dict[str, str] = {
@@ -65,30 +72,77 @@ def _load(name: str) -> Any:
         return f"unavailable: {exc}"
 
 
-def compare(path_a: Path, path_b: Path) -> str:
-    """Markdown table of B's median time over A's for every case present in both runs."""
-    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+#: Row fields that hold a time, with their unit, in the order compare looks for them.
+TIME_FIELDS = (("ms_median", "ms"), ("s_median", "s"), ("us_median", "µs"))
 
-    def keyed(record: dict[str, Any]) -> dict[tuple[str, ...], float]:
+
+class MixedSizesError(ValueError):
+    """Two result files of different sizes (quick and full) compared without saying so."""
+
+
+def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
+    """Markdown table of B's median time over A's for every case present in both runs.
+
+    Raises :class:`MixedSizesError` when one file holds quick sizes and the other full ones,
+    unless ``allow_mixed_sizes``: their times are not comparable.
+    """
+    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+    sizes = {p: "quick" if r.get("quick") else "full" for p, r in ((path_a, a), (path_b, b))}
+    mixed = sizes[path_a] != sizes[path_b]
+    if mixed and not allow_mixed_sizes:
+        raise MixedSizesError(
+            f"{path_a} holds {sizes[path_a]} sizes but {path_b} {sizes[path_b]} sizes; their "
+            "times are not comparable (pass --allow-mixed-sizes to compare them anyway)"
+        )
+
+    def keyed(record: dict[str, Any]) -> dict[tuple[str, ...], tuple[float, str]]:
         out = {}
         for row in record.get("rows", []):
-            time_key = next((k for k in ("ms_median", "s_median", "us_median") if k in row), None)
-            if time_key is None:
+            field = next(((k, u) for k, u in TIME_FIELDS if k in row), None)
+            if field is None:
                 continue
             ident = tuple(v for v in row.values() if isinstance(v, str))
-            out[ident] = float(row[time_key])
+            out[ident] = (float(row[field[0]]), field[1])
         return out
 
     ka, kb = keyed(a), keyed(b)
-    rows = [
-        {"case": " / ".join(k), "A": ka[k], "B": kb[k], "B/A": kb[k] / ka[k]}
-        for k in ka
-        if k in kb and ka[k] > 0
-    ]
+    rows = []
+    for k in ka:
+        if k in kb and ka[k][0] > 0 and ka[k][1] == kb[k][1]:
+            unit = ka[k][1]
+            rows.append(
+                {
+                    "case": " / ".join(k),
+                    f"A ({unit})": ka[k][0],
+                    f"B ({unit})": kb[k][0],
+                    "B/A (time ratio)": kb[k][0] / ka[k][0],
+                }
+            )
     if not rows:
         return "no common cases between the two runs"
-    header = f"A = {path_a} ({a.get('created', '?')}), B = {path_b} ({b.get('created', '?')})"
-    return header + "\n\n" + markdown_table(rows, ["case", "A", "B", "B/A"])
+    header = (
+        f"A = {path_a} ({a.get('created', '?')}, {sizes[path_a]} sizes), "
+        f"B = {path_b} ({b.get('created', '?')}, {sizes[path_b]} sizes); "
+        "median time per case, B/A below 1: B is faster"
+    )
+    if mixed:
+        header += "\n\nWARNING: quick and full sizes mixed; ratios compare different workloads."
+    tables = []
+    for _, unit in TIME_FIELDS:
+        part = [r for r in rows if f"A ({unit})" in r]
+        if part:
+            columns = ["case", f"A ({unit})", f"B ({unit})", "B/A (time ratio)"]
+            tables.append(markdown_table(part, columns))
+    return header + "\n\n" + "\n\n".join(tables)
+
+
+def quiet_third_party_logs() -> None:
+    """Third-party libraries' INFO lines out of our output: TorchRL logs every storage it
+    initialises, Ray its start-up (their warnings and errors still show)."""
+    import logging
+
+    for name in ("torchrl", "ray", "tensordict"):
+        logging.getLogger(name).setLevel(logging.WARNING if name != "ray" else logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,35 +150,49 @@ def main(argv: list[str] | None = None) -> int:
     if args_list and args_list[0] == "report":
         parser = ArgumentParser("marlbuf bench report", "Rebuild REPORT.md and the figures.")
         parser.add_argument("--quick", action="store_true", help="the quick results")
-        parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
+        parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
         ns = parser.parse_args(args_list[1:])
         print(f"report: {write_report(ns.out, ns.quick)}")
         return 0
     if args_list and args_list[0] == "compare":
-        parser = ArgumentParser("marlbuf bench compare", "Ratio table between two runs.")
-        parser.add_argument("a", type=Path, help="baseline result JSON")
-        parser.add_argument("b", type=Path, help="new result JSON")
+        parser = ArgumentParser(
+            "marlbuf bench compare", "Median time per case of run B over run A (B/A)."
+        )
+        parser.add_argument("a", type=Path, help="baseline result file (JSON)")
+        parser.add_argument("b", type=Path, help="new result file (JSON)")
+        parser.add_argument(
+            "--allow-mixed-sizes",
+            action="store_true",
+            help="compare a quick result with a full one (their sizes differ)",
+        )
         ns = parser.parse_args(args_list[1:])
         for p in (ns.a, ns.b):
             if not p.is_file():
                 parser.error(f"no such result file: {p}")
-        print(compare(ns.a, ns.b))
+        try:
+            print(compare(ns.a, ns.b, ns.allow_mixed_sizes))
+        except MixedSizesError as exc:
+            parser.error(str(exc))
         return 0
 
-    parser = ArgumentParser("marlbuf bench", __doc__)
+    parser = ArgumentParser("marlbuf bench", (__doc__ or "").replace("``", ""))
     parser.add_argument(
         "suites",
         nargs="*",
-        help=f"suites to run (default: all but {list(LONG_SUITES)}; with --quick: all): "
-        f"{list(SUITES)}",
+        help=f"suites to run, any of: {', '.join(SUITES)} (default: all but "
+        f"{', '.join(LONG_SUITES)}; with --quick: all)",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes (minutes, not hours)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, one seed (minutes, not hours): figures that indicate, not decide",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
     parser.add_argument("--list", action="store_true", help="list suites and exit")
     ns = parser.parse_args(args_list)
     unknown = [s for s in ns.suites if s not in SUITES]
     if unknown:
-        parser.error(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+        parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     if ns.list:
         for name in SUITES:
             mod = _load(name)
@@ -133,7 +201,14 @@ def main(argv: list[str] | None = None) -> int:
 
     names = ns.suites or [s for s in SUITES if ns.quick or s not in LONG_SUITES]
     if not ns.suites and not ns.quick:
-        print(f"full run: leaving out {list(LONG_SUITES)} (name them to run them)", flush=True)
+        print(f"full run: leaving out {', '.join(LONG_SUITES)} (name them to run them)", flush=True)
+    if ns.quick:
+        print(
+            "quick sizes: one seed and few repeats; the ratios indicate, verdicts are not "
+            "conclusive (run without --quick for figures to quote)",
+            flush=True,
+        )
+    quiet_third_party_logs()
     notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
     failed = []
     past_limits = []  # suites with failed checks (an error outside --quick)
@@ -170,40 +245,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(results_dir: Path, quick: bool, notes: dict[str, str] | None = None) -> Path:
-    """``REPORT[-quick].md``: every suite's table and summary from the result files on disk,
-    plus the figures (drawn anew). ``notes`` explain suites without a result in this run."""
-    notes = notes or {}
-    kind = "quick" if quick else "full"
-    report = [f"# marlbuf benchmark report ({kind} sizes)", ""]
-    for name in SUITES:
-        path = result_path(name, quick, results_dir)
-        report += [f"## {name}", ""]
-        if name in notes:
-            report += [notes[name], ""]
-        if not path.is_file():
-            report += [
-                f"no result yet: run `marlbuf bench {name}{' --quick' if quick else ''}`",
-                "",
-            ]
-            continue
-        record = json.loads(path.read_text())
-        report += [
-            f"`{path.name}`, {record.get('created', '?')}, config: "
-            f"`{json.dumps(record.get('config', {}), default=str)[:400]}`",
-            "",
-        ]
-        if record.get("markdown"):
-            report += [record["markdown"], ""]
-        if record.get("summary"):
-            report += ["```", json.dumps(record["summary"], indent=1, default=str), "```", ""]
+    """``REPORT[-quick].md``: a section per suite with a result file in ``results_dir`` (or a
+    note from this run), the figures drawn anew (:mod:`marlbuf.bench.report`)."""
+    from marlbuf.bench import report
+
+    figures, figures_error = None, None
     try:
         from marlbuf.bench.plots import make_all
 
         figures = make_all(results_dir, quick=quick)
-        report += ["## figures", ""]
-        report += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in figures] + [""]
     except ImportError as exc:  # matplotlib missing: results stay usable without figures
-        report += [f"figures skipped: {exc}", ""]
-    out = Path(results_dir) / f"REPORT{'-quick' if quick else ''}.md"
-    out.write_text("\n".join(report))
-    return out
+        figures_error = str(exc)
+    return report.write_report(results_dir, quick, SUITES, notes, figures, figures_error)

@@ -178,15 +178,13 @@ def _json_default(obj: Any) -> Any:
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """A GitHub-markdown table of ``rows`` restricted to ``columns``."""
+    """A GitHub-markdown table of ``rows`` restricted to ``columns``: numbers with three
+    significant figures (:func:`marlbuf.bench.report.number`), units in the headers."""
+    from marlbuf.bench.report import header_with_unit, number
 
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    header = [header_with_unit(c).strip() for c in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(number(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 

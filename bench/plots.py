@@ -37,6 +37,11 @@ def load(results_dir: Path, suite: str, quick: bool | None = None) -> dict[str, 
     return None
 
 
+#: Cases up to which one chart of grouped bars stays readable (one colour per case from a
+#: ten-colour palette); more cases are drawn as small multiples, one panel per workload.
+GROUPED_MAX_CASES = 10
+
+
 def _grouped_bars(
     record: dict[str, Any],
     value: str,
@@ -46,28 +51,63 @@ def _grouped_bars(
     cases: list[str] | None = None,
     log: bool = False,
 ) -> Path:
-    """One group of bars per workload, one bar per case (a row field ``value``)."""
+    """One group of bars per workload, one bar (and one colour) per case (a row field
+    ``value``); with more than :data:`GROUPED_MAX_CASES` cases, one panel per workload with a
+    labelled horizontal bar per case instead, so that no two cases share a colour."""
     plt = _plt()
     rows = record["rows"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     cases = cases or list(dict.fromkeys(r["case"] for r in rows))
-    width = 0.8 / len(cases)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.4 * len(workloads) + 2), 5))
-    for i, case in enumerate(cases):
-        ys = [
-            next((r[value] for r in rows if r["workload"] == w and r["case"] == case), 0.0)
-            for w in workloads
-        ]
-        xs = [j + (i - (len(cases) - 1) / 2) * width for j in range(len(workloads))]
-        ax.bar(xs, ys, width, label=case)
-    ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels(workloads)
-    ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
-    ax.set_title(title + (" (quick sizes)" if record.get("quick") else ""), fontsize=9)
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    ax.grid(axis="y", alpha=0.3)
+    full_title = title + (" (quick sizes)" if record.get("quick") else "")
+
+    def value_of(workload: str, case: str) -> float | None:
+        return next(
+            (r.get(value) for r in rows if r["workload"] == workload and r["case"] == case), None
+        )
+
+    if len(cases) > GROUPED_MAX_CASES:
+        fig, axes = plt.subplots(
+            1,
+            len(workloads),
+            figsize=(3.0 * len(workloads) + 3.0, 0.28 * len(cases) + 1.6),
+            sharey=True,
+            squeeze=False,
+        )
+        positions = list(range(len(cases)))[::-1]  # first case on top
+        for ax, workload in zip(axes[0], workloads):
+            values = [value_of(workload, c) for c in cases]
+            ax.barh(
+                positions,
+                [v if v is not None else 0.0 for v in values],
+                color=["C0" if v is not None else "white" for v in values],
+            )
+            if value.startswith("time_vs"):
+                ax.axvline(1.0, color="0.3", lw=0.8)  # the reference case
+            ax.set_title(workload, fontsize=9)
+            ax.set_xlabel(ylabel, fontsize=7)
+            if log:
+                ax.set_xscale("log")
+            ax.grid(axis="x", alpha=0.3)
+            ax.tick_params(labelsize=7)
+        axes[0][0].set_yticks(positions)
+        axes[0][0].set_yticklabels(cases, fontsize=7)
+        fig.suptitle(full_title, fontsize=9)
+    else:
+        colors = plt.get_cmap("tab10").colors
+        width = 0.8 / len(cases)
+        fig, ax = plt.subplots(figsize=(max(7.0, 1.4 * len(workloads) + 2), 5))
+        for i, case in enumerate(cases):
+            ys = [value_of(w, case) or 0.0 for w in workloads]
+            xs = [j + (i - (len(cases) - 1) / 2) * width for j in range(len(workloads))]
+            ax.bar(xs, ys, width, label=case, color=colors[i % len(colors)])
+        ax.set_xticks(range(len(workloads)))
+        ax.set_xticklabels(workloads)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(full_title, fontsize=9)
+        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+        ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -80,7 +120,7 @@ def plot_sampling(record: dict[str, Any], out: Path) -> Path:
         record,
         "time_vs_interleaved_uniform",
         "MADDPG sampling round (N trainers x B=1024), time / interleaved+uniform",
-        "relative time (lower is better, log)",
+        "time / interleaved+uniform (lower is better, log)",
         out / "sampling.png",
         log=True,
     )

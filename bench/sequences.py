@@ -643,7 +643,20 @@ def _memory(cfg: dict[str, Any], progress: bool) -> tuple[list[dict[str, Any]], 
         best = measured if measured is not None else estimated
         rows[-1]["marlbuf_vs_padded"] = None if best is None else best / capacity / padded_per_step
         if progress:
-            print(f"[sequences] memory {mix_name}: {rows[-1]}", flush=True)
+            row = rows[-1]
+
+            def per_step(value: Any) -> str:
+                return "not measured" if value is None else f"{float(value):,.0f} bytes/step"
+
+            ratio = row["marlbuf_vs_padded"]
+            print(
+                f"[sequences] memory {mix_name} (mean episode {mean_length:.1f} steps): marlbuf "
+                f"{per_step(row['marlbuf_measured_bytes_per_step'])} measured, "
+                f"{per_step(row['marlbuf_estimate_bytes_per_step'])} estimated; padded "
+                f"episodes {per_step(padded_per_step)}"
+                + ("" if ratio is None else f" ({ratio:.2f}x)"),
+                flush=True,
+            )
         gc.collect()
     return rows, skipped
 
