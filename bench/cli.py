@@ -140,6 +140,10 @@ def quiet_third_party_logs() -> None:
     """Third-party libraries' INFO lines out of our output: TorchRL logs every storage it
     initialises, Ray its start-up (their warnings and errors still show)."""
     import logging
+    import os
+
+    # TorchRL sets its logger's level from this variable when it is imported
+    os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
 
     for name in ("torchrl", "ray", "tensordict"):
         logging.getLogger(name).setLevel(logging.WARNING if name != "ray" else logging.ERROR)

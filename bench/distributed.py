@@ -21,6 +21,7 @@ Four parts, all in one process that starts one local Ray instance:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
@@ -328,7 +329,9 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     from marlbuf.distributed import init_ray
 
     started = init_ray(
-        num_cpus=max(2, os.cpu_count() or 2), object_store_memory=sizes["object_store_bytes"]
+        num_cpus=max(2, os.cpu_count() or 2),
+        object_store_memory=sizes["object_store_bytes"],
+        logging_level=logging.ERROR,  # Ray's INFO/WARNING start-up lines are not ours
     )
     try:
         t0 = time.perf_counter()
