@@ -1,10 +1,13 @@
-"""``marlbuf info``: what this machine offers the buffer and the profiler."""
+"""``marlbuf info``: what this machine offers the buffer and the profiler, and the versions of
+marlbuf and the libraries it runs with (torch is imported only to ask whether CUDA is there)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,38 @@ def _perf_counters() -> dict[str, str]:
     return probe()
 
 
+#: Distributions whose versions ``marlbuf info`` reports (absent ones as "not installed").
+LIBRARIES = ("torch", "ray", "mpe2", "pettingzoo", "torchrl", "cpprb", "matplotlib")
+
+
+def library_versions(ask_cuda: bool = False) -> dict[str, str]:
+    """Installed versions of :data:`LIBRARIES` (from package metadata, nothing imported), and
+    ``cuda``: torch's CUDA version and device where torch is imported already or
+    ``ask_cuda`` allows importing it."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    if versions["torch"] != "not installed" and (ask_cuda or "torch" in sys.modules):
+        versions["cuda"] = _cuda()
+    return versions
+
+
+def _cuda() -> str:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - a broken torch install
+        return f"unknown (torch does not import: {exc})"
+    if torch.version.cuda is None:
+        return "none (a CPU build of torch)"
+    if not torch.cuda.is_available():
+        return f"{torch.version.cuda} (torch's build; no CUDA device here)"
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    return f"{torch.version.cuda}, {torch.cuda.device_count()} device(s): {', '.join(names)}"
+
+
 def machine_info() -> dict[str, Any]:
     """Cores, caches, Python/NumPy/Numba versions and threading, and perf-counter access."""
     import numba
@@ -62,7 +97,10 @@ def machine_info() -> dict[str, Any]:
         paranoid = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
     except OSError:
         paranoid = "unknown"
+    from marlbuf import __version__
+
     return {
+        "marlbuf": __version__,
         "cpu_model": _cpu_model(),
         "machine": platform.machine(),
         "cores_online": os.cpu_count(),
@@ -76,14 +114,25 @@ def machine_info() -> dict[str, Any]:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "perf_event_paranoid": paranoid,
         "perf_counters": _perf_counters(),
+        "libraries": library_versions(),
     }
 
 
+def perf_lines(counters: dict[str, str]) -> list[tuple[str, str]]:
+    """The perf events grouped by status: one ``(events, status)`` per distinct status, so a
+    reason shared by every hardware event is printed once."""
+    groups: dict[str, list[str]] = {}
+    for event, status in counters.items():
+        groups.setdefault(status, []).append(event)
+    return [(", ".join(events), status) for status, events in groups.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser("marlbuf info", __doc__)
+    parser = ArgumentParser("marlbuf info", (__doc__ or "").replace("``", ""))
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     info = machine_info()
+    info["libraries"] = library_versions(ask_cuda=True)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -95,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"(line {c['line_bytes']} B, cpus {c['shared_by_cpus']})"
                 )
         elif key == "perf_counters":
-            for event, status in value.items():
-                print(f"{'perf ' + event:<22} {status}")
+            for events, status in perf_lines(value):
+                print(f"{'perf counters':<22} {events}: {status}")
+        elif key == "libraries":
+            for name, version in value.items():
+                print(f"{name:<22} {version}")
         else:
             print(f"{key:<22} {value}")
     return 0

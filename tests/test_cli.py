@@ -29,8 +29,15 @@ def test_info_json(capsys):
 
 
 def test_info_table(capsys):
+    import marlbuf
+
     assert info.main([]) == 0
-    assert "numba" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "numba" in out and f"marlbuf                {marlbuf.__version__}" in out
+    assert "torch " in out and "cuda " in out and "ray " in out
+    # one line per distinct perf status: a shared reason is printed once
+    statuses = [line for line in out.splitlines() if line.startswith("perf counters")]
+    assert len(statuses) == len({line.split(": ", 1)[1] for line in statuses})
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
