@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -321,7 +321,11 @@ class Runner:
         should_stop: Callable[[], bool] | None = None,
     ) -> list[EpisodeRecord]:
         """Run ``episodes`` more whole episodes; ``on_episode`` sees each record, and
-        ``should_stop()`` (checked between episodes) ends training early."""
+        ``should_stop()`` (checked between episodes) ends training early.
+
+        ``episodes`` counts from now, as ``collect`` and ``run_steps`` do; ``marlbuf train
+        --episodes`` is instead the run's total (a resumed run continues until it has that
+        many): ``runner.train(total - runner.episodes)`` is its equivalent here."""
         records = []
         for _ in range(int(episodes)):
             if should_stop is not None and should_stop():
@@ -391,8 +395,11 @@ class Runner:
         learner = self.learner
         assert buffer.device is not None and isinstance(learner, DeviceBatchedLearner)
         with self.phase("sampling"):
-            batches = buffer.sample_for_trainers(
-                cfg.batch_size, shared_index=cfg.shared_index, out=self._device_batches
+            batches = cast(
+                "list[DeviceBatch]",
+                buffer.sample_for_trainers(
+                    cfg.batch_size, shared_index=cfg.shared_index, out=self._device_batches
+                ),
             )
             self._device_batches = batches  # the next round gathers into the same block
         stats = learner.update_device(batches, self.phase)

@@ -8,8 +8,7 @@ subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench
 from marlbuf.batch import Batch, SequenceBatch, TorchBatch
 from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
-
-__version__ = "0.3.0"
+from marlbuf.version import __version__
 
 __all__ = [
     "FIELDS",

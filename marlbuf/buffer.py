@@ -21,6 +21,7 @@ from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
 from marlbuf.convert import convert_state
 from marlbuf.memory import MemoryEstimate, estimate
+from marlbuf.options import check_capacity, check_header, check_row_options, row_options_of
 from marlbuf.samplers import Episodes as EpisodesSampler
 from marlbuf.samplers import Sampler, Uniform
 from marlbuf.samplers import Sequence as SequenceSampler
@@ -29,8 +30,6 @@ from marlbuf.spec import (
     GLOBAL,
     AgentSpec,
     FieldSpec,
-    check_fields,
-    interleaved_row_layout,
     normalize_specs,
 )
 from marlbuf.staging import RowCodec, StepItems, steps_of
@@ -330,6 +329,16 @@ class MultiAgentReplayBuffer:
         #: updates of ``update_priorities(..., sync=False)`` waiting for their device copies:
         #: (trainer, indices, generations, a function returning the host TD errors)
         self._deferred: list[tuple[int, np.ndarray, np.ndarray, Any]] = []
+        if store is not None:
+            store.bind(
+                mapped.BufferHooks(
+                    commit=self._commit,
+                    state=lambda: self._state(copy=False),
+                    load=lambda state: self._load_state(state, adopt=True),
+                    attach=self._attach_store,
+                    row_words=self._codec.row_words,
+                )
+            )
         if store is not None and _store is None:
             store.start(self)  # first checkpoint, then the manifest: the folder is complete
 
@@ -964,7 +973,7 @@ class MultiAgentReplayBuffer:
             )
         return int(trainer)
 
-    def sample(self, batch_size: int, trainer: int = 0, out: Batch | None = None) -> Batch:
+    def sample(self, batch_size: int, trainer: int = 0, out: Any = None) -> Batch:
         """Draw one batch of ``batch_size`` joint transitions with the buffer's sampler.
 
         Parameters
@@ -1029,7 +1038,7 @@ class MultiAgentReplayBuffer:
         batch_size: int,
         n_trainers: int | None = None,
         shared_index: bool = False,
-        out: Sequence[Batch] | None = None,
+        out: Sequence[Any] | None = None,
     ) -> list[Batch]:
         """The MADDPG sampling round: per trainer, one index array and the joint batch of all
         agents at those indices (the O(N²B) workload of Gogineni et al.).
@@ -1502,9 +1511,9 @@ class MultiAgentReplayBuffer:
 
     def update_priorities_for_trainers(
         self,
-        indices: Sequence[Any],
-        td_errors: Sequence[Any],
-        generations: Sequence[Any] | None = None,
+        indices: Any,
+        td_errors: Any,
+        generations: Any = None,
         sync: bool = True,
     ) -> None:
         """:meth:`update_priorities` for every trainer of a round: ``indices[t]`` and
@@ -1669,7 +1678,7 @@ class MultiAgentReplayBuffer:
 
     def _load_header_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
         """:meth:`_load_state`: the header compared with this buffer's configuration."""
-        _check_header(state)
+        check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         global_fields, alive = row_options_of(state)
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
@@ -1835,11 +1844,11 @@ class MultiAgentReplayBuffer:
 
         def check(header: dict[str, Any], shapes: Mapping[str, Any]) -> None:
             # the file's JSON part and declared array shapes, before anything is allocated
-            _check_header(header)
+            check_header(header)
             sampler = Sampler.from_config(header["sampler"]["type"], header["sampler"]["config"])
             persistence.check_declared_shapes(
                 shapes,
-                _check_capacity(header["capacity"]),
+                check_capacity(header["capacity"]),
                 header["n_trainers"],
                 sampler.weighted,
             )
@@ -1906,6 +1915,17 @@ class MultiAgentReplayBuffer:
         object has it open for writing.
         """
         return mapped.open_buffer(cls, path, durable, parallel_gather, mode)
+
+    def _attach_store(self, store: mapped.MappedStore | None) -> None:
+        """Make the memory-mapped ``store`` live: from now on writes are logged there."""
+        self._mapped = store
+
+    def begin_replace(self) -> None:
+        """Before the storage arrays are overwritten wholesale (``persistence.load_into``
+        streams a file into them): a memory-mapped folder is marked unusable until the new
+        state is loaded and checkpointed. Nothing to do for the other stores."""
+        if self._mapped is not None:
+            self._mapped.begin_replace()
 
     @property
     def path(self) -> str | None:
@@ -2155,7 +2175,7 @@ def _check_arguments(
 ) -> tuple[int, Sampler, int]:
     """The constructor arguments every backend shares, checked: ``(capacity, sampler,
     n_trainers)`` with the defaults filled in (``Uniform()``, one trainer per agent)."""
-    capacity = _check_capacity(capacity)
+    capacity = check_capacity(capacity)
     if sampler is None:
         sampler = Uniform()
     if not isinstance(sampler, Sampler):
@@ -2184,37 +2204,6 @@ def split_more(codec: RowCodec, fields: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def row_options_of(state: Mapping[str, Any]) -> tuple[dict[str, FieldSpec], bool]:
-    """``global_fields`` and ``alive`` of a saved state or manifest (absent before format
-    version 3: none and False)."""
-    try:
-        fields = {
-            name: FieldSpec.from_dict(fs) for name, fs in state.get("global_fields", {}).items()
-        }
-        alive = state.get("alive", False)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"buffer state has invalid global_fields: {exc}") from exc
-    if not isinstance(alive, bool):
-        raise ValueError(f"buffer state has invalid alive={alive!r}; expected a bool")
-    return fields, alive
-
-
-def check_row_options(
-    specs: Mapping[str, AgentSpec], global_fields: Any, alive: Any
-) -> tuple[dict[str, FieldSpec], bool]:
-    """The ``global_fields`` and ``alive`` constructor arguments, checked."""
-    fields = check_fields("global_fields", global_fields)
-    extras = next(iter(specs.values())).extras
-    clash = [name for name in fields if name in extras]
-    if clash:
-        raise ValueError(
-            f"global field names {clash} are also extra fields of the agents' specs; rename one"
-        )
-    if not isinstance(alive, (bool, np.bool_)):
-        raise TypeError(f"alive must be a bool; got alive={alive!r}")
-    return fields, bool(alive)
-
-
 def _check_stream(stream: Any) -> int:
     """A stream id (``stream=`` or ``first_stream=``): an int in ``[0, 2**63 - 1]`` (stored as
     int64)."""
@@ -2226,67 +2215,6 @@ def _check_stream(stream: Any) -> int:
             "Number environments from 0 (add_envs(first_stream=...) counts up from it)"
         )
     return int(stream)
-
-
-def _check_capacity(capacity: Any) -> int:
-    """``capacity`` as an int: ints and integral floats (``1e6``) are accepted."""
-    if isinstance(capacity, (float, np.floating)) and float(capacity).is_integer():
-        capacity = int(capacity)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(
-            f"capacity must be an int (or an integral float); got capacity={capacity!r}"
-        )
-    if capacity <= 0:
-        raise ValueError(
-            f"capacity must be at least 1 transition; got capacity={capacity}. A buffer needs "
-            "room for data even when it is only used for evaluation: pass capacity=1"
-        )
-    return int(capacity)
-
-
-def _check_header(state: Mapping[str, Any]) -> None:
-    """The header fields of a buffer state (format, version, specs, sampler), checked."""
-    if not isinstance(state, Mapping):
-        raise TypeError(f"a buffer state is a mapping (what state_dict() returns); got {state!r}")
-    if state.get("format") != _config.SAVE_FORMAT:
-        raise ValueError(
-            f"not a marlbuf buffer state (format={state.get('format')!r}, "
-            f"expected {_config.SAVE_FORMAT!r})"
-        )
-    version = state.get("version")
-    if version not in _config.READABLE_SAVE_VERSIONS:
-        raise ValueError(
-            f"buffer state has format version {version!r}; this marlbuf reads versions "
-            f"{list(_config.READABLE_SAVE_VERSIONS)}. Load it with the marlbuf version that "
-            "wrote it."
-        )
-    specs = state.get("specs")
-    if (
-        not isinstance(specs, Mapping)
-        or not specs
-        or not all(isinstance(a, str) and isinstance(v, Mapping) for a, v in specs.items())
-    ):
-        raise ValueError(
-            f"buffer state has specs={type(specs).__name__} {specs!r:.80}; expected a mapping of "
-            "agent name to spec dict (what state_dict() writes)"
-        )
-    sampler = state.get("sampler")
-    if not isinstance(sampler, Mapping) or not isinstance(sampler.get("config"), Mapping):
-        raise ValueError(
-            f"buffer state has sampler={sampler!r:.80}; expected a mapping with 'type', "
-            "'config' and 'state' (what state_dict() writes)"
-        )
-    if version == 1 and state.get("layout") == "interleaved":
-        # version 1 rows had no word-aligned next_obs/done sections; same bytes only when the
-        # sections happen to start on words
-        specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
-        old = interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES, section_align=1)
-        if old != interleaved_row_layout(specs, _config.ROW_ALIGN_BYTES):
-            raise ValueError(
-                "this buffer file (format version 1) uses a row layout this marlbuf no longer "
-                "has for these specs; load it with marlbuf 0.1, copy its transitions out with "
-                "gather(), and add them to a new buffer"
-            )
 
 
 __all__ = ["MultiAgentReplayBuffer", "NextObsWarning", "make_rng"]

@@ -1,8 +1,9 @@
 """The ``marlbuf`` console script.
 
 Each subcommand lives in its own module with a ``main(argv) -> int`` function and is imported
-only when it is called, so ``marlbuf info`` never imports torch and ``marlbuf train`` never
-imports matplotlib.
+only when it is called, so ``marlbuf memory`` never imports torch and ``marlbuf train`` imports
+matplotlib only to draw its plot at the end (``marlbuf info`` imports torch only to ask whether
+CUDA is there).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import NoReturn
 
 # name -> (module holding ``main(argv)``, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "info": ("marlbuf.info", "what this machine offers: cores, caches, Numba, perf counters"),
+    "info": ("marlbuf.info", "versions (marlbuf, torch, CUDA, Ray...), cores, caches, perf"),
     "bench": ("marlbuf.bench.cli", "benchmark samplers, layouts and trainers (see --help)"),
     "train": (
         "marlbuf.algos.cli",
         "train MADDPG / MATD3 on MPE predator-prey / cooperative navigation",
     ),
     "profile": ("marlbuf.profiling.cli", "time and cache counters per training phase"),
-    "memory": ("marlbuf.memory", "bytes per transition and total size of a buffer, by format"),
+    "memory": ("marlbuf.memory_cli", "each storage format's size against this machine's RAM"),
 }
 
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if args[0] in ("-V", "--version"):
-        from marlbuf import __version__
+        from marlbuf.version import __version__
 
         print(f"marlbuf {__version__}")
         return 0

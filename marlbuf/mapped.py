@@ -20,14 +20,15 @@ The folder holds:
   (*clean*).
 * ``log``: the *redo log* since that checkpoint. A 64-byte header names the checkpoint the log
   follows (number and id); then one record per ``add``/``extend``/``add_envs`` call: a header
-  (checkpoint number, sequence number, steps, stream, sizes, CRC-32 of the payload, CRC-32 of
-  the header), the call's validated staged rows and streams, and a trailer (sequence number,
-  the header's CRC-32) written in the same call, so a record cut short by a crash has no
-  trailer. The log is reserved on disk like the storage (``posix_fallocate``), in whole
-  ``LOG_UNIT_BYTES`` units, each before a record is written into it: a full disk is reported
-  before a record is written (the call changes nothing), never half-way, and a log whose size is
-  not a whole number of units was truncated. Creating a buffer checks that the disk has room for
-  the storage and a full log (``_config.MAPPED_LOG_BYTES``).
+  (checkpoint number, sequence number, steps, stream, sizes, a 64-bit checksum of the payload
+  (:mod:`marlbuf._kernels.checksum`, at memory speed), CRC-32 of the header), the call's
+  validated staged rows and streams, and a trailer (sequence number, the header's CRC-32)
+  written in the same call, so a record cut short by a crash has no trailer. The log is
+  reserved on disk like the storage (``posix_fallocate``), in whole ``LOG_UNIT_BYTES`` units,
+  each before a record is written into it: a full disk is reported before a record is written
+  (the call changes nothing), never half-way, and a log whose size is not a whole number of
+  units was truncated. Creating a buffer checks that the disk has room for the storage and a
+  full log (``_config.MAPPED_LOG_BYTES``).
 
 Containment: the manifest names storage files by plain names (``array-<i>.bin``) only; every
 file is opened relative to the folder, without following symbolic links (``O_NOFOLLOW``), must
@@ -85,15 +86,17 @@ import stat
 import struct
 import weakref
 import zlib
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from marlbuf import _config, persistence
+from marlbuf._kernels.checksum import CHECKSUM_SEED, word_checksum
 from marlbuf.memory import MemoryEstimate
+from marlbuf.options import row_options_of
 from marlbuf.spec import AgentSpec
 
 try:
@@ -120,11 +123,15 @@ _OWN_FILE = re.compile(r"array-\d+\.bin|state\.npz|log|lock|(manifest\.json|stat
 _ARRAY_FILE = re.compile(r"array-\d{1,6}\.bin")
 
 #: Log record header: magic, checkpoint number, sequence number, steps, stream (-1: an array of
-#: streams follows the rows), rows, payload bytes, payload CRC-32; then the CRC-32 of these.
-_RECORD = struct.Struct("<8sQQqqqQI")
+#: streams follows the rows), rows, payload bytes, payload checksum
+#: (:func:`marlbuf._kernels.checksum.word_checksum`); then the CRC-32 of these.
+_RECORD = struct.Struct("<8sQQqqqQQ")
 _HEADER_CRC = struct.Struct("<I")
-RECORD_HEADER_BYTES = _RECORD.size + _HEADER_CRC.size  # 64
-_MAGIC = b"MBUFLOG1"
+RECORD_HEADER_BYTES = _RECORD.size + _HEADER_CRC.size  # 68
+_MAGIC = b"MBUFREC3"
+#: Records of format versions 1-2: the same fields with a CRC-32 of the payload, no trailer.
+_LEGACY_RECORD = struct.Struct("<8sQQqqqQI")
+_LEGACY_MAGIC = b"MBUFLOG1"
 #: Record trailer (written in the same call as the record): magic, sequence number, the
 #: header's CRC-32. A record without it was cut short.
 _TRAILER = struct.Struct("<8sQI4x")
@@ -182,6 +189,33 @@ class LogDamaged(ValueError):
     truncated, damaged, or following another checkpoint): the message says what was found."""
 
 
+@dataclass(frozen=True)
+class BufferHooks:
+    """The calls a :class:`MappedStore` makes on the buffer it serves, given by the buffer
+    (:meth:`MappedStore.bind`), so that the store needs none of the buffer's internals.
+
+    Attributes
+    ----------
+    commit : callable ``(rows, steps, streams) -> None``
+        Write validated staged rows (shape (steps, row_words), uint64) and their metadata, as
+        the buffer's own writes do (the redo log's replay).
+    state : callable ``() -> dict``
+        The buffer's state (what ``state_dict`` holds), its arrays views of live memory.
+    load : callable ``(state) -> None``
+        Load a checkpoint whose storage arrays are already the buffer's own (nothing copied).
+    attach : callable ``(store or None) -> None``
+        Make the store live on the buffer (its writes are logged from then on).
+    row_words : int
+        Words of a staged row (what log records hold per step).
+    """
+
+    commit: Callable[[np.ndarray, int, Any], None]
+    state: Callable[[], dict[str, Any]]
+    load: Callable[[Mapping[str, Any]], None]
+    attach: Callable[[Any], None]
+    row_words: int
+
+
 class MappedStore:
     """The files of one memory-mapped buffer: storage arrays, checkpoint, redo log and lock.
 
@@ -204,6 +238,7 @@ class MappedStore:
         self._arrays: dict[str, dict[str, Any]] = {}  # name -> file, dtype, shape
         self._maps: list[mmap.mmap] = []
         self._mapped_arrays: list[np.ndarray] = []
+        self._sum_state = np.zeros(2, dtype=np.uint64)  # scratch of _payload_checksum
         self._fds: dict[str, int] = {}  # "folder" (the lock), "log": raw descriptors
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         self.checkpoint_number = 0
@@ -213,9 +248,21 @@ class MappedStore:
         self._reserved = 0  # bytes of the log reserved on disk
         self._limit = _config.MAPPED_LOG_BYTES
         self._row_words = 0
+        self._hooks: BufferHooks | None = None  # the buffer's calls, given by bind()
         self._legacy_log = False  # a folder of format version 1-2 (log without header)
         self._made_folder = False  # by create(): removed again if the creation fails
         self.closed = False
+
+    def bind(self, hooks: BufferHooks) -> None:
+        """Take the calls of the buffer this store serves (its constructor gives them)."""
+        self._hooks = hooks
+        self._row_words = hooks.row_words
+
+    @property
+    def hooks(self) -> BufferHooks:
+        if self._hooks is None:
+            raise RuntimeError("this MappedStore serves no buffer yet (bind() was not called)")
+        return self._hooks
 
     # ------------------------------------------------------------------------ create / open
     @classmethod
@@ -517,7 +564,6 @@ class MappedStore:
             raise
 
     def _start(self, buffer: MultiAgentReplayBuffer) -> None:
-        self._row_words = buffer._codec.row_words
         self._open_log(create=True)
         self.checkpoint(buffer, sync=True)
         manifest = {
@@ -537,7 +583,7 @@ class MappedStore:
         }
         _write_json(self.folder / MANIFEST, manifest)
         self.manifest = manifest
-        buffer._mapped = self
+        self.hooks.attach(self)
 
     def _open_log(self, create: bool) -> None:
         """Open the log for writing (created if missing when ``create``) and reserve its first
@@ -596,7 +642,6 @@ class MappedStore:
         there were (with ``mode="r"`` into the private copy-on-write mappings: the files are
         not changed). Raises :class:`LogDamaged` when the log does not vouch for the table
         (see the module docstring)."""
-        self._row_words = buffer._codec.row_words
         info = checkpoint["mapped"]
         if self._legacy_log:
             return self._replay_legacy(buffer)
@@ -664,7 +709,7 @@ class MappedStore:
                     "later records follow it (damaged)"
                 )
             rows, steps, stream, streams, size = record
-            buffer._commit(rows, steps, stream if stream >= 0 else streams)
+            self.hooks.commit(rows, steps, stream if stream >= 0 else streams)
             offset += size
             count += 1
         return count
@@ -689,19 +734,22 @@ class MappedStore:
         try:
             end = os.fstat(fd).st_size
             offset = count = 0
-            while offset + RECORD_HEADER_BYTES <= end:
-                head = os.pread(fd, RECORD_HEADER_BYTES, offset)
-                parsed = _parse_header(head, self.checkpoint_number, count, self._row_words)
-                if parsed is None or offset + RECORD_HEADER_BYTES + parsed[3] > end:
+            head_bytes = _LEGACY_RECORD.size + _HEADER_CRC.size
+            while offset + head_bytes <= end:
+                head = os.pread(fd, head_bytes, offset)
+                parsed = _parse_header(
+                    head, self.checkpoint_number, count, self._row_words, _LEGACY_RECORD
+                )
+                if parsed is None or offset + head_bytes + parsed[3] > end:
                     break
                 steps, stream, n_rows, nbytes, crc = parsed
                 rows, streams = _read_payload(
-                    fd, offset + RECORD_HEADER_BYTES, n_rows, stream, self._row_words
+                    fd, offset + head_bytes, n_rows, stream, self._row_words
                 )
                 if zlib.crc32(_bytes(streams), zlib.crc32(_bytes(rows))) != crc:
                     break
-                buffer._commit(rows, steps, stream if stream >= 0 else streams)
-                offset += RECORD_HEADER_BYTES + nbytes
+                self.hooks.commit(rows, steps, stream if stream >= 0 else streams)
+                offset += head_bytes + nbytes
                 count += 1
             return count
         finally:
@@ -724,15 +772,16 @@ class MappedStore:
     def log(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
         """Append the redo record of one commit (before the buffer changes anything)."""
         self._writable()
-        data = np.ascontiguousarray(rows).data  # staged rows are contiguous: no copy
-        crc = zlib.crc32(data)
-        parts = [memoryview(b""), data]
+        staged = np.ascontiguousarray(rows)  # staged rows are contiguous: no copy
+        parts = [memoryview(b""), staged.data]
         if isinstance(streams, (int, np.integer)):
             stream = int(streams)
+            stream_ids = _NO_STREAMS
         else:  # add_envs: one stream per row
             stream = -1
-            parts.append(np.ascontiguousarray(streams, dtype=np.int64).data)
-            crc = zlib.crc32(parts[2], crc)
+            stream_ids = np.ascontiguousarray(streams, dtype=np.int64)
+            parts.append(stream_ids.data)
+        crc = _payload_checksum(staged, stream_ids, self._sum_state)
         payload = sum(part.nbytes for part in parts[1:])
         head = _RECORD.pack(
             _MAGIC, self.checkpoint_number, self._seq, steps, stream, len(rows), payload, crc
@@ -772,7 +821,7 @@ class MappedStore:
         with buffer.writer.lock:
             if sync or self.durable:
                 self.sync_arrays()
-            state = buffer._state(copy=False)
+            state = self.hooks.state()
             state["storage"] = {}  # the mapped files
             self._write_checkpoint(state, sync or self.durable, clean)
 
@@ -842,7 +891,6 @@ def open_buffer(
     mode: Any = "r+",
 ) -> MultiAgentReplayBuffer:
     """:meth:`MultiAgentReplayBuffer.open`: map the files, load the checkpoint, replay the log."""
-    from marlbuf.buffer import row_options_of
     from marlbuf.samplers import Sampler
 
     store = MappedStore.open(path, durable, mode)
@@ -876,9 +924,9 @@ def open_buffer(
         size = state.get("size", 0)
         size = size if isinstance(size, int) and 0 <= size <= capacity else 0
         state["storage"] = {k: v[:size] for k, v in buffer.storage.arrays().items()}
-        buffer._load_state(state, adopt=True)  # the storage is already in place: nothing copied
+        store.hooks.load(state)  # the storage is already in place: nothing copied
         replayed = store.replay(buffer, state)
-        buffer._mapped = store
+        store.hooks.attach(store)
         store.freeze()
         if not store.readonly:
             legacy = store._legacy_log
@@ -932,18 +980,19 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 # ---------------------------------------------------------------------------- log records
 def _parse_header(
-    head: bytes, number: int, seq: int, row_words: int
+    head: bytes, number: int, seq: int, row_words: int, layout: struct.Struct = _RECORD
 ) -> tuple[int, int, int, int, int] | None:
-    """``(steps, stream, rows, payload bytes, payload CRC-32)`` of a record header that is
-    whole and belongs to checkpoint ``number`` at sequence number ``seq``; else ``None``."""
-    if len(head) < RECORD_HEADER_BYTES:
+    """``(steps, stream, rows, payload bytes, payload checksum)`` of a record header (of
+    ``layout``: this version's or the legacy one) that is whole and belongs to checkpoint
+    ``number`` at sequence number ``seq``; else ``None``."""
+    if len(head) < layout.size + _HEADER_CRC.size:
         return None
-    magic, rec_number, rec_seq, steps, stream, n_rows, nbytes, crc = _RECORD.unpack_from(head)
-    (head_crc,) = _HEADER_CRC.unpack_from(head, _RECORD.size)
+    magic, rec_number, rec_seq, steps, stream, n_rows, nbytes, crc = layout.unpack_from(head)
+    (head_crc,) = _HEADER_CRC.unpack_from(head, layout.size)
     expected = n_rows * row_words * 8 + (n_rows * 8 if stream < 0 else 0)
     if (
-        magic != _MAGIC
-        or zlib.crc32(head[: _RECORD.size]) != head_crc
+        magic != (_MAGIC if layout is _RECORD else _LEGACY_MAGIC)
+        or zlib.crc32(head[: layout.size]) != head_crc
         or rec_number != number
         or rec_seq != seq
         or steps != n_rows
@@ -991,7 +1040,7 @@ def _read_record(
     if t_magic != _TRAILER_MAGIC or t_seq != seq or t_crc != head_crc:
         return "torn"  # the record was cut short: its call never reached the table
     rows, streams = _read_payload(fd, offset + RECORD_HEADER_BYTES, n_rows, stream, row_words)
-    if zlib.crc32(_bytes(streams), zlib.crc32(_bytes(rows))) != crc:
+    if _payload_checksum(rows, streams, np.zeros(2, dtype=np.uint64)) != crc:
         return "is complete but its rows fail their checksum (damaged)"
     return rows, steps, stream, streams, size
 
@@ -1018,6 +1067,21 @@ def _later_record(fd: int, offset: int, end: int, number: int, seq: int) -> bool
             at = data.find(_MAGIC, at + 1)
         position += chunk
     return False
+
+
+_NO_STREAMS = np.zeros(0, dtype=np.int64)
+
+
+def _payload_checksum(rows: np.ndarray, streams: np.ndarray, state: np.ndarray) -> int:
+    """The checksum of a record's payload: staged ``rows`` (shape (n, row_words), uint64,
+    C-contiguous) then ``streams`` (shape (n,) or (0,), int64), as one 64-bit value;
+    ``state`` (shape (2,), uint64) is scratch."""
+    state[0] = CHECKSUM_SEED
+    state[1] = 0
+    word_checksum(rows.reshape(-1), state)
+    if streams.shape[0]:
+        word_checksum(streams.view(np.uint64), state)
+    return (int(state[0]) ^ (int(state[1]) * CHECKSUM_SEED)) & 0xFFFFFFFFFFFFFFFF
 
 
 # ---------------------------------------------------------------------------- file helpers
@@ -1116,7 +1180,7 @@ def _datasync(fd: int) -> None:
 
 def _write_json(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` atomically (temporary file, fsync, rename, folder fsync)."""
-    fd, tmp = persistence._create_temp(path)
+    fd, tmp = persistence.create_temp(path)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(obj, fh, indent=1)
@@ -1126,7 +1190,7 @@ def _write_json(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    persistence._fsync_folder(path.parent)
+    persistence.fsync_folder(path.parent)
 
 
 __all__ = ["FORMAT", "LogDamaged", "MappedStore", "open_buffer", "resident"]

@@ -47,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from marlbuf.options import row_options_of
 from marlbuf.spec import AgentSpec
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def write_state(
         meta_bytes = json.dumps(meta).encode()
     except TypeError as exc:
         raise TypeError(f"state holds a value that cannot be saved: {exc}") from exc
-    fd, tmp = _create_temp(path)
+    fd, tmp = create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             # ZIP_STORED: members are raw .npy bytes, so reading streams them without inflating
@@ -169,7 +170,7 @@ def write_state(
         Path(tmp).unlink(missing_ok=True)
         raise
     if sync:
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
 
 
 def _target_path(path: Any) -> Path:
@@ -282,7 +283,7 @@ def open_regular(path: str | os.PathLike[str], follow: bool = True, write: bool 
     return fd
 
 
-def _create_temp(path: Path) -> tuple[int, str]:
+def create_temp(path: Path) -> tuple[int, str]:
     """A new file next to ``path``, opened for writing, with the mode the umask gives.
 
     ``tempfile.mkstemp`` would create it with mode 0600, which the rename would keep; creating it
@@ -313,7 +314,7 @@ def _create_temp(path: Path) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, f"cannot create a temporary file next to {str(path)!r}")
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Flush the folder entry of a rename to disk (POSIX; elsewhere the rename is all we do)."""
     if os.name != "posix":
         return
@@ -548,8 +549,6 @@ def storage_destinations(
     otherwise none, and
     the arrays are read as usual (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains
     the mismatch)."""
-    from marlbuf.buffer import row_options_of
-
     try:
         specs = {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()}
         fits = (
@@ -563,8 +562,7 @@ def storage_destinations(
         fits = False
     if not fits:
         return {}
-    if buffer._mapped is not None:  # its files are unusable until the state is loaded
-        buffer._mapped.begin_replace()
+    buffer.begin_replace()  # a mapped folder's files are unusable until the state is loaded
     return {array_path("storage", k): v for k, v in buffer.storage.arrays().items()}
 
 
@@ -881,7 +879,9 @@ __all__ = [
     "check_priorities",
     "check_ring",
     "check_target",
+    "create_temp",
     "file_kind",
+    "fsync_folder",
     "load_into",
     "open_regular",
     "read_state",

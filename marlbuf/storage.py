@@ -424,8 +424,8 @@ class Storage(ABC):
 
     @abstractmethod
     def gather(
-        self, indices: np.ndarray, out_block: np.ndarray | None = None
-    ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
+        self, indices: np.ndarray, out_block: Any = None
+    ) -> tuple[dict[str, dict[str, Any]], Any]:
         """Rows at ``indices`` (shape (B,), int64, in range): per field, per agent, arrays of
         shape (B, *shape) viewing one block, and that block. ``out_block`` (already checked by
         :meth:`check_out_block`) is overwritten instead of taking a block from the pool."""
@@ -461,7 +461,7 @@ class Storage(ABC):
         generations: np.ndarray,
         weights: np.ndarray | None,
         trainer: int | None,
-    ) -> Batch:
+    ) -> Any:
         """The batch of one :meth:`gather` (``fields`` and ``block`` as it returned them) at
         ``indices`` (shape (B,), a :class:`marlbuf.batch.DrawnIndices`) drawn at
         ``generations``, with importance ``weights`` (shape (B,), float32, or ``None``)."""

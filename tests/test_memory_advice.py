@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer, buffer, memory
+from marlbuf import AgentSpec, MultiAgentReplayBuffer, buffer, memory_cli
 from marlbuf.memory import MemoryWarning, estimate, format_options, largest_capacity
 
 SPECS = {f"agent_{i}": AgentSpec(obs_shape=(144,), action_shape=(5,)) for i in range(24)}
@@ -66,7 +66,7 @@ def test_format_options_and_capacity() -> None:
 
 @pytest.mark.parametrize("env", ["pp", "predator_prey", "cn"])
 def test_memory_command_table(env: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert memory.main(["--env", env, "--agents", "6", "--capacity", "1e5"]) == 0
+    assert memory_cli.main(["--env", env, "--agents", "6", "--capacity", "1e5"]) == 0
     out = capsys.readouterr().out
     assert "stored once (default)" in out and "of RAM available" in out
     assert "--obs-dtype float16" in out
@@ -74,8 +74,8 @@ def test_memory_command_table(env: str, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_memory_command_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert memory.main(["--agents", "0"]) == 2
+    assert memory_cli.main(["--agents", "0"]) == 2
     assert "--agents must be an integer >= 1; got --agents 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        memory.main(["--env", "mars"])
+        memory_cli.main(["--env", "mars"])
     assert "cooperative_navigation (cn) or predator_prey (pp)" in capsys.readouterr().err

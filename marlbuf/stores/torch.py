@@ -534,8 +534,13 @@ class DeviceBatch:
             return x.detach().cpu().numpy().copy()
 
         alive = self.alive
+        fields = {name: {a: host(x) for a, x in self.field(name).items()} for name in FIELDS}
         return Batch(
-            *({a: host(x) for a, x in self.field(name).items()} for name in FIELDS),
+            obs=fields["obs"],
+            action=fields["action"],
+            reward=fields["reward"],
+            next_obs=fields["next_obs"],
+            done=fields["done"],
             indices=DrawnIndices.of(np.array(self.indices), np.array(self.generations)),
             generations=np.array(self.generations),
             weights=None if self.weights is None else host(self.weights),
@@ -795,6 +800,7 @@ class TorchStorage(Storage):
     def check_out_block(self, block: Any, n: int) -> Any:
         """``block`` (of a batch passed as ``out=``) if this store can gather ``n`` rows into
         it, else a ``ValueError`` that says what differs."""
+        shape: tuple[int, ...]
         if self.batch_layout == "rows":
             shape, dtype = (n, self.row_words), torch.int64
         else:
