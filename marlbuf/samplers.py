@@ -1025,9 +1025,9 @@ def _distinct(draws: np.ndarray, size: int, rng: np.random.Generator) -> np.ndar
     if batch_size > _config.SELECTION_SAMPLING_FRACTION * size:
         return rng.permutation(size)[:batch_size].astype(np.int64)
     while True:
-        _, first = np.unique(draws, return_index=True)
-        if first.shape[0] == batch_size:
+        if len(set(draws.tolist())) == batch_size:  # the common case, without sorting
             return draws
+        _, first = np.unique(draws, return_index=True)
         repeated = np.ones(batch_size, dtype=bool)
         repeated[first] = False
         draws[repeated] = rng.integers(0, size, size=int(repeated.sum()), dtype=np.int64)
