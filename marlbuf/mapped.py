@@ -20,15 +20,15 @@ The folder holds:
   (*clean*).
 * ``log``: the *redo log* since that checkpoint. A 64-byte header names the checkpoint the log
   follows (number and id); then one record per ``add``/``extend``/``add_envs`` call: a header
-  (checkpoint number, sequence number, steps, stream, sizes, a 64-bit checksum of the payload
-  (:mod:`marlbuf._kernels.checksum`, at memory speed), CRC-32 of the header), the call's
-  validated staged rows and streams, and a trailer (sequence number, the header's CRC-32)
-  written in the same call, so a record cut short by a crash has no trailer. The log is
-  reserved on disk like the storage (``posix_fallocate``), in whole ``LOG_UNIT_BYTES`` units,
-  each before a record is written into it: a full disk is reported before a record is written
-  (the call changes nothing), never half-way, and a log whose size is not a whole number of
-  units was truncated. Creating a buffer checks that the disk has room for the storage and a
-  full log (``_config.MAPPED_LOG_BYTES``).
+  (checkpoint number, sequence number, steps, stream, sizes, a checksum of the payload (CRC-32
+  for a few rows, else :mod:`marlbuf._kernels.checksum` at memory speed), CRC-32 of the
+  header), the call's validated staged rows and streams, and a trailer (sequence number, the
+  header's CRC-32) written in the same call, so a record cut short by a crash has no trailer.
+  The log is reserved on disk like the storage (``posix_fallocate``), in whole
+  ``LOG_UNIT_BYTES`` units, each before a record is written into it: a full disk is reported
+  before a record is written (the call changes nothing), never half-way, and a log whose size
+  is not a whole number of units was truncated. Creating a buffer checks that the disk has
+  room for the storage and a full log (``_config.MAPPED_LOG_BYTES``).
 
 Containment: the manifest names storage files by plain names (``array-<i>.bin``) only; every
 file is opened relative to the folder, without following symbolic links (``O_NOFOLLOW``), must
@@ -1072,10 +1072,18 @@ def _later_record(fd: int, offset: int, end: int, number: int, seq: int) -> bool
 _NO_STREAMS = np.zeros(0, dtype=np.int64)
 
 
+#: Payloads up to this many bytes are checksummed with ``zlib.crc32`` (cheaper to call than a
+#: kernel for a row or two), larger ones with :func:`marlbuf._kernels.checksum.word_checksum`
+#: (about six times faster per byte); the reader applies the same rule.
+SMALL_PAYLOAD_BYTES = 4096
+
+
 def _payload_checksum(rows: np.ndarray, streams: np.ndarray, state: np.ndarray) -> int:
     """The checksum of a record's payload: staged ``rows`` (shape (n, row_words), uint64,
     C-contiguous) then ``streams`` (shape (n,) or (0,), int64), as one 64-bit value;
     ``state`` (shape (2,), uint64) is scratch."""
+    if rows.nbytes + streams.nbytes <= SMALL_PAYLOAD_BYTES:
+        return zlib.crc32(streams.data, zlib.crc32(rows.data))
     state[0] = CHECKSUM_SEED
     state[1] = 0
     word_checksum(rows.reshape(-1), state)

@@ -409,3 +409,36 @@ def test_creation_reserves_room_for_the_log(tmp_path, monkeypatch):
 
 def test_persistence_helpers_are_public():
     assert persistence.file_kind(stat.S_IFIFO) == "a FIFO (named pipe)"
+
+
+def _naive_word_checksum(words: np.ndarray, first: int, second: int) -> tuple[int, int]:
+    """The obvious twin of :func:`marlbuf._kernels.checksum.word_checksum`."""
+    mask = (1 << 64) - 1
+    for word in words.tolist():
+        first = (first + word) & mask
+        second = (second + first) & mask
+    return first, second
+
+
+def test_the_log_checksum_kernel_matches_its_naive_twin_and_sees_damage():
+    from marlbuf._kernels.checksum import CHECKSUM_SEED, word_checksum
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 1000):
+        words = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+        state = np.array([CHECKSUM_SEED, 0], dtype=np.uint64)
+        word_checksum(words, state)
+        assert (int(state[0]), int(state[1])) == _naive_word_checksum(words, CHECKSUM_SEED, 0)
+    rows = rng.integers(0, 2**64, (64, 9), dtype=np.uint64, endpoint=False)
+    scratch = np.zeros(2, dtype=np.uint64)
+    empty = np.zeros(0, dtype=np.int64)
+    reference = mapped._payload_checksum(rows, empty, scratch)
+    for bit in (0, 17, 63):  # any flipped bit, a swap of two rows, zeroed words
+        flipped = rows.copy()
+        flipped[5, 3] ^= np.uint64(1 << bit)
+        assert mapped._payload_checksum(flipped, empty, scratch) != reference
+    swapped = rows[[1, 0, *range(2, 64)]]
+    assert mapped._payload_checksum(np.ascontiguousarray(swapped), empty, scratch) != reference
+    zeroed = rows.copy()
+    zeroed[10:] = 0
+    assert mapped._payload_checksum(zeroed, empty, scratch) != reference
