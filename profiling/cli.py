@@ -26,7 +26,14 @@ from marlbuf.cli import ArgumentParser, error
 from marlbuf.profiling import callgrind
 from marlbuf.profiling.perf_events import CounterGroup, PerfEventError
 from marlbuf.profiling.plots import HEADLINE_METRICS
-from marlbuf.profiling.profiler import BACKENDS, NullProfiler, Profiler, format_table, write_json
+from marlbuf.profiling.profiler import (
+    BACKENDS,
+    NullProfiler,
+    Profiler,
+    format_table,
+    sig3,
+    write_json,
+)
 from marlbuf.profiling.workloads import (
     ENV_ALIASES,
     SAMPLER_NAMES,
@@ -290,7 +297,7 @@ def _summary_table(summary: dict[str, Any]) -> list[str]:
     for case, entry in summary.items():
         for metric, per in entry.items():
             values = ", ".join(
-                f"{k} {v:.4g}"
+                f"{k} {sig3(v)}"
                 for k, v in per.items()
                 if k not in ("source", "neighbor_over_uniform")
             )
@@ -377,6 +384,12 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
         )
         env = dict(os.environ, **{_CHILD_ENV: "1"})
         print("running under callgrind:", " ".join(cmd), file=sys.stderr)
+        print(
+            "(valgrind's start-up warnings about the host's L3, 'specified/simulated LL cache: "
+            "...', describe the cache it detected; --I1/--D1/--LL above replace it, and every "
+            "dump states the geometry simulated, recorded as simulated_caches in the report)",
+            file=sys.stderr,
+        )
         proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         print(

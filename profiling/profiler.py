@@ -28,6 +28,7 @@ unless a hardware counter produced it):
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -484,49 +485,94 @@ def _median_dict(samples: list[dict[str, float]]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------- output
+#: Width a printed table keeps to; wider tables are split into column groups.
+TABLE_WIDTH = 100
+
+#: Suffixes of counts: three significant figures with these instead of exponents.
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def sig3(value: float) -> str:
+    """``value`` with three significant figures and never an exponent: ``0.00189``,
+    ``27.9``, ``673``, ``43.5k``, ``1.23M``."""
+    magnitude = abs(value)
+    for scale, suffix in _SI:
+        if magnitude >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    if magnitude == 0:
+        return "0"
+    text = f"{value:.3g}"
+    if "e" in text:  # small values: positional, three significant digits
+        decimals = 2 - math.floor(math.log10(magnitude))
+        text = f"{value:.{decimals}f}"
+    return text
+
+
 def _fmt(value: float | None, unit: str) -> str:
+    """A table cell: times in milliseconds, counts with SI suffixes, three significant figures."""
     if value is None:
         return "-"
     if unit == "s":
-        return f"{value * 1e3:.3f}ms"
+        return sig3(value * 1e3)
     if unit == "ns":
-        return f"{value / 1e6:.3f}ms"
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if abs(value) >= 1e4:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.0f}"
+        return sig3(value / 1e6)
+    return sig3(value)
 
 
-def format_table(report: Mapping[str, Any], metrics: list[str] | None = None) -> str:
-    """A plain-text table of a :meth:`Profiler.report`: one row per phase, inclusive figures,
-    every column headed by its metric and its source in brackets."""
+def _column_header(metric: str, unit: str) -> str:
+    """A metric's column header with the unit its cells are in (times in ms)."""
+    if unit in ("s", "ns"):
+        return f"{metric.removesuffix('_s')} ms"
+    return metric
+
+
+def format_table(
+    report: Mapping[str, Any], metrics: list[str] | None = None, width: int = TABLE_WIDTH
+) -> str:
+    """A plain-text table of a :meth:`Profiler.report`: one row per phase, inclusive figures.
+
+    Times are in milliseconds (the header says ``ms``), counts carry SI suffixes (``k``, ``M``),
+    every figure has three significant figures. A table wider than ``width`` characters is
+    split into column groups, each repeating the phase column. The line beneath names each
+    metric's source (``time``, ``software``, ``hardware``, ``simulated``, ``modelled``).
+    """
     names = metrics if metrics is not None else list(report["metrics"])
-    headers = ["phase", "calls"] + [f"{m} [{report['metrics'][m]['source']}]" for m in names]
-    lines = []
+    units = {m: report["metrics"][m]["unit"] for m in names}
+    rows = []
     for row in report["phases"]:
         label = "  " * row["depth"] + row["name"]
-        figures = row["inclusive"] if row["path"] != OUTSIDE else row["exclusive"]
-        cells = [label, str(row["calls"])]
-        for m in names:
-            cells.append(_fmt(figures.get(m), report["metrics"][m]["unit"]))
         if row["multiplexed_segments"]:
-            cells[0] += " (multiplexed)"
-        lines.append(cells)
-    widths = [
-        max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(headers)
-    ]
-    out = [
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths))
-        )
-    ]
-    for cells in lines:
-        out.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-            )
-        )
+            label += " (multiplexed)"
+        figures = row["inclusive"] if row["path"] != OUTSIDE else row["exclusive"]
+        rows.append((label, str(row["calls"]), [_fmt(figures.get(m), units[m]) for m in names]))
+    headers = [_column_header(m, units[m]) for m in names]
+    cell_widths = [max(len(h), *(len(r[2][i]) for r in rows)) for i, h in enumerate(headers)]
+    label_width = max(len("phase"), *(len(r[0]) for r in rows))
+    calls_width = max(len("calls"), *(len(r[1]) for r in rows))
+    # column groups that fit the width next to the phase and calls columns
+    groups: list[list[int]] = [[]]
+    used = label_width + 2 + calls_width
+    for i, w in enumerate(cell_widths):
+        if groups[-1] and used + 2 + w > width:
+            groups.append([])
+            used = label_width + 2 + calls_width
+        groups[-1].append(i)
+        used += 2 + w
+    out: list[str] = []
+    for group in groups:
+        if out:
+            out.append("")
+        head = ["phase".ljust(label_width), "calls".rjust(calls_width)]
+        out.append("  ".join(head + [headers[i].rjust(cell_widths[i]) for i in group]))
+        for label, calls, cells in rows:
+            line = [label.ljust(label_width), calls.rjust(calls_width)]
+            out.append("  ".join(line + [cells[i].rjust(cell_widths[i]) for i in group]))
+    by_source: dict[str, list[str]] = {}
+    for m in names:
+        by_source.setdefault(report["metrics"][m]["source"], []).append(_column_header(m, units[m]))
+    out.append(
+        "sources: " + "; ".join(f"{source}: {', '.join(ms)}" for source, ms in by_source.items())
+    )
     out.append(
         f"backend: {report['backend']}; inclusive figures, null-phase overhead subtracted "
         f"({report['null_repeats']} null phases)"

@@ -224,7 +224,7 @@ def test_time_backend_report_schema_and_json(tmp_path) -> None:
     path = write_json(rep, tmp_path / "p.json")
     assert json.loads(path.read_text()) == rep
     text = format_table(rep)
-    assert "wall_s [time]" in text and "sampling" in text
+    assert "wall ms" in text and "time: wall ms" in text and "sampling" in text
 
 
 def test_exception_inside_a_phase_closes_it() -> None:
