@@ -700,8 +700,8 @@ class Sequence(Sampler):
     never mixes two episodes or two streams (see :class:`marlbuf.writer.EpisodeIndex`: an
     episode ends where every (alive) agent is done or the step was written with
     ``truncated=True``).
-    Starts are drawn with replacement (independent draws), so the batch may be larger than the
-    number of stored starts.
+    Starts are drawn with replacement (independent draws) by default, so the batch may be
+    larger than the number of stored starts; ``replace=False`` draws ``B`` distinct starts.
 
     Batches are :class:`marlbuf.batch.SequenceBatch`: every per-step array has the leading axes
     ``(B, L)``, ``mask`` (B, L) bool, ``slots`` (B, L) int64, ``burn_in``, and ``indices`` (B,)
@@ -730,6 +730,12 @@ class Sequence(Sampler):
         R2D2's mix of the maximum and the mean of per-step TD errors, in ``[0, 1]``.
     alpha, beta, eps
         As in :class:`Prioritized` (``beta`` may be a :class:`marlbuf.prioritized.LinearBeta`).
+    replace : bool, default True
+        ``False``: ``B`` distinct starts (``B`` must not exceed the starts there are): uniform
+        starts are a uniform sample without replacement; drawn from a tree (``pad=False`` or
+        prioritized) a start drawn twice is drawn again, which is successive sampling in
+        proportion to the tree's values among the starts not yet drawn (importance weights
+        stay those of independent draws).
 
     Examples
     --------
@@ -756,14 +762,16 @@ class Sequence(Sampler):
         alpha: float = 0.6,
         beta: float | LinearBeta | dict[str, Any] = 0.4,
         eps: float = 1e-6,
+        replace: bool = True,
     ) -> None:
         self.length = _positive_int("length", length)
         if isinstance(burn_in, bool) or not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
             raise ValueError(f"burn_in must be an int >= 0; got burn_in={burn_in!r}")
         self.burn_in = int(burn_in)
-        for name, flag in (("pad", pad), ("prioritized", prioritized)):
+        for name, flag in (("pad", pad), ("prioritized", prioritized), ("replace", replace)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name} must be a bool; got {name}={flag!r}")
+        self.replace = bool(replace)
         self.pad = bool(pad)
         self.prioritized = bool(prioritized)
         self.weighted = self.prioritized
@@ -856,12 +864,17 @@ class Sequence(Sampler):
                 f"every priority of trainer {trainer} is 0 (eps={self.eps} and all TD errors "
                 "were 0); use eps > 0 so that every start stays sampleable"
             )
+        if not self.replace:
+            self._check_distinct(batch_size, size, trainer)
         if self.trees is None:  # uniform, pad=True: every stored slot
-            return rng.integers(0, size, size=batch_size, dtype=np.int64), None
+            draws = rng.integers(0, size, size=batch_size, dtype=np.int64)
+            return (draws if self.replace else _distinct(draws, size, rng)), None
         starts = np.empty(batch_size, dtype=np.int64)
         if not self.prioritized:
             targets = rng.random(batch_size) * self.trees.total(0)
             find_prefix(self.trees.sums[0], self.trees.leaf_offset, targets, starts)
+            if not self.replace:
+                starts = _distinct_from_tree(starts, self.trees.sums[0], self.trees, 0, rng)
             return starts, None
         weights = np.empty(batch_size, dtype=np.float32)
         beta = (
@@ -877,8 +890,25 @@ class Sequence(Sampler):
             starts,
             weights,
         )
+        if not self.replace:
+            starts = _distinct_from_tree(starts, self.trees.sums[trainer], self.trees, trainer, rng)
+            mass = self.trees.leaves(trainer)[starts]
+            weights = ((mass.min() / mass) ** beta).astype(np.float32)
         self.batches_drawn[trainer] += 1
         return starts, weights
+
+    def _check_distinct(self, batch_size: int, size: int, trainer: int) -> None:
+        """Refuse ``batch_size`` distinct starts beyond the starts there are."""
+        if self.trees is None:
+            count = size
+        else:
+            leaves = self.trees.leaves(trainer if self.prioritized else 0)
+            count = int(np.count_nonzero(leaves))
+        if batch_size > count:
+            raise ValueError(
+                f"batch_size={batch_size} distinct sequences (replace=False) but {count} "
+                "starts can be drawn; add more data, sample fewer, or use replace=True"
+            )
 
     def handed(self, trainer: int, starts: np.ndarray, valid_steps: np.ndarray) -> None:
         """Record the valid training steps (shape (B,)) of sequences handed to ``trainer``, for
@@ -991,6 +1021,7 @@ class Sequence(Sampler):
             "alpha": self.alpha,
             "beta": beta,
             "eps": self.eps,
+            "replace": self.replace,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -1031,6 +1062,25 @@ def _distinct(draws: np.ndarray, size: int, rng: np.random.Generator) -> np.ndar
         repeated = np.ones(batch_size, dtype=bool)
         repeated[first] = False
         draws[repeated] = rng.integers(0, size, size=int(repeated.sum()), dtype=np.int64)
+
+
+def _distinct_from_tree(
+    draws: np.ndarray, sums: np.ndarray, trees: PriorityTrees, tree: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``draws`` (shape (B,), int64, slots drawn from sum-tree ``sums``, row ``tree`` of
+    ``trees``, with at least ``B`` nonzero leaves) made distinct: repeats are replaced by fresh
+    draws from the tree until none is left (successive sampling in proportion to the leaves
+    among the slots not yet drawn), the first occurrences keeping their places."""
+    batch_size = draws.shape[0]
+    total = trees.total(tree)
+    while len(set(draws.tolist())) != batch_size:
+        _, first = np.unique(draws, return_index=True)
+        repeated = np.ones(batch_size, dtype=bool)
+        repeated[first] = False
+        fresh = np.empty(int(repeated.sum()), dtype=np.int64)
+        find_prefix(sums, trees.leaf_offset, rng.random(fresh.shape[0]) * total, fresh)
+        draws[repeated] = fresh
+    return draws
 
 
 class Episodes(Sampler):
@@ -1201,15 +1251,7 @@ class Episodes(Sampler):
         starts = np.empty(batch_size, dtype=np.int64)
         find_prefix(trees.sums[trainer], trees.leaf_offset, rng.random(batch_size) * total, starts)
         if not self.replace:
-            # redraw duplicates: the first occurrences, in draw order, then fresh draws
-            kept = starts[np.sort(np.unique(starts, return_index=True)[1])]
-            while kept.shape[0] < batch_size:
-                more = np.empty(batch_size - kept.shape[0], dtype=np.int64)
-                targets = rng.random(more.shape[0]) * total
-                find_prefix(trees.sums[trainer], trees.leaf_offset, targets, more)
-                joined = np.concatenate([kept, more])
-                kept = joined[np.sort(np.unique(joined, return_index=True)[1])]
-            starts = kept
+            starts = _distinct_from_tree(starts, trees.sums[trainer], trees, trainer, rng)
         mass = trees.leaves(trainer)[starts]
         beta = (
             self.beta(int(self.batches_drawn[trainer]))
