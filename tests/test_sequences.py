@@ -686,7 +686,7 @@ def test_truncated_forms_for_every_sampler() -> None:
 
 
 def test_memory_mapped_buffers_refuse_sequences(tmp_path) -> None:
-    with pytest.raises(ValueError, match="memory-mapped buffers"):
+    with pytest.raises(ValueError, match="path="):
         MultiAgentReplayBuffer(SPECS, 30, sampler=Sequence(length=2), path=tmp_path / "m")
     assert not (tmp_path / "m").exists()
 
@@ -723,3 +723,36 @@ def test_explicit_gather_stays_a_plain_batch() -> None:
     driver.extend(20)
     batch = driver.buf.gather(np.arange(5))
     assert type(batch) is Batch and batch.obs["agent_0"].shape == (5, 3)
+
+
+@pytest.mark.parametrize(
+    "args", [{}, {"pad": False}, {"prioritized": True}, {"prioritized": True, "pad": False}]
+)
+def test_replace_false_draws_distinct_starts(args: dict) -> None:
+    driver = Driver(make(40, length=3, burn_in=1, replace=False, **args), 8)
+    while driver.buf.size < 40:
+        driver.random_ops(3)
+    sampler = driver.buf.sampler
+    assert isinstance(sampler, Sequence) and sampler.config()["replace"] is False
+    valid = set(driver.naive.valid_starts(3)) if args.get("pad") is False else set(range(40))
+    for _ in range(30):
+        batch = driver.buf.sample(12)
+        starts = batch.indices.tolist()
+        assert len(set(starts)) == 12 and set(starts) <= valid
+        check_batch(driver, batch, 3, 1)
+        if batch.weights is not None:
+            mass = sampler.trees.leaves(0)[batch.indices]  # type: ignore[union-attr]
+            np.testing.assert_allclose(batch.weights, (mass.min() / mass) ** 0.4, rtol=1e-6)
+    with pytest.raises(ValueError, match="distinct sequences"):
+        driver.buf.sample(len(valid) + 1)
+
+
+def test_replace_false_is_uniform_over_stored_slots() -> None:
+    driver = Driver(make(30, length=4, burn_in=1, replace=False), 4)
+    driver.random_ops(10)
+    counts = np.zeros(30)
+    for _ in range(400):
+        drawn = driver.buf.sample(10).indices
+        assert len(set(drawn.tolist())) == 10
+        np.add.at(counts, drawn, 1)
+    assert chisquare(counts[: driver.buf.size]).pvalue > 1e-3
