@@ -572,3 +572,67 @@ def test_add_envs_takes_a_stacked_array() -> None:
     for field in ("obs", "reward", "next_obs"):
         for agent in AGENTS:
             np.testing.assert_array_equal(a.stored(field)[agent], b.stored(field)[agent])
+
+
+# ------------------------------------------------------------------ the benchmark, tiny
+
+
+def test_bench_episodes_part_runs_tiny(monkeypatch) -> None:
+    """``bench sequences``' episodes part at a tiny size: every case, ratio and byte count
+    (the full run: ``sequences.run(parts=("episodes",))``)."""
+    pytest.importorskip("torch")
+    from marlbuf.bench import sequences
+    from marlbuf.bench.workloads import Workload
+
+    tiny = dict(sequences.QUICK, episodes_stored=40, episode_repeats=2)
+    tiny["episode_workloads"] = [Workload("cooperative_navigation", 3)]
+    monkeypatch.setattr(sequences, "QUICK", tiny)
+    payload = sequences.run(quick=True, progress=False, parts=("episodes",))
+    rows = payload["rows"]
+    assert {r["part"] for r in rows} == {"episodes"}
+    cases = {(r["episodes"], r["case"]) for r in rows}
+    for mix in sequences.EPISODE_MIXES:
+        for case in ("marlbuf", "marlbuf_torch", "padded_torch"):
+            assert (mix, case) in cases
+        assert (mix, "insert/marlbuf") in cases and (mix, "insert/padded_torch") in cases
+    for row in rows:
+        assert row["ms_median"] > 0 and row["time_vs_marlbuf"] > 0
+        assert row["marlbuf_bytes_per_step"] > 0 and row["padded_bytes_per_step"] > 0
+    summary = payload["summary"]["episodes"]
+    mixed = summary["CN-3 + state(54) mixed 5-25"]
+    assert "sample_target_2x_met" in mixed and "memory_target_0.7x_met" in mixed
+    assert "insert_no_slower_met" in mixed
+    # padding costs the padded layout more bytes per real step with shorter episodes
+    fixed = summary["CN-3 + state(54) length 25"]
+    assert mixed["padded_bytes_per_step"] > fixed["padded_bytes_per_step"]
+    with pytest.raises(ValueError, match="parts must be among"):
+        sequences.run(quick=True, progress=False, parts=("nothing",))
+
+
+def test_torch_padded_episode_buffer_holds_the_episodes() -> None:
+    torch = pytest.importorskip("torch")
+    from marlbuf.bench.padded_episodes import PaddedField, TorchPaddedEpisodeBuffer
+
+    buf = TorchPaddedEpisodeBuffer(
+        {"obs": PaddedField((2,)), "state": PaddedField((3,), per_agent=False)}, 2, 3, 4
+    )
+    episodes = []
+    for length in (2, 4, 1, 3):  # the fourth wraps onto slot 0
+        steps = np.arange(length + 1, dtype=np.float32)
+        episode = {
+            "obs": np.broadcast_to(steps[:, None, None], (length + 1, 2, 2)) + length,
+            "state": np.broadcast_to(steps[:, None], (length + 1, 3)) * length,
+        }
+        padded = buf.pad(episode, length)
+        assert padded["filled"][0, :, 0].tolist() == [1] * (length + 1) + [0] * (4 - length)
+        assert int(padded["terminated"][0, length - 1, 0]) == 1
+        buf.insert_episode_batch(padded)
+        episodes.append(padded)
+    assert buf.episodes_in_buffer == 3 and buf.index == 1
+    assert torch.equal(buf.data["obs"][0], episodes[3]["obs"][0])
+    assert torch.equal(buf.data["state"][1], episodes[1]["state"][0])
+    batch = buf.sample_episodes(3)
+    assert batch["obs"].shape == (3, 5, 2, 2) and batch["filled"].dtype == torch.long
+    with pytest.raises(ValueError, match="exceeds"):
+        buf.sample_episodes(4)
+    assert buf.nbytes == sum(t.numel() * t.element_size() for t in buf.data.values())
