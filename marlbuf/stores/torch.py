@@ -785,7 +785,7 @@ class TorchStorage(Storage):
                 side_rows = links.side[links.side_row[indices[at]]]
                 side = self._uploader.rows_to_device(np.ascontiguousarray(side_rows).view(np.int64))
                 side_at = self._uploader.to_device(at.astype(np.int64))
-        dst.zero_()  # padding as in the NumPy block: zeros
+        # every field byte is written by a segment (padding bytes are left as they were)
         for src_dtype, dst_dtype, src, dst_at, length, from_next in self._segments:
             rows = sources if from_next else idx
             part = self.table.view(src_dtype)[:, src : src + length]
@@ -824,7 +824,11 @@ class TorchStorage(Storage):
         """A copy of the tensor ``values`` to pinned host memory that does not wait for the
         device (CUDA); the returned function waits for it and gives the host array."""
         if self.device.type != "cuda" or values.device.type != "cuda":
-            return super().to_host_later(values)
+            # a copy now: numpy() of a host tensor shares its memory, and the caller may write
+            # the tensor again before the update is applied (as a CUDA copy enqueued now reads
+            # the values of now)
+            host = values.detach().to("cpu", copy=True).numpy()
+            return lambda: host
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values.detach(), non_blocking=True)
         done = torch.cuda.Event()
