@@ -208,6 +208,18 @@ def from_stream(
     return out
 
 
+def _check_view(source: tuple[int, ...], destination: tuple[int, ...]) -> None:
+    """Refuse a value of shape ``source`` that cannot be viewed as ``destination``: walking both
+    shapes from the last dimension, every destination dimension must match the next source
+    dimension or be 1 (EPyMARL's check before writing an update)."""
+    position = len(source) - 1
+    for size in reversed(destination):
+        if position >= 0 and source[position] == size:
+            position -= 1
+        elif size != 1:
+            raise ValueError(f"cannot write a value of shape {source} into {destination}")
+
+
 class TorchPaddedEpisodeBuffer:
     """The padded-episode layout in torch tensors, as EPyMARL keeps it (``EpisodeBatch``'s
     ``transition_data``): the whole-episode baseline of the ``sequences`` suite's episodes part.
@@ -215,10 +227,13 @@ class TorchPaddedEpisodeBuffer:
     Same layout as :class:`PaddedEpisodeBuffer` (every field ``(n_episodes, max_t + 1, ...)``,
     ``filled`` int64 and ``terminated`` uint8 ``(n_episodes, max_t + 1, 1)``), in torch tensors
     on ``device``. An insert writes already padded episodes (a runner fills a padded batch as it
-    steps the environment) into consecutive episode slots with slice assignments, every field
-    and every one of the ``max_t + 1`` steps; a draw takes ``B`` distinct stored episode slots
-    (``Generator.choice(..., replace=False)``) and indexes every tensor with them (copies), as
-    ``ReplayBuffer.sample`` does. Written from that description, not from EPyMARL's code.
+    steps the environment) into consecutive episode slots, every field and every one of the
+    ``max_t + 1`` steps, each through a view-compatibility check and a slice assignment of
+    ``value.view_as(destination)`` as EPyMARL's ``update`` does (its per-key bookkeeping and
+    preprocessing transforms are left out: there are no preprocessed fields here); a draw
+    takes ``B`` distinct stored episode slots (``Generator.choice(..., replace=False)``) and
+    indexes every tensor with them (copies), as ``ReplayBuffer.sample`` does. Written from that
+    description, not from EPyMARL's code.
 
     Parameters
     ----------
@@ -298,7 +313,10 @@ class TorchPaddedEpisodeBuffer:
             return
         rows = slice(self.index, self.index + count)
         for name, value in episodes.items():
-            self.data[name][rows] = value
+            # as EPyMARL's update: check that the value views as the destination (trailing
+            # dimensions equal, or 1 in the destination), then assign through view_as
+            _check_view(value.shape, self.data[name][rows].shape)
+            self.data[name][rows] = value.view_as(self.data[name][rows])
         self.index = (self.index + count) % self.n_episodes
         self.episodes_in_buffer = min(self.n_episodes, self.episodes_in_buffer + count)
 
