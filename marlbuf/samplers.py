@@ -154,6 +154,19 @@ class Sampler(ABC):
         data; once full (``size == capacity``) every slot does.
         """
 
+    def sample_share(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """This buffer's share of one draw over several buffers (the shards of
+        :class:`marlbuf.distributed.ShardedReplayBuffer`): as :meth:`sample`.
+
+        A sampler whose rows are independent uniform draws (``Uniform(replace=True)``) also
+        accepts ``batch_size > size`` here: the whole draw must fit the rows of all buffers
+        together, which the caller checks, and one buffer may be asked for more rows than it
+        holds. Every other sampler (the default) answers as :meth:`sample`.
+        """
+        return self.sample(batch_size, size, rng, trainer)
+
     def update_priorities(
         self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
     ) -> None:
@@ -260,6 +273,17 @@ class Uniform(Sampler):
         if self.replace:
             return rng.integers(0, size, size=batch_size, dtype=np.int64), None
         return rng.choice(size, size=batch_size, replace=False).astype(np.int64), None
+
+    def sample_share(
+        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """As :meth:`sample`; with replacement ``batch_size`` may exceed ``size`` (``>= 1``):
+        this buffer's part of a draw over several buffers (:meth:`Sampler.sample_share`)."""
+        if not self.replace or batch_size <= size or size < 1:
+            return self.sample(batch_size, size, rng, trainer)
+        if self.order == "memory":
+            return ascending_uniform(batch_size, size, rng, True), None
+        return rng.integers(0, size, size=batch_size, dtype=np.int64), None
 
     def config(self) -> dict[str, Any]:
         return {"replace": self.replace, "order": self.order}
@@ -394,9 +418,46 @@ class Prioritized(Sampler):
 
     def beta_for(self, trainer: int) -> float:
         """β of ``trainer``'s next batch."""
+        return self.beta_at(int(self.batches_drawn[trainer]))
+
+    def beta_at(self, batches_drawn: int) -> float:
+        """β of the batch a trainer draws after ``batches_drawn`` earlier ones: the constant
+        ``beta``, or the :class:`marlbuf.prioritized.LinearBeta` schedule at that step (for a
+        caller that counts batches itself, such as the learner of a sharded buffer)."""
         if isinstance(self.beta, LinearBeta):
-            return self.beta(int(self.batches_drawn[trainer]))
+            return self.beta(int(batches_drawn))
         return self.beta
+
+    def priority_total(self, trainer: int = 0) -> float:
+        """``sum_k p_k^alpha`` over ``trainer``'s slots (the root of its sum-tree): the
+        normaliser of ``P(i)``, and how a sharded buffer splits a batch across shards."""
+        return self.trees.total(trainer)
+
+    def max_priority(self, trainer: int = 0) -> float:
+        """``trainer``'s running maximum priority: what a newly written slot gets (starts at
+        1, raised by every priority update and by :meth:`raise_max_priority`)."""
+        return float(self.trees.max_priority[trainer])
+
+    def raise_max_priority(self, priorities: Any) -> None:
+        """Raise every trainer's running maximum priority to at least ``priorities[t]``
+        (shape (n_trainers,), finite, > 0; lower values leave it alone): new slots then enter
+        with the maximum known elsewhere (the other shards of a sharded buffer)."""
+        values = np.asarray(priorities, dtype=np.float64)
+        if values.shape != (self.n_trainers,) or not (np.isfinite(values) & (values > 0)).all():
+            raise ValueError(
+                f"priorities must hold one finite priority > 0 per trainer, shape "
+                f"({self.n_trainers},); got {priorities!r:.120}"
+            )
+        np.maximum(self.trees.max_priority, values, out=self.trees.max_priority)
+
+    def sampling_probabilities(self, indices: Any, size: int, trainer: int = 0) -> np.ndarray:
+        """The probability (float64, shape of ``indices``) with which a row of ``trainer``'s
+        batch is each slot of ``indices`` (in ``[0, size)``, ``size`` the filled slots):
+        ``P(i) = p_i^alpha / sum_k p_k^alpha``. The importance weights are
+        ``(N P(i))^-beta`` over these; a sharded buffer scales them by the shard's share."""
+        self._check_sampleable(1, size, trainer)
+        idx = np.asarray(indices, dtype=np.int64)
+        return self.trees.leaves(trainer)[idx] / self.trees.total(trainer)
 
     def _check_sampleable(self, batch_size: int, size: int, trainer: int) -> None:
         if size < 1:
@@ -675,6 +736,12 @@ class PrioritizedNeighbor(Prioritized):
             elif k < self.capacity:
                 mass[k:] += reaching[: self.capacity - k]
         return mass / expected_length
+
+    def sampling_probabilities(self, indices: Any, size: int, trainer: int = 0) -> np.ndarray:
+        """The exact long-run inclusion probability ``P(j)`` of each slot of ``indices``
+        (:meth:`inclusion_probabilities`, one O(capacity) pass), what ``weights="exact"``
+        weights by."""
+        return self.inclusion_probabilities(size, trainer)[np.asarray(indices, dtype=np.int64)]
 
     def config(self) -> dict[str, Any]:
         config = super().config()

@@ -18,7 +18,7 @@ import pytest
 import ray
 from scipy.stats import chisquare
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf import AgentSpec, FieldSpec, MultiAgentReplayBuffer
 from marlbuf.distributed import RateLimiter, ShardedReplayBuffer, ShardError, init_ray
 from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Uniform
 
@@ -384,3 +384,296 @@ def test_stale_priority_updates_are_dropped_per_shard():
         updated = len(np.unique(batch.indices[shard == 1]))
         expected = updated * (5.0 + 1e-6) ** 0.6 + (8 - updated)
         assert totals[1] == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ the single buffer's options
+RICH = {
+    f"agent_{i}": AgentSpec(
+        obs_shape=(3,), action_shape=(2,), obs_dtype=np.float16, extras={"hidden": FieldSpec(4)}
+    )
+    for i in range(2)
+}
+RICH_OPTIONS = {
+    "global_fields": {"state": FieldSpec((5,))},
+    "alive": True,
+    "next_obs": "once",
+    "batch_dtype": "float32",
+}
+
+
+def rich_steps(n, stream, seed):
+    """``n`` consecutive steps of one stream with extras, a global state, alive flags and a
+    truncation at steps 3, 13, ... (next_obs is the next step's obs except there)."""
+    rng = np.random.default_rng(seed)
+    obs = {a: rng.standard_normal((n + 1, 3)).astype(np.float16) for a in RICH}
+    obs["agent_0"][:, 0] = stream
+    next_obs = {a: o[1:].copy() for a, o in obs.items()}
+    truncated = np.zeros(n, dtype=bool)
+    truncated[3::10] = True
+    for a in RICH:  # the step after a truncation starts from a reset observation
+        next_obs[a][truncated] += np.float16(1)
+    return {
+        "obs": {a: o[:-1] for a, o in obs.items()},
+        "action": {a: rng.standard_normal((n, 2)).astype(np.float32) for a in RICH},
+        "reward": {a: rng.standard_normal(n).astype(np.float32) for a in RICH},
+        "next_obs": next_obs,
+        "done": {a: np.zeros(n, np.float32) for a in RICH},
+        "hidden": {a: rng.standard_normal((n, 4)).astype(np.float32) for a in RICH},
+        "state": rng.standard_normal((n, 5)).astype(np.float32),
+        "alive": {"agent_0": np.ones(n, bool), "agent_1": rng.random(n) < 0.7},
+        "truncated": truncated,
+    }
+
+
+def chunk(data, lo, hi):
+    """Steps ``[lo, hi)`` of :func:`rich_steps` output."""
+    return {
+        f: {a: v[lo:hi] for a, v in d.items()} if isinstance(d, dict) else d[lo:hi]
+        for f, d in data.items()
+    }
+
+
+def assert_rows_equal(batch, singles, buf, rows=None):
+    """Every row of a sharded ``batch`` equals what the single buffer holding that shard's
+    writes gathers at the row's slot: the five fields, extras, globals and alive."""
+    shard, slot = buf.locate(batch.indices)
+    rows = np.arange(len(shard)) if rows is None else rows
+    for k in np.unique(shard):
+        mine = rows[shard == k]
+        want = singles[k].gather(slot[shard == k])
+        for name in ("obs", "action", "reward", "next_obs", "done", "alive"):
+            for agent, value in getattr(want, name).items():
+                np.testing.assert_array_equal(getattr(batch, name)[agent][mine], value)
+        for agent, value in want.extras["hidden"].items():
+            np.testing.assert_array_equal(batch.extras["hidden"][agent][mine], value)
+        np.testing.assert_array_equal(batch.globals["state"][mine], want.globals["state"])
+        np.testing.assert_array_equal(batch.generations[mine], want.generations)
+
+
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_extras_globals_alive_and_truncated_through_writers_match_one_buffer(batch_layout):
+    singles = [
+        MultiAgentReplayBuffer(RICH, 40, batch_layout=batch_layout, **RICH_OPTIONS)
+        for _ in range(2)
+    ]
+    with ShardedReplayBuffer(
+        RICH, 40, 2, seed=11, prefetch=False, batch_layout=batch_layout, **RICH_OPTIONS
+    ) as buf:
+        writer = buf.writer(stream=1)  # what a rollout actor holds
+        streams = [rich_steps(61, 0, 0), rich_steps(61, 1, 1)]
+        for part in range(3):  # stream 0 through the buffer, stream 1 through its writer
+            first, second = (chunk(data, 20 * part, 20 * part + 20) for data in streams)
+            buf.extend(**first, stream=0)
+            writer.extend(**second)
+            singles[0].extend(**first)
+            singles[1].extend(**second)
+        step = {
+            f: {a: v[0] for a, v in d.items()} if isinstance(d, dict) else d[0]
+            for f, d in chunk(streams[1], 60, 61).items()
+        }
+        writer.add(**step)  # one step with extras, state, alive and truncated
+        singles[1].add(**step)
+        writer.flush()
+        buf.flush()
+        assert buf.refresh().tolist() == [40, 40]
+        batches = buf.sample_for_trainers(64)
+        assert [b.trainer for b in batches] == [0, 1]
+        for batch in batches:
+            assert batch.obs["agent_0"].dtype == np.float32  # float16 storage, float32 batches
+            assert set(batch.extras) == {"hidden"} and set(batch.globals) == {"state"}
+            assert batch.state.shape == (64, 5) and batch.alive["agent_1"].dtype == bool
+            assert_rows_equal(batch, singles, buf)
+            assert batch.indices.generations is batch.generations  # DrawnIndices, as one buffer
+
+
+def test_add_envs_splits_every_field_and_flag_across_shards():
+    singles = [MultiAgentReplayBuffer(RICH, 32, **RICH_OPTIONS) for _ in range(2)]
+    with ShardedReplayBuffer(RICH, 32, 2, seed=12, prefetch=False, **RICH_OPTIONS) as buf:
+        envs = [rich_steps(6, e, 20 + e) for e in range(3)]  # streams 0, 1, 2
+        for t in range(6):
+            step = {
+                f: {a: np.stack([env[f][a][t] for env in envs]) for a in RICH}
+                if isinstance(envs[0][f], dict)
+                else np.stack([env[f][t] for env in envs])
+                for f in envs[0]
+            }
+            buf.add_envs(**step)  # environments 0 and 2 -> shard 0, environment 1 -> shard 1
+            for k, sel in ((0, [0, 2]), (1, [1])):
+                part = {
+                    f: {a: v[sel] for a, v in value.items()}
+                    if isinstance(value, dict)
+                    else value[sel]
+                    for f, value in step.items()
+                }
+                singles[k].add_envs(**part)
+        buf.flush()
+        assert buf.sizes.tolist() == [12, 6]
+        assert_rows_equal(buf.sample(18), singles, buf)
+
+
+def test_writes_with_bad_options_are_refused_clearly():
+    with ShardedReplayBuffer(RICH, 16, 2, seed=13, prefetch=False, **RICH_OPTIONS) as buf:
+        data = rich_steps(4, 0, 0)
+        with pytest.raises(ValueError, match=r"stream=3 lives on shard 1.*writer\(3\)"):
+            buf.writer(0).extend(**data, stream=3)
+        with pytest.raises(ValueError, match="not consecutive streams"):
+            buf.add_envs(
+                **{f: v for f, v in data.items() if f != "truncated"}, streams=[0, 4, 1, 3]
+            )
+        with pytest.raises(ValueError, match="streams= or first_stream="):
+            buf.add_envs(**data, streams=[0, 1, 2, 3], first_stream=0)
+        bad = dict(data, truncated=np.zeros(3, bool))  # 4 steps, 3 flags
+        buf.extend(**bad, stream=1)  # queued: the shard refuses it, writing nothing
+        with pytest.raises(ValueError, match="truncated"):
+            buf.flush()
+        buf.extend(**data, stream=0, colour=np.zeros(4))  # an undeclared field
+        with pytest.raises(TypeError, match="colour"):
+            buf.flush()
+        assert buf.refresh().tolist() == [0, 0]
+
+
+def test_custom_samplers_and_sequences_are_refused_with_the_capabilities_reason():
+    from marlbuf.stores.capabilities import CAPABILITIES
+
+    class EveryOther(Uniform):  # a user's sampler: the learner could not split its draw
+        pass
+
+    reason = CAPABILITIES["custom Sampler subclasses"]["sharded"]
+    assert reason is not None
+    with pytest.raises(ValueError, match=reason[:30]):
+        ShardedReplayBuffer(SPECS, 64, 2, sampler=EveryOther())
+    with pytest.raises(ValueError, match="next_obs must be one of"):
+        ShardedReplayBuffer(SPECS, 64, 2, next_obs="twice")
+    with pytest.raises(ValueError, match="batch_dtype"):
+        ShardedReplayBuffer(SPECS, 64, 2, batch_dtype="float8")
+
+
+def test_beta_schedule_drawn_indices_and_round_updates():
+    from marlbuf.prioritized import LinearBeta
+
+    sizes, alpha = [30, 20], 0.5
+    schedule = LinearBeta(start=0.2, end=1.0, steps=4)
+    sampler = Prioritized(alpha=alpha, beta=schedule, eps=0.0)
+    priorities = np.linspace(0.5, 3.0, 50)
+    with ShardedReplayBuffer(SPECS, 32, 2, sampler=sampler, seed=14, prefetch=False) as buf:
+        fill(buf, sizes)
+        everything = np.r_[np.arange(30), 32 + np.arange(20)]
+        buf.update_priorities_for_trainers([everything] * 2, [priorities] * 2)
+        buf.flush()
+        mass = priorities**alpha
+        for step in range(5):  # trainer 0's batches walk the schedule; trainer 1 stays put
+            batch = buf.sample(40, trainer=0)
+            shard, slot = buf.locate(batch.indices)
+            p = mass[np.where(shard == 0, slot, 30 + slot)]
+            expected = (p.min() / p) ** schedule(step)
+            np.testing.assert_allclose(batch.weights, expected, rtol=1e-5)
+            # batch.indices carry their generations: no generations= needed
+            buf.update_priorities(batch.indices, priorities[np.where(shard == 0, slot, 30 + slot)])
+        round_ = buf.sample_for_trainers(40)
+        torch = pytest.importorskip("torch")
+        buf.update_priorities_for_trainers(
+            [torch.as_tensor(b.indices) for b in round_],
+            [torch.ones(40) for _ in round_],
+            generations=[b.generations for b in round_],
+            sync=False,
+        )
+        buf.flush()
+        with pytest.raises(TypeError, match="sync must be a bool"):
+            buf.update_priorities(round_[0].indices, np.ones(40), sync=None)
+        with pytest.raises(ValueError, match="one entry per trainer"):
+            buf.update_priorities_for_trainers([round_[0].indices], [])
+
+
+# ------------------------------------------------------------------ the public methods it uses
+def _local(sampler, size=40, capacity=64):
+    buf = MultiAgentReplayBuffer(SPECS, capacity, sampler=sampler, seed=0)
+    buf.extend(**steps(np.arange(size)))
+    return buf
+
+
+def test_sample_prefix_draws_from_the_counted_slots_only():
+    buf = _local(Uniform(), size=40)
+    batch = buf.sample_prefix(100, 10)  # with replacement: more rows than the prefix holds
+    assert len(batch) == 100 and batch.indices.max() < 10
+    assert np.array_equal(batch.obs["agent_0"][:, 1], batch.indices)
+    assert (np.diff(batch.indices) >= 0).all()  # memory order, as sample
+    with pytest.raises(ValueError, match=r"size must be in \[1, 40\]"):
+        buf.sample_prefix(5, 41)
+    with pytest.raises(TypeError, match="size must be an int"):
+        buf.sample_prefix(5, 2.0)
+    without = _local(Uniform(replace=False))
+    assert len(np.unique(without.sample_prefix(10, 10).indices)) == 10
+    with pytest.raises(ValueError, match="distinct slots"):
+        without.sample_prefix(11, 10)
+    runs = _local(Neighbor(run_length=4)).sample_prefix(8, 12).indices
+    assert runs.max() < 12 and (np.diff(runs.reshape(2, 4), axis=1) == 1).all()
+    same = [_local(Uniform(order="random")) for _ in range(2)]  # equal to sample at len(self)
+    assert np.array_equal(same[0].sample_prefix(16, 40).indices, same[1].sample(16).indices)
+    out = buf.sample_prefix(100, 10)
+    assert buf.sample_prefix(100, 20, out=out).block is out.block
+    prioritized = _local(Prioritized())
+    with pytest.raises(ValueError, match=r"size must be len\(self\)=40"):
+        prioritized.sample_prefix(8, 20)
+    assert len(prioritized.sample_prefix(8, 40, trainer=1)) == 8
+
+
+def test_prioritized_samplers_expose_totals_maxima_probabilities_and_beta():
+    from marlbuf.prioritized import LinearBeta
+
+    buf = _local(Prioritized(alpha=0.5, beta=LinearBeta(0.4, 1.0, 10)), size=20)
+    sampler = buf.sampler
+    buf.update_priorities(np.arange(4), np.array([4.0, 1.0, 0.0, 9.0]), trainer=1)
+    leaves = np.r_[np.array([4.0, 1.0, 0.0, 9.0]) + 1e-6, np.ones(16)] ** 0.5  # new: max = 1
+    assert sampler.priority_total(1) == pytest.approx(leaves.sum())
+    assert sampler.priority_total(0) == pytest.approx(20.0)
+    np.testing.assert_allclose(
+        sampler.sampling_probabilities([0, 3], 20, trainer=1), leaves[[0, 3]] / leaves.sum()
+    )
+    assert sampler.max_priority(1) == pytest.approx(9.0 + 1e-6) and sampler.max_priority(0) == 1
+    sampler.raise_max_priority([5.0, 2.0])  # raises trainer 0's, leaves trainer 1's alone
+    assert sampler.max_priority(0) == 5.0 and sampler.max_priority(1) == pytest.approx(9.0)
+    buf.extend(**steps([20]))  # a new slot enters with the raised maximum
+    assert sampler.priority_total(0) == pytest.approx(20.0 + 5.0**0.5)
+    for bad in ([1.0], [np.nan, 1.0], [0.0, 1.0]):
+        with pytest.raises(ValueError, match="one finite priority > 0 per trainer"):
+            sampler.raise_max_priority(bad)
+    assert [sampler.beta_at(n) for n in (0, 5, 10, 50)] == pytest.approx([0.4, 0.7, 1.0, 1.0])
+    buf.sample(4, trainer=1)
+    assert sampler.beta_for(1) == sampler.beta_at(1) and sampler.beta_for(0) == 0.4
+    assert Prioritized(beta=0.3).beta_at(7) == 0.3
+    locality = _local(PrioritizedNeighbor(), size=30)
+    locality.update_priorities(np.arange(30), np.linspace(0.1, 2.0, 30))
+    idx = np.array([0, 5, 29])
+    np.testing.assert_array_equal(
+        locality.sampler.sampling_probabilities(idx, 30),
+        locality.sampler.inclusion_probabilities(30)[idx],
+    )
+
+
+def test_check_trainer_and_n_trainers_are_public():
+    buf = MultiAgentReplayBuffer(SPECS, 8)
+    assert buf.check_trainer(np.int64(1)) == 1 and buf.check_n_trainers(None) == 2
+    with pytest.raises(ValueError, match=r"trainer must be in \[0, 2\)"):
+        buf.check_trainer(2)
+    with pytest.raises(TypeError, match="trainer must be an int"):
+        buf.check_trainer(True)
+    with pytest.raises(ValueError, match=r"n_trainers must be in \[1, 2\]"):
+        buf.check_n_trainers(3)
+
+
+def test_save_and_load_keep_the_options_and_convert_the_next_obs_format(tmp_path):
+    singles = [MultiAgentReplayBuffer(RICH, 24, **RICH_OPTIONS) for _ in range(2)]
+    with ShardedReplayBuffer(RICH, 24, 2, seed=15, prefetch=False, **RICH_OPTIONS) as buf:
+        for k in range(2):
+            data = rich_steps(30, k, 30 + k)  # wraps each shard's ring
+            buf.extend(**data, stream=k)
+            singles[k].extend(**data)
+        buf.save(tmp_path / "ckpt")
+    for next_obs in (None, "stored"):
+        loaded = ShardedReplayBuffer.load(tmp_path / "ckpt", prefetch=False, next_obs=next_obs)
+        try:
+            assert loaded.config()["next_obs"] == (next_obs or "once")
+            assert loaded.config()["global_fields"] == {"state": {"shape": [5], "dtype": "<f4"}}
+            assert_rows_equal(loaded.sample(48), singles, loaded)
+        finally:
+            loaded.close()

@@ -25,14 +25,8 @@ from marlbuf import persistence
 from marlbuf.batch import Batch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.distributed._ray import code_fingerprint
-from marlbuf.samplers import (
-    Prioritized,
-    PrioritizedNeighbor,
-    Sampler,
-    Uniform,
-    ascending_uniform,
-)
-from marlbuf.spec import AgentSpec
+from marlbuf.samplers import Prioritized, Sampler
+from marlbuf.spec import AgentSpec, FieldSpec
 from marlbuf.storage import Storage
 
 ALIGN = 64
@@ -106,7 +100,9 @@ def unpack(
 
 
 def build_buffer(config: Mapping[str, Any], seed: Any) -> MultiAgentReplayBuffer:
-    """The shard's buffer from the sharded buffer's JSON-safe ``config``."""
+    """The shard's buffer from the sharded buffer's JSON-safe ``config`` (a manifest written
+    before ``next_obs``, ``batch_dtype``, ``global_fields``, ``alive`` and ``parallel_gather``
+    were recorded gets their defaults)."""
     return MultiAgentReplayBuffer(
         {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
         capacity=int(config["shard_capacity"]),
@@ -114,7 +110,14 @@ def build_buffer(config: Mapping[str, Any], seed: Any) -> MultiAgentReplayBuffer
         sampler=Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"]),
         seed=seed,
         n_trainers=int(config["n_trainers"]),
+        parallel_gather=bool(config.get("parallel_gather", False)),
         batch_layout=config["batch_layout"],
+        next_obs=config.get("next_obs", "auto"),
+        batch_dtype=config.get("batch_dtype", "float32"),
+        global_fields={
+            name: FieldSpec.from_dict(fs) for name, fs in config.get("global_fields", {}).items()
+        },
+        alive=bool(config.get("alive", False)),
     )
 
 
@@ -149,6 +152,10 @@ class ShardActor:
             if load_path is not None:
                 persistence.load_into(self.buf, load_path)
             self.weighted = self.buf.sampler.weighted
+            #: the buffer's sampler when it is a prioritized one (priority totals, maxima)
+            self.prioritized = (
+                self.buf.sampler if isinstance(self.buf.sampler, Prioritized) else None
+            )
         except (ValueError, TypeError, MemoryError, OSError) as exc:
             self._init_error = exc
 
@@ -169,20 +176,24 @@ class ShardActor:
         """``[size, total_writes, total of trainer 0's tree, ...]`` (float64; totals only for
         prioritized samplers)."""
         totals: list[float] = []
-        if self.weighted:
-            trees = self.buf.sampler.trees  # type: ignore[attr-defined]
-            totals = [trees.total(t) for t in range(self.buf.n_trainers)]
+        if self.prioritized is not None:
+            totals = [self.prioritized.priority_total(t) for t in range(self.buf.n_trainers)]
         return np.array([self.buf.size, self.buf.total_writes, *totals], dtype=np.float64)
 
     # ------------------------------------------------------------------ writing
-    def write(self, kind: str, fields: tuple[Any, ...]) -> tuple[int, int]:
-        """``add`` / ``extend`` / ``add_envs`` one call's fields; returns (size, total_writes)."""
+    def write(
+        self, kind: str, fields: tuple[Any, ...], options: Mapping[str, Any] | None = None
+    ) -> tuple[int, int]:
+        """``add`` / ``extend`` / ``add_envs`` one call's five fields, with ``options`` (the
+        keyword arguments of that method: ``stream``/``first_stream``, ``truncated``, extra and
+        global fields, ``alive``); returns (size, total_writes)."""
+        more = dict(options or {})
         if kind == "add":
-            self.buf.add(*fields)
+            self.buf.add(*fields, **more)
         elif kind == "extend":
-            self.buf.extend(*fields)
+            self.buf.extend(*fields, **more)
         elif kind == "add_envs":
-            self.buf.add_envs(*fields)
+            self.buf.add_envs(*fields, **more)
         else:
             raise ValueError(f"kind must be 'add', 'extend' or 'add_envs'; got kind={kind!r}")
         return self.buf.size, self.buf.total_writes
@@ -203,9 +214,8 @@ class ShardActor:
         learner's running maximum priority per trainer (all shards), given to new rows.
         """
         buf = self.buf
-        if max_priority is not None and self.weighted:
-            trees = buf.sampler.trees  # type: ignore[attr-defined]
-            np.maximum(trees.max_priority, np.asarray(max_priority), out=trees.max_priority)
+        if max_priority is not None and self.prioritized is not None:
+            self.prioritized.raise_max_priority(max_priority)
         layout, total = pack_layout(buf.storage, quotas, self.weighted)
         # one buffer reused by every round (grown when needed): Ray copies the returned slice
         # into the object store before this actor runs its next call, and fresh memory each
@@ -222,25 +232,16 @@ class ShardActor:
             dtype, shape = buf.storage.block_spec(n)
             block = packed[block_at : block_at + nbytes].view(dtype).reshape(shape)
             self._out.block = block
-            counted = min(int(snapshot), buf.size)
-            if self.weighted or (counted == buf.size and n <= counted):
+            if self.weighted:
+                # drawn from every slot by priority: the learner split the batch by the
+                # totals it read, and the probabilities below are those of this draw
                 batch = buf.sample(n, int(trainer), out=self._out)
             else:
-                # rows from the slots the learner counted (only while filling), or a uniform
-                # draw with replacement of more rows than this shard holds (the global batch
-                # fits the union, which is what a single buffer would check)
-                with buf.writer.lock:
-                    sampler = buf.sampler
-                    if isinstance(sampler, Uniform) and sampler.replace:
-                        if sampler.order == "memory":
-                            idx = ascending_uniform(n, counted, buf.rng, True)
-                        else:
-                            idx = buf.rng.integers(0, counted, size=n, dtype=np.int64)
-                    else:
-                        idx, _ = sampler.sample(n, counted, buf.rng, int(trainer))
-                    batch = buf.gather(idx, int(trainer))
-                assert batch.block is not None
-                np.copyto(block, batch.block)
+                # rows from the slots the learner counted (fewer than stored only while the
+                # shard fills and writes landed since); a uniform draw with replacement may
+                # take more rows than this shard holds (the global batch fits the union)
+                counted = min(int(snapshot), buf.size)
+                batch = buf.sample_prefix(n, counted, int(trainer), out=self._out)
             packed[slots_at : slots_at + 8 * n].view(np.int64)[:] = batch.indices
             packed[gens_at : gens_at + 8 * n].view(np.int64)[:] = batch.generations
             if self.weighted:
@@ -256,11 +257,8 @@ class ShardActor:
     def _probabilities(self, slots: np.ndarray, trainer: int) -> np.ndarray:
         """Shard-local probability of each sampled row: ``p^alpha / total`` (PER), or the exact
         long-run inclusion probability (prioritized-locality)."""
-        sampler = self.buf.sampler
-        if isinstance(sampler, PrioritizedNeighbor):
-            return sampler.inclusion_probabilities(self.buf.size, trainer)[slots]
-        assert isinstance(sampler, Prioritized)
-        return sampler.trees.leaves(trainer)[slots] / sampler.trees.total(trainer)
+        assert self.prioritized is not None
+        return self.prioritized.sampling_probabilities(slots, self.buf.size, trainer)
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(
@@ -268,8 +266,8 @@ class ShardActor:
     ) -> float:
         """Feed TD errors back; returns the trainer's running maximum priority afterwards."""
         self.buf.update_priorities(slots, td_errors, trainer=trainer, generations=generations)
-        trees = self.buf.sampler.trees  # type: ignore[attr-defined]
-        return float(trees.max_priority[trainer])
+        assert self.prioritized is not None
+        return self.prioritized.max_priority(trainer)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from marlbuf.batch import Batch
+from marlbuf.batch import Batch, DrawnIndices
 from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
@@ -29,15 +29,19 @@ from marlbuf.distributed._ray import (
 )
 from marlbuf.distributed._shard import ShardActor, unpack
 from marlbuf.distributed.limiter import RateLimiter
-from marlbuf.prioritized import LinearBeta
-from marlbuf.samplers import Neighbor, Prioritized, Sampler, Uniform
-from marlbuf.spec import FIELDS, AgentSpec, normalize_specs
+from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Sampler, Uniform
+from marlbuf.spec import AgentSpec, FieldSpec, normalize_specs
+from marlbuf.stores.capabilities import refusal
 
 MANIFEST_FORMAT = "marlbuf-sharded"
 MANIFEST_VERSION = 1
 MANIFEST = "manifest.json"
 
 _RemoteShard = ray.remote(num_cpus=0, max_restarts=0)(ShardActor)
+
+#: the samplers whose draw the learner splits across shards exactly (docs/distributed.md);
+#: their exact classes, since a subclass may draw by another rule
+SHARDED_SAMPLERS: tuple[type[Sampler], ...] = (Uniform, Neighbor, Prioritized, PrioritizedNeighbor)
 
 
 def _shard_file(index: int) -> str:
@@ -57,12 +61,18 @@ def _steps(kind: str, fields: Sequence[Any]) -> int:
 class ShardWriter:
     """A writer bound to one shard: what a rollout actor holds (picklable, cheap to send).
 
+    Made for one environment stream (:meth:`ShardedReplayBuffer.writer`); its writes belong to
+    that stream unless ``stream=`` names another stream of the same shard. The methods take
+    what :meth:`MultiAgentReplayBuffer.add`/``extend``/``add_envs`` take (``truncated=``,
+    extra and global fields and ``alive=`` as keyword arguments).
+
     Writes are asynchronous: ``add``/``extend``/``add_envs`` return once the call is queued;
     at most ``max_inflight`` calls are outstanding (the oldest is awaited first). An invalid
     write raises its ``ValueError``/``TypeError`` at a later call or at :meth:`flush`, and
     writes nothing (the shard's buffer validates before it stores).
 
-    Obtain one from :meth:`ShardedReplayBuffer.writer`.
+    Streams of one shard are the ids ``s`` with ``s % n_shards == shard``; the shard's buffer
+    keeps stream ``s`` as its own stream ``s // n_shards`` (consecutive on each shard).
     """
 
     def __init__(
@@ -72,12 +82,17 @@ class ShardWriter:
         timeout: float,
         limiter: RateLimiter | None,
         max_inflight: int = 8,
+        stream: int | None = None,
+        n_shards: int = 1,
     ) -> None:
         self.actor = actor
         self.shard = int(shard)
         self.timeout = float(timeout)
         self.limiter = limiter
         self.max_inflight = int(max_inflight)
+        self.n_shards = int(n_shards)
+        #: the environment stream this writer was made for (its writes' default)
+        self.stream = self.shard if stream is None else int(stream)
         self._pending: deque[Any] = deque()
         self.size = 0  # shard size after the last acknowledged write
         self.total_writes = 0
@@ -88,24 +103,80 @@ class ShardWriter:
         return state
 
     def __repr__(self) -> str:
-        return f"ShardWriter(shard={self.shard}, pending={len(self._pending)})"
+        return (
+            f"ShardWriter(shard={self.shard}, stream={self.stream}, pending={len(self._pending)})"
+        )
 
-    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
-        """One timestep, as :meth:`MultiAgentReplayBuffer.add`."""
-        self._send("add", (obs, action, reward, next_obs, done))
+    def _local(self, stream: Any, name: str) -> int:
+        """The shard's own id of environment stream ``stream`` (``None``: this writer's)."""
+        if stream is None:
+            stream = self.stream
+        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
+            raise TypeError(f"{name} must be a non-negative int; got {name}={stream!r}")
+        if int(stream) % self.n_shards != self.shard:
+            raise ValueError(
+                f"{name}={stream} lives on shard {int(stream) % self.n_shards} "
+                f"({name} % n_shards={self.n_shards}), not on this writer's shard {self.shard}; "
+                f"ask the ShardedReplayBuffer for writer({stream}), or write through it"
+            )
+        return int(stream) // self.n_shards
 
-    def extend(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
-        """``T`` timesteps of this stream, as :meth:`MultiAgentReplayBuffer.extend`."""
-        self._send("extend", (obs, action, reward, next_obs, done))
+    def add(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        stream: int | None = None,
+        truncated: Any = False,
+        **fields: Any,
+    ) -> None:
+        """One timestep of ``stream`` (default: this writer's), as
+        :meth:`MultiAgentReplayBuffer.add`."""
+        options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
+        self._send("add", (obs, action, reward, next_obs, done), options)
 
-    def add_envs(self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any) -> None:
-        """One step of several environments, as :meth:`MultiAgentReplayBuffer.add_envs`."""
-        self._send("add_envs", (obs, action, reward, next_obs, done))
+    def extend(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        stream: int | None = None,
+        truncated: Any = False,
+        **fields: Any,
+    ) -> None:
+        """``T`` consecutive timesteps of ``stream`` (default: this writer's), as
+        :meth:`MultiAgentReplayBuffer.extend`."""
+        options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
+        self._send("extend", (obs, action, reward, next_obs, done), options)
 
-    def _send(self, kind: str, fields: tuple[Any, ...]) -> None:
+    def add_envs(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        first_stream: int | None = None,
+        truncated: Any = False,
+        **fields: Any,
+    ) -> None:
+        """One step of ``E`` environments, as :meth:`MultiAgentReplayBuffer.add_envs`.
+
+        Environment ``e`` is stream ``first_stream + e * n_shards`` (``first_stream`` defaults
+        to this writer's stream): the streams of this shard, in order.
+        """
+        local = self._local(first_stream, "first_stream")
+        options = {"first_stream": local, "truncated": truncated, **fields}
+        self._send("add_envs", (obs, action, reward, next_obs, done), options)
+
+    def _send(self, kind: str, fields: tuple[Any, ...], options: dict[str, Any]) -> None:
         if self.limiter is not None:
             self.limiter.await_insert(_steps(kind, fields))
-        self._pending.append(self.actor.write.remote(kind, fields))
+        self._pending.append(self.actor.write.remote(kind, fields, options))
         while len(self._pending) > self.max_inflight:
             self._ack(self._pending.popleft())
 
@@ -173,8 +244,10 @@ class ShardedReplayBuffer:
     layout, batch_layout, n_trainers
         As for ``MultiAgentReplayBuffer`` (every shard and every assembled batch use them).
     sampler : Sampler, default ``Uniform()``
-        Any marlbuf sampler; each shard gets its own instance. Global rules per sampler are in
-        ``docs/distributed.md``.
+        ``Uniform``, ``Neighbor``, ``Prioritized`` or ``PrioritizedNeighbor`` (see
+        :data:`SHARDED_SAMPLERS`); each shard gets its own instance. Global rules per sampler
+        are in ``docs/distributed.md``; why other samplers are refused is in
+        :data:`marlbuf.stores.capabilities.CAPABILITIES`.
     seed : int, numpy Generator or None
         Seeds the learner-side quota draws and, through spawned seeds, every shard.
     prefetch : bool, default True
@@ -188,6 +261,11 @@ class ShardedReplayBuffer:
         Blocks writers or the learner to hold a samples-per-insert ratio.
     actor_options : mapping, optional
         Extra Ray options for the shard actors (e.g. ``{"resources": {...}}`` for placement).
+    next_obs, batch_dtype, global_fields, alive, parallel_gather
+        As for ``MultiAgentReplayBuffer``: every shard's buffer is built with them (each shard
+        chooses its own format with ``next_obs="auto"``; batches are the same either way).
+        Writes take extra fields (declared in the specs), global fields and ``alive`` as
+        keyword arguments, and batches carry ``extras``, ``globals`` and ``alive``.
 
     Notes
     -----
@@ -210,6 +288,12 @@ class ShardedReplayBuffer:
         timeout: float = DEFAULT_TIMEOUT_S,
         rate_limiter: RateLimiter | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        *,
+        next_obs: str = "auto",
+        batch_dtype: str = "float32",
+        global_fields: Mapping[str, FieldSpec] | None = None,
+        alive: bool = False,
+        parallel_gather: bool = False,
         _load: tuple[Path, Mapping[str, Any]] | None = None,
     ) -> None:
         if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
@@ -225,8 +309,12 @@ class ShardedReplayBuffer:
             )
         if sampler.needs_episodes:
             raise TypeError(
-                f"the sharded buffer does not sample sequences (sampler={sampler!r}); use one "
-                "MultiAgentReplayBuffer for Sequence"
+                f"the sharded buffer does not sample sequences (sampler={sampler!r}): "
+                + str(refusal("Sequence sampler", "sharded", "ShardedReplayBuffer"))
+            )
+        if type(sampler) not in SHARDED_SAMPLERS:
+            raise ValueError(
+                refusal("custom Sampler subclasses", "sharded", f"sampler={sampler!r}")
             )
         if not isinstance(prefetch, bool):
             raise TypeError(f"prefetch must be a bool; got prefetch={prefetch!r}")
@@ -237,18 +325,22 @@ class ShardedReplayBuffer:
         # a capacity-1 buffer on the learner checks the arguments and knows the batch formats
         # (block shapes, views, a pool of recycled batch memory); it holds no data
         self._template = MultiAgentReplayBuffer(
-            specs, 1, layout=layout, n_trainers=n_trainers, batch_layout=batch_layout
+            specs,
+            1,
+            layout=layout,
+            n_trainers=n_trainers,
+            parallel_gather=parallel_gather,
+            batch_layout=batch_layout,
+            next_obs=next_obs,
+            batch_dtype=batch_dtype,
+            global_fields=global_fields,
+            alive=alive,
         )
-        if self._template._codec.extra_names:
-            raise ValueError(
-                "the sharded buffer stores the five transition fields only; got specs with "
-                f"extra fields {list(self._template._codec.extra_names)}: use a "
-                "MultiAgentReplayBuffer for extra fields, global fields and alive masks"
-            )
         self.specs = normalize_specs(specs)
         self.shard_capacity = _check_capacity(shard_capacity)
         self.n_shards = int(n_shards)
         self.n_trainers = self._template.n_trainers
+        self._n_agents = len(self.specs)
         self.sampler = sampler
         self.weighted = sampler.weighted
         self.prefetch = prefetch
@@ -262,11 +354,15 @@ class ShardedReplayBuffer:
             "batch_layout": self._template.batch_layout,
             "n_trainers": self.n_trainers,
             "sampler": {"type": type(sampler).__name__, "config": sampler.config()},
+            "next_obs": next_obs,
+            "batch_dtype": batch_dtype,
+            "global_fields": {n: fs.to_dict() for n, fs in self._template.global_fields.items()},
+            "alive": self._template.alive,
+            "parallel_gather": bool(parallel_gather),
         }
         self.rng = make_rng(seed)
         root = np.random.SeedSequence(int(self.rng.integers(2**63)))
         self._shard_seeds = [int(s.generate_state(1)[0]) for s in root.spawn(self.n_shards)]
-        self._beta = sampler.beta if isinstance(sampler, Prioritized) else None
         self._batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
         self._max_priority = np.ones(self.n_trainers, dtype=np.float64)
         self._sizes = np.zeros(self.n_shards, dtype=np.int64)
@@ -397,26 +493,56 @@ class ShardedReplayBuffer:
         """A picklable writer for environment stream ``stream`` (bound to its shard), for a
         rollout actor; writers of streams on the same shard are distinct objects."""
         k = self.shard_of(stream)
-        return ShardWriter(self._actors[k], k, self.timeout, self.rate_limiter)
+        return ShardWriter(
+            self._actors[k],
+            k,
+            self.timeout,
+            self.rate_limiter,
+            stream=stream,
+            n_shards=self.n_shards,
+        )
 
     def _local_writer(self, k: int) -> ShardWriter:
         if k not in self._writers:
-            self._writers[k] = ShardWriter(self._actors[k], k, self.timeout, self.rate_limiter)
+            self._writers[k] = ShardWriter(
+                self._actors[k], k, self.timeout, self.rate_limiter, n_shards=self.n_shards
+            )
         return self._writers[k]
 
     def add(
-        self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any, stream: int = 0
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        stream: int = 0,
+        truncated: Any = False,
+        **fields: Any,
     ) -> None:
         """One timestep of environment stream ``stream`` (to shard ``stream % n_shards``); the
-        fields as in :meth:`MultiAgentReplayBuffer.add`. Asynchronous: see :class:`ShardWriter`."""
-        self._local_writer(self.shard_of(stream)).add(obs, action, reward, next_obs, done)
+        arguments as in :meth:`MultiAgentReplayBuffer.add` (``truncated=``, extra and global
+        fields, ``alive=``). Asynchronous: see :class:`ShardWriter`."""
+        self._local_writer(self.shard_of(stream)).add(
+            obs, action, reward, next_obs, done, stream=stream, truncated=truncated, **fields
+        )
 
     def extend(
-        self, obs: Any, action: Any, reward: Any, next_obs: Any, done: Any, stream: int = 0
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        stream: int = 0,
+        truncated: Any = False,
+        **fields: Any,
     ) -> None:
         """``T`` consecutive timesteps of stream ``stream`` (leading time axis, as
-        :meth:`MultiAgentReplayBuffer.extend`)."""
-        self._local_writer(self.shard_of(stream)).extend(obs, action, reward, next_obs, done)
+        :meth:`MultiAgentReplayBuffer.extend`, ``truncated=`` and fields likewise)."""
+        self._local_writer(self.shard_of(stream)).extend(
+            obs, action, reward, next_obs, done, stream=stream, truncated=truncated, **fields
+        )
 
     def add_envs(
         self,
@@ -426,13 +552,33 @@ class ShardedReplayBuffer:
         next_obs: Any,
         done: Any,
         streams: Sequence[int] | None = None,
+        truncated: Any = False,
+        first_stream: int | None = None,
+        **fields: Any,
     ) -> None:
         """One step of ``E`` environments (leading environment axis, as
-        :meth:`MultiAgentReplayBuffer.add_envs`); environment ``e`` is stream ``streams[e]``
-        (default ``e``). Each shard receives its environments in their order, in one call."""
-        fields = (obs, action, reward, next_obs, done)
-        count = _steps("add_envs", fields)
-        stream_ids = np.arange(count) if streams is None else np.asarray(streams)
+        :meth:`MultiAgentReplayBuffer.add_envs`, ``truncated=`` and fields likewise).
+
+        Environment ``e`` is stream ``streams[e]``, or ``first_stream + e`` (default
+        ``first_stream=0``, as one buffer numbers them). Each shard receives its environments
+        in their order, in one call; the streams a shard receives in one call must be its
+        consecutive streams (``s, s + n_shards, s + 2 n_shards, ...``), which consecutive
+        stream ids always give.
+        """
+        values = (obs, action, reward, next_obs, done)
+        count = _steps("add_envs", values)
+        if streams is not None and first_stream is not None:
+            raise ValueError(
+                f"pass streams= or first_stream=, not both; got streams={streams!r}, "
+                f"first_stream={first_stream!r}"
+            )
+        if streams is None:
+            first = 0 if first_stream is None else first_stream
+            if isinstance(first, bool) or not isinstance(first, (int, np.integer)) or first < 0:
+                raise TypeError(f"first_stream must be a non-negative int; got {first_stream!r}")
+            stream_ids = int(first) + np.arange(count)
+        else:
+            stream_ids = np.asarray(streams)
         if stream_ids.shape != (count,) or stream_ids.dtype.kind not in "iu":
             raise ValueError(
                 f"streams must hold one int per environment ({count}); got {streams!r}"
@@ -440,10 +586,42 @@ class ShardedReplayBuffer:
         if (stream_ids < 0).any():
             raise ValueError(f"streams must be ints >= 0; got {streams!r}")
         shards = stream_ids % self.n_shards
+        parts = []
         for k in np.unique(shards):
             sel = np.flatnonzero(shards == k)
-            part = tuple(_select(field, sel) for field in fields)
-            self._local_writer(int(k)).add_envs(*part)
+            local = stream_ids[sel] // self.n_shards
+            if (np.diff(local) != 1).any():
+                raise ValueError(
+                    f"the environments of shard {k} have streams {stream_ids[sel].tolist()}, not "
+                    f"consecutive streams of that shard (s, s + {self.n_shards}, ...): number "
+                    "the environments consecutively (first_stream=) or write each with add("
+                    "..., stream=s)"
+                )
+            parts.append((int(k), sel))
+        for k, sel in parts:
+            whole = len(parts) == 1  # one shard takes every environment: sent as given
+            o, a, r, n, d = (v if whole else _select(v, sel, self._n_agents) for v in values)
+            self._local_writer(k).add_envs(
+                o,
+                a,
+                r,
+                n,
+                d,
+                first_stream=int(stream_ids[sel[0]]),
+                truncated=truncated if whole else _select_flags(truncated, sel),
+                **(fields if whole else self._select_fields(fields, sel)),
+            )
+
+    def _select_fields(self, fields: Mapping[str, Any], sel: np.ndarray) -> dict[str, Any]:
+        """Environments ``sel`` of ``add_envs``'s keyword fields: a global field is one array
+        with the environment axis first; extras and ``alive`` are per agent."""
+        out = {}
+        for name, value in fields.items():
+            if name in self._template.global_fields:
+                out[name] = np.asarray(value)[sel]
+            else:
+                out[name] = _select(value, sel, self._n_agents)
+        return out
 
     def flush(self) -> None:
         """Wait for every write and priority update sent through this object; raise the first
@@ -459,7 +637,7 @@ class ShardedReplayBuffer:
         rule of the sampler (synchronous: no prefetch)."""
         if self._closed:  # its shard actors are gone: restarting one would not help
             raise RuntimeError(_CLOSED)
-        trainer = self._template._check_trainer(trainer)
+        trainer = self._template.check_trainer(trainer)
         batch_size = self._check_batch(batch_size)
         return self._draw(batch_size, (trainer,))[0]
 
@@ -471,7 +649,7 @@ class ShardedReplayBuffer:
         batched trainer stacks the round without copying). With ``prefetch`` the next round of
         the same size is requested at once and assembled in the background.
         """
-        n = self._template._check_n_trainers(n_trainers)
+        n = self._template.check_n_trainers(n_trainers)
         batch_size = self._check_batch(batch_size)
         key = (batch_size, tuple(range(n)))
         pending, self._next = self._next, None
@@ -542,7 +720,9 @@ class ShardedReplayBuffer:
                         )
                     scale[:, i] = column / whole
                     quotas[:, i] = self.rng.multinomial(batch_size, scale[:, i])
-                    betas.append(self._beta_for(t))
+                    # the sampler's own schedule at the learner's count of trainer t's batches
+                    assert isinstance(self.sampler, Prioritized)
+                    betas.append(self.sampler.beta_at(int(self._batches_drawn[t])))
                     self._batches_drawn[t] += 1
             else:
                 sizes = self._sizes.copy()
@@ -561,12 +741,6 @@ class ShardedReplayBuffer:
                     )
                     refs.append((k, ref))
             return _Round(batch_size, trainers, quotas, scale, betas, refs)
-
-    def _beta_for(self, trainer: int) -> float:
-        beta = self._beta
-        if isinstance(beta, LinearBeta):
-            return beta(int(self._batches_drawn[trainer]))
-        return float(beta)  # type: ignore[arg-type]
 
     def _valid_starts(self, sizes: np.ndarray) -> np.ndarray:
         """Per shard, what the sampler draws from: slots, or a Neighbor's run starts."""
@@ -625,7 +799,7 @@ class ShardedReplayBuffer:
             blocks = [round_block[i] for i in range(n_t)]
         else:
             blocks = [storage.pool.acquire(nbytes).view(dtype).reshape(shape) for _ in trainers]
-        batches = []
+        batches: list[Batch] = []
         for i, t in enumerate(trainers):
             block = blocks[i]
             fields = storage.views(block, batch_size)
@@ -641,11 +815,10 @@ class ShardedReplayBuffer:
                 n = slots.shape[0]
                 if rows:
                     np.copyto(block[at : at + n], src)
-                else:
-                    src_views = storage.views(src, n)
-                    for name in FIELDS:
-                        for agent, dst in fields[name].items():
-                            np.copyto(dst[at : at + n], src_views[name][agent])
+                else:  # every field: the five, extras, globals and alive
+                    for name, parts_of in storage.views(src, n).items():
+                        for key, values in parts_of.items():
+                            np.copyto(fields[name][key][at : at + n], values)
                 indices[at : at + n] = slots + k * self.shard_capacity
                 generations[at : at + n] = gens
                 if probs is not None:
@@ -658,40 +831,42 @@ class ShardedReplayBuffer:
             if probs is not None:
                 # w_i = (N P(i))^-beta / max_b (N P(b))^-beta = (min_b P(b) / P(i))^beta
                 weights = ((probs.min() / probs) ** plan.betas[i]).astype(np.float32)
-            batches.append(
-                Batch(
-                    obs=fields["obs"],
-                    action=fields["action"],
-                    reward=fields["reward"],
-                    next_obs=fields["next_obs"],
-                    done=fields["done"],
-                    indices=indices,
-                    generations=generations,
-                    weights=weights,
-                    trainer=t,
-                    block=block,
-                )
-            )
+            # the batch of a gather of these rows (with extras, globals and alive), its indices
+            # carrying their generations as a single buffer's do
+            drawn = DrawnIndices.of(indices, generations)
+            batches.append(storage.make_batch(fields, block, drawn, generations, weights, t))
         return batches
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(
-        self, indices: Any, td_errors: Any, trainer: int = 0, generations: Any = None
+        self,
+        indices: Any,
+        td_errors: Any,
+        trainer: int = 0,
+        generations: Any = None,
+        sync: bool = True,
     ) -> None:
         """Feed TD errors back; each row's update goes to its (shard, slot).
 
         As :meth:`MultiAgentReplayBuffer.update_priorities`: updates for slots overwritten
-        since they were sampled are dropped (pass ``generations=batch.generations`` for the
-        exact guard). Asynchronous: a failure is raised by a later call or :meth:`flush`.
+        since they were sampled are dropped, judged by the generations ``batch.indices``
+        carries (or ``generations=batch.generations`` for indices that travelled). Indices,
+        TD errors and generations may be torch tensors (copied to the host here).
+        Asynchronous whatever ``sync`` says (it is accepted for the single buffer's
+        signature): a failure is raised by a later call or :meth:`flush`.
         """
         if not self.weighted:
             raise TypeError(
                 f"{type(self.sampler).__name__} keeps no priorities; update_priorities needs a "
                 "prioritized sampler (marlbuf.samplers.Prioritized or PrioritizedNeighbor)"
             )
-        trainer = self._template._check_trainer(trainer)
-        shards, slots = self.locate(indices)
-        td = np.asarray(td_errors)
+        if not isinstance(sync, bool):
+            raise TypeError(f"sync must be a bool; got sync={sync!r}")
+        trainer = self._template.check_trainer(trainer)
+        if generations is None and isinstance(indices, DrawnIndices):
+            generations = indices.generations  # exact: the generations of this very draw
+        shards, slots = self.locate(_host(indices))
+        td = _host(td_errors)
         if td.dtype.kind not in "iuf" or td.shape != shards.shape:
             raise ValueError(
                 f"td_errors must be a real array of shape {shards.shape}, one per index; got "
@@ -705,7 +880,7 @@ class ShardedReplayBuffer:
             )
         gens = None
         if generations is not None:
-            gens = np.asarray(generations)
+            gens = _host(generations)
             if gens.shape != shards.shape or gens.dtype.kind not in "iu":
                 raise ValueError(
                     f"generations must be an integer array of the shape of indices "
@@ -719,6 +894,32 @@ class ShardedReplayBuffer:
                     trainer, slots[sel], td[sel], None if gens is None else gens[sel]
                 )
                 self._updates.append((int(k), (trainer, ref)))
+
+    def update_priorities_for_trainers(
+        self,
+        indices: Sequence[Any],
+        td_errors: Sequence[Any],
+        generations: Sequence[Any] | None = None,
+        sync: bool = True,
+    ) -> None:
+        """:meth:`update_priorities` for every trainer of a round: ``indices[t]`` and
+        ``td_errors[t]`` (and ``generations[t]``) go to trainer ``t``, as
+        :meth:`MultiAgentReplayBuffer.update_priorities_for_trainers`."""
+        n = len(indices)
+        if len(td_errors) != n or (generations is not None and len(generations) != n):
+            raise ValueError(
+                f"indices, td_errors and generations must hold one entry per trainer; got "
+                f"{n}, {len(td_errors)} and "
+                f"{'None' if generations is None else len(generations)}"
+            )
+        for t in range(n):
+            self.update_priorities(
+                indices[t],
+                td_errors[t],
+                trainer=t,
+                generations=None if generations is None else generations[t],
+                sync=sync,
+            )
 
     def _settle_updates(self, block: bool) -> None:
         """Collect finished priority updates (all of them with ``block``): fold the shards'
@@ -788,12 +989,21 @@ class ShardedReplayBuffer:
         timeout: float = DEFAULT_TIMEOUT_S,
         rate_limiter: RateLimiter | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        next_obs: str | None = None,
     ) -> ShardedReplayBuffer:
         """Start a sharded buffer from a folder written by :meth:`save` (new shard actors, each
-        loading its file; the learner's RNG, β schedule and maximum priorities restored)."""
+        loading its file; the learner's RNG, β schedule and maximum priorities restored).
+
+        The shards get the saved options (layout, sampler, ``global_fields``, ...);
+        ``next_obs`` (``"once"``, ``"stored"`` or ``"auto"``) replaces the saved format, and
+        every shard converts its file on load as :meth:`MultiAgentReplayBuffer.load_state_dict`
+        does (the same batches either way).
+        """
         folder = Path(folder).resolve()
         manifest = _read_manifest(folder)
-        config = manifest["config"]
+        config = dict(manifest["config"])
+        if next_obs is not None:
+            config["next_obs"] = next_obs
         sampler = Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"])
         return cls(
             {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
@@ -807,6 +1017,14 @@ class ShardedReplayBuffer:
             timeout=timeout,
             rate_limiter=rate_limiter,
             actor_options=actor_options,
+            next_obs=config.get("next_obs", "auto"),
+            batch_dtype=config.get("batch_dtype", "float32"),
+            global_fields={
+                name: FieldSpec.from_dict(fs)
+                for name, fs in config.get("global_fields", {}).items()
+            },
+            alive=bool(config.get("alive", False)),
+            parallel_gather=bool(config.get("parallel_gather", False)),
             _load=(folder, manifest),
         )
 
@@ -880,11 +1098,32 @@ class ShardedReplayBuffer:
         )
 
 
-def _select(field: Any, sel: np.ndarray) -> Any:
-    """Environments ``sel`` of one add_envs field (dict keyed by agent or list in order)."""
+def _select(field: Any, sel: np.ndarray, n_agents: int) -> Any:
+    """Environments ``sel`` of one per-agent add_envs field: a dict keyed by agent, a sequence
+    in agent order, or one stacked array of shape ``(E, n_agents, ...)`` (an array whose first
+    axis is ``n_agents`` is read in agent order, as the buffer reads it)."""
     if isinstance(field, Mapping):
         return {a: np.asarray(v)[sel] for a, v in field.items()}
+    if isinstance(field, np.ndarray) and field.ndim >= 2 and field.shape[0] != n_agents:
+        return field[sel]
     return [np.asarray(v)[sel] for v in field]
+
+
+def _select_flags(truncated: Any, sel: np.ndarray) -> Any:
+    """Environments ``sel`` of add_envs's ``truncated``: a bool for all stays, an array of
+    shape (E,) or per agent (a dict, or a sequence of (E,) arrays) is cut along E."""
+    if isinstance(truncated, Mapping):
+        return {a: np.asarray(v)[..., sel] for a, v in truncated.items()}
+    flags = np.asarray(truncated)
+    return truncated if flags.ndim == 0 else flags[..., sel]
+
+
+def _host(values: Any) -> np.ndarray:
+    """``values`` as a host array (a torch tensor on any device is copied; a
+    :class:`marlbuf.batch.DrawnIndices` becomes a plain array)."""
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values).view(np.ndarray)
 
 
 def _discard(future: Future[Any]) -> None:

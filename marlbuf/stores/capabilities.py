@@ -31,7 +31,15 @@ CAPABILITIES: dict[str, dict[str, str | None]] = {
         "gives the contiguous per-agent tensors agent_major would (from one gather)",
         "sharded": None,
     },
-    "custom Sampler subclasses": {"ram": None, "mapped": None, "torch": None, "sharded": None},
+    "custom Sampler subclasses": {
+        "ram": None,
+        "mapped": None,
+        "torch": None,
+        "sharded": "the learner splits each batch across shards by the sampler's global rule "
+        "(shard sizes for uniform draws, valid run starts for Neighbor, priority totals for "
+        "Prioritized and PrioritizedNeighbor), which exists for those samplers only: another "
+        "sampler's draw could not be split exactly; use one MultiAgentReplayBuffer for it",
+    },
     "truncated= and extras on writes": {
         "ram": None,
         "mapped": None,
@@ -62,7 +70,9 @@ CAPABILITIES: dict[str, dict[str, str | None]] = {
         "torch": "a device table is not memory-mapped; save() the buffer and load(path, "
         "device=...) it, or keep a mapped buffer on the host and move batches with "
         "Batch.to_torch",
-        "sharded": None,
+        "sharded": "shards keep their rows in their actors' memory (a shard that dies loses "
+        "its process, and with it any mapping); save(folder) checkpoints every shard and "
+        "restart_shard(k) or ShardedReplayBuffer.load(folder) restores them",
     },
     "parallel_gather=True": {
         "ram": None,
