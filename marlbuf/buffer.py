@@ -1726,19 +1726,7 @@ class MultiAgentReplayBuffer:
             )
         if self.sampler.weighted:
             persistence.check_priorities(state["sampler"]["state"], size)
-        arrays = self.storage.arrays()
-        if set(state["storage"]) != set(arrays):
-            raise ValueError(
-                f"state_dict storage arrays {sorted(state['storage'])} do not match this "
-                f"layout's {sorted(arrays)}"
-            )
-        for key, dst in arrays.items():
-            src = np.asarray(state["storage"][key])
-            if src.shape != (size, *dst.shape[1:]) or src.dtype != dst.dtype:
-                raise ValueError(
-                    f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
-                    f"expected {(size, *dst.shape[1:])} {dst.dtype}"
-                )
+        self.storage.check_saved(state["storage"], size)
         # validate every part on scratch copies first: a rejected state changes nothing
         self.writer.check_state(state)
         if self.links is not None:

@@ -43,20 +43,9 @@ def convert_state(
     old = make_storage(
         source[0], codec.specs, capacity, 2, codec, "rows", old_links, "storage", _zeros
     )
-    arrays = old.arrays()
-    if set(state["storage"]) != set(arrays):
-        raise ValueError(
-            f"state_dict storage arrays {sorted(state['storage'])} do not match its layout "
-            f"{source[0]!r} ({sorted(arrays)})"
-        )
-    for key, dst in arrays.items():
-        src = np.asarray(state["storage"][key])
-        if src.shape != (size, *dst.shape[1:]) or src.dtype != dst.dtype:
-            raise ValueError(
-                f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
-                f"expected {(size, *dst.shape[1:])} {dst.dtype}"
-            )
-        dst[:size] = src
+    old.check_saved(state["storage"], size)
+    for key, dst in old.arrays().items():
+        dst[:size] = state["storage"][key]
     # every filled slot as a dense staging row, in the stored dtypes
     fields, _ = old.gather(np.arange(size, dtype=np.int64))
     rows = np.zeros((size, codec.row_words), dtype=np.uint64)

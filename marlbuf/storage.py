@@ -434,6 +434,23 @@ class Storage(ABC):
     def arrays(self) -> dict[str, np.ndarray]:
         """The storage arrays by name (views, for saving; a device store gives host copies)."""
 
+    def check_saved(self, saved: Mapping[str, Any], size: int) -> None:
+        """A ``ValueError`` unless ``saved`` (a state's ``"storage"``) holds exactly this
+        storage's arrays (:meth:`arrays`), each with ``size`` rows of its shape and dtype."""
+        arrays = self.arrays()
+        if set(saved) != set(arrays):
+            raise ValueError(
+                f"state_dict storage arrays {sorted(saved)} do not match this layout's "
+                f"{sorted(arrays)}"
+            )
+        for key, dst in arrays.items():
+            src = np.asarray(saved[key])
+            if src.shape != (size, *dst.shape[1:]) or src.dtype != dst.dtype:
+                raise ValueError(
+                    f"state_dict storage array {key!r} has shape {src.shape} dtype {src.dtype}; "
+                    f"expected {(size, *dst.shape[1:])} {dst.dtype}"
+                )
+
     def restore(self, arrays: Mapping[str, Any], size: int) -> None:
         """Write the filled part ``[0, size)`` of saved storage ``arrays`` (checked against
         :meth:`arrays` by the caller) into this storage; arrays that are already the storage's
