@@ -48,15 +48,25 @@ def env_name(value: str) -> str:
         ) from None
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` lists every option's default: appended as ``(default: X)`` unless the help
-    text already states it (defaults computed from other options, such as ``--warmup``'s)."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` in plain words: every option's default appended as ``(default: X)`` unless
+    the help text states it already; lists as their items (``a b``), flags as ``off``/``on``,
+    an unset option as ``none``."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default is argparse.SUPPRESS:
+        default = action.default
+        if "default" in text or default is argparse.SUPPRESS or not action.option_strings:
             return text
-        return super()._get_help_string(action) or text
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
+        elif default is None:
+            shown = "none"
+        elif isinstance(default, (list, tuple)):
+            shown = " ".join(map(str, default))
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -67,7 +77,9 @@ class ArgumentParser(argparse.ArgumentParser):
     """
 
     def __init__(self, prog: str, description: str | None = None) -> None:
-        super().__init__(prog=prog, description=description, formatter_class=HelpFormatter)
+        # docstrings make the descriptions: their reStructuredText literals read as plain words
+        plain = None if description is None else description.replace("``", "")
+        super().__init__(prog=prog, description=plain, formatter_class=HelpFormatter)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")

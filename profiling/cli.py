@@ -65,10 +65,16 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--agents", type=int, nargs="+", default=[3], help="agent counts to sweep")
     parser.add_argument(
-        "--layout", nargs="+", default=["interleaved"], help=f"storage layouts: {sorted(LAYOUTS)}"
+        "--layout",
+        nargs="+",
+        default=["interleaved"],
+        help=f"storage layouts, any of: {', '.join(sorted(LAYOUTS))}",
     )
     parser.add_argument(
-        "--sampler", nargs="+", default=["uniform"], help=f"samplers: {list(SAMPLER_NAMES)}"
+        "--sampler",
+        nargs="+",
+        default=["uniform"],
+        help=f"samplers, any of: {', '.join(SAMPLER_NAMES)}",
     )
     parser.add_argument("--run-length", type=int, default=16, help="neighbor sampler run length")
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per trainer")
@@ -133,10 +139,10 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--agents must be positive; got {n}"
     for layout in args.layout:
         if layout not in LAYOUTS:
-            return f"--layout must be among {sorted(LAYOUTS)}; got {layout!r}"
+            return f"--layout must be among {', '.join(sorted(LAYOUTS))}; got {layout!r}"
     for sampler in args.sampler:
         if sampler not in SAMPLER_NAMES:
-            return f"--sampler must be among {list(SAMPLER_NAMES)}; got {sampler!r}"
+            return f"--sampler must be among {', '.join(SAMPLER_NAMES)}; got {sampler!r}"
     for name, value in (
         ("--updates", args.updates),
         ("--batch-size", args.batch_size),

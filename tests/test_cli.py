@@ -206,3 +206,15 @@ def test_reward_curve_has_a_point_per_episode():
     assert trailing_mean([1.0, 2.0, 3.0, 4.0], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
     assert trailing_mean([5.0], 100).tolist() == [5.0]  # one episode still draws its mean
     assert len(trailing_mean(list(range(60)), 60)) == 60
+
+
+@pytest.mark.parametrize("command", ["info", "bench", "train", "profile", "memory"])
+def test_help_reads_as_plain_words(command, capsys):
+    if command == "train":
+        pytest.importorskip("torch")
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and "['" not in text  # no reStructuredText, no list reprs
+    assert "(default: False)" not in text and "(default: None)" not in text
