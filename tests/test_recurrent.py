@@ -63,18 +63,20 @@ def test_burn_in_steps_carry_no_gradient():
 def _filled_buffer(config: RecurrentConfig):
     rng = np.random.default_rng(0)
     buffer = make_buffer([6, 6], 5, 12, config)
+    obs = rng.standard_normal((2, 6)).astype(np.float32)
     for step in range(200):
-        obs = rng.standard_normal((2, 6)).astype(np.float32)
+        next_obs = rng.standard_normal((2, 6)).astype(np.float32)  # the next step's obs
         buffer.add(
             obs,
             rng.random((2, 5)).astype(np.float32),
             rng.standard_normal(2),
-            rng.standard_normal((2, 6)).astype(np.float32),
+            next_obs,
             np.zeros(2),
             truncated=step % 25 == 24,
             state=rng.standard_normal(12).astype(np.float32),
             next_state=rng.standard_normal(12).astype(np.float32),
         )
+        obs = next_obs
     return buffer
 
 
