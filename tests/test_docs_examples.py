@@ -4,7 +4,9 @@ Each ```python block is executed in a fresh namespace inside an empty temporary 
 folder, with warnings raised as errors (what a user copying the block would see as a warning
 fails here). Each ```bash block's ``marlbuf ...`` command lines run through the console
 script's ``main`` in that block's own temporary folder, in order; a bash block holding any
-other command must be tagged ``skip``.
+other command must be tagged ``skip``. Every inline ``marlbuf <command> ...`` of the prose is
+parsed (not run): its options and suite names must exist (single capitals K, N, M, X stand
+for values; spans with ``...``, ``[``, ``|``, SUITE or COMMAND are read as prose).
 
 Tag convention: HTML comments (invisible in the rendered page) on the lines directly above a
 block's opening fence, one tag per comment; arguments other than a skip reason are split as a
@@ -183,3 +185,51 @@ def test_cli_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Monkey
                 argv = [*argv, *extra]
         status = cli.main(argv)
         assert status == 0, f"{block.name}: marlbuf {' '.join(argv)} exited with {status}"
+
+
+#: Placeholders the prose uses in inline commands, and values that parse in their place.
+PLACEHOLDERS = {"K": "2", "N": "10", "M": "5", "X": "runs/x"}
+
+
+def inline_commands() -> list[tuple[str, list[str]]]:
+    """Every ``marlbuf <command> ...`` written inline in the docs, as an argument list (prose
+    that names no command, error messages and elided commands left out)."""
+    from marlbuf import cli
+
+    found = []
+    for path in DOC_FILES:
+        for match in re.finditer(r"`(marlbuf [^`]+)`", path.read_text()):
+            text = " ".join(match.group(1).split())
+            if any(mark in text for mark in ("...", "|", "[", ": error", "SUITE", "COMMAND")):
+                continue
+            words = [PLACEHOLDERS.get(w, w) for w in shlex.split(text)[1:]]
+            if words and words[0] in cli.COMMANDS:
+                found.append((f"{path.relative_to(ROOT)}: {text}", words))
+    return found
+
+
+INLINE = inline_commands()
+
+
+@pytest.mark.parametrize("words", [w for _, w in INLINE], ids=[name for name, _ in INLINE])
+def test_inline_command_parses(words: list[str]) -> None:
+    """Inline commands name options and suites that exist (parsed, not run)."""
+    import importlib
+
+    from marlbuf.bench.cli import SUITES
+
+    command, args = words[0], words[1:]
+    if command == "bench":
+        suites = [a for a in args if not a.startswith("-")]
+        assert set(suites) <= set(SUITES), f"unknown suites {set(suites) - set(SUITES)}"
+        assert set(a for a in args if a.startswith("-")) <= {"--quick", "--list"}
+        return
+    if command not in ("train", "profile"):
+        assert not args, f"marlbuf {command} takes its options from --help: {args}"
+        return
+    module = {"train": "marlbuf.algos.cli", "profile": "marlbuf.profiling.cli"}[command]
+    parser = importlib.import_module(module).build_parser()
+    try:
+        parser.parse_args(args)
+    except SystemExit as exc:  # --help exits 0; a bad option exits 2
+        assert exc.code == 0, f"marlbuf {' '.join(words)} does not parse"
