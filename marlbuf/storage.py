@@ -462,8 +462,9 @@ class Storage(ABC):
 
     def to_host_later(self, values: Any) -> Callable[[], np.ndarray]:
         """Start copying ``values`` (a torch tensor) to the host; the returned function gives
-        the host array, waiting for the copy if it is still running (here: copied at once)."""
-        host = np.asarray(values.detach().cpu().numpy())
+        the host array, waiting for the copy if it is still running (here: copied at once, so
+        that a caller reusing its tensor does not change the update)."""
+        host = np.array(values.detach().cpu().numpy())
         return lambda: host
 
     def block_address(self, block: Any) -> int:

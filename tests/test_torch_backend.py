@@ -666,12 +666,6 @@ def test_deferred_checks_raise_later_and_change_nothing():
     assert_same_priorities(a, b)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="front bug (marlbuf/buffer.py apply_deferred_updates): the updates deferred after a "
-    "bad one are dropped with it, where synchronous calls would apply them",
-)
 def test_a_bad_deferred_update_does_not_drop_the_valid_ones_after_it():
     a, b = ppair(Prioritized(priority="given"), capacity=16, filled=10)
     b.update_priorities(np.array([0, 1]), torch.tensor([1.0, -1.0]), trainer=0, sync=False)
@@ -686,19 +680,7 @@ def test_a_bad_deferred_update_does_not_drop_the_valid_ones_after_it():
 
 @pytest.mark.parametrize(
     "device",
-    [
-        pytest.param(
-            None,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="storage.py bug: Storage.to_host_later keeps numpy() of a host tensor, "
-                "which shares its memory (the NumPy stores read the TD errors when applied)",
-            ),
-        ),
-        "cpu",
-        pytest.param("cuda", marks=CUDA),
-    ],
+    [None, "cpu", pytest.param("cuda", marks=CUDA)],
 )
 def test_a_deferred_update_reads_the_td_errors_of_the_call(device):
     """A learner may write its TD-error tensor again before the next draw: the deferred update
@@ -712,12 +694,6 @@ def test_a_deferred_update_reads_the_td_errors_of_the_call(device):
     assert_same_priorities(a, b)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="front bug (marlbuf/buffer.py): state_dict()/save() do not apply the updates of "
-    "update_priorities(sync=False) waiting, although update_priorities documents that they do",
-)
 def test_a_checkpoint_holds_the_deferred_updates(tmp_path):
     a, b = ppair(Prioritized(alpha=1.0, eps=0.0), capacity=16, filled=10)
     a.update_priorities(np.array([0, 1]), np.array([2.0, 3.0]))

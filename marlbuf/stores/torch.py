@@ -307,21 +307,19 @@ class _Uploader:
             done += count
 
     def to_device(self, src: np.ndarray) -> Tensor:
-        """A device copy of the 1-D int64 host array ``src`` (on the CPU: ``src`` itself as a
-        tensor; the caller uses it at once and never writes ``src`` again)."""
+        """A device copy of the int64 host array ``src`` for one gather (indices, links, side
+        rows, weights). On the CPU: ``src`` itself as a tensor (the caller uses it at once and
+        never writes ``src`` again). On CUDA: through a pinned block of torch's caching host
+        allocator with a non-blocking copy; the allocator records the copy's stream, so the
+        block is reused only once the copy has run, and nothing here waits for the device
+        (the two staging buffers of :meth:`upload` would wait for the previous round's copies
+        after two uploads)."""
         if self.device.type != "cuda":
             return torch.from_numpy(src)
-        out = torch.empty(src.shape[0], dtype=torch.int64, device=self.device)
-        self.upload(out.view(-1, 1), src.reshape(-1, 1))
-        return out
+        return torch.from_numpy(src).pin_memory().to(self.device, non_blocking=True)
 
-    def rows_to_device(self, src: np.ndarray) -> Tensor:
-        """A device copy of the 2-D int64 host array ``src`` (on the CPU: ``src`` itself)."""
-        if self.device.type != "cuda":
-            return torch.from_numpy(src)
-        out = torch.empty(src.shape, dtype=torch.int64, device=self.device)
-        self.upload(out, src)
-        return out
+    #: 2-D arrays (side rows) go the same way
+    rows_to_device = to_device
 
 
 # --------------------------------------------------------------------------------- batches
