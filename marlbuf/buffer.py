@@ -1536,16 +1536,23 @@ class MultiAgentReplayBuffer:
             )
 
     def apply_deferred_updates(self) -> None:
-        """Apply the updates of ``update_priorities(..., sync=False)`` still waiting (each
-        waits for its own copy from the device); raises the first bad one's error. Called by
-        every method that reads or changes priorities."""
+        """Apply the updates of ``update_priorities(..., sync=False)`` still waiting, in the
+        order they were made (each waits for its own copy from the device). Every good update
+        is applied; a bad one changes nothing, and the first bad one's error is raised once they
+        have all been tried. Called by every method that reads or changes priorities."""
         if not self._deferred:
             return
         with self.writer.lock:
             pending, self._deferred = self._deferred, []
+            first_error: ValueError | None = None
             for trainer, idx, gens, ready in pending:
                 stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
-                self.sampler.update_priorities(idx, ready(), trainer, stale)
+                try:
+                    self.sampler.update_priorities(idx, ready(), trainer, stale)
+                except ValueError as exc:
+                    first_error = first_error or exc
+            if first_error is not None:
+                raise first_error
 
     #: :meth:`apply_deferred_updates` under the name the learners use to surface errors
     check_priority_errors = apply_deferred_updates
@@ -1768,6 +1775,7 @@ class MultiAgentReplayBuffer:
                 if self._sequence is not None:
                     self._sequence.rebuild(size)
             self._last_drawn = [None] * len(self._last_drawn)
+            self._deferred = []  # updates meant for the state this one replaces
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)
