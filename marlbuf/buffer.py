@@ -1591,10 +1591,22 @@ class MultiAgentReplayBuffer:
         """Everything needed to continue exactly: data, cursor, size, sampler state, RNG.
 
         Arrays are copies of the filled part of the storage; other values are JSON-safe. The
-        copies are taken under the buffer's lock, so the state is one committed state even
-        while other threads write: every write is in it entirely or not at all (writers wait
-        for the copy).
+        state is one committed state even while other threads write or sample: every write is
+        in it entirely or not at all. As for :meth:`save`, everything but the storage rows is
+        copied under the buffer's lock, then the rows a chunk at a time (about 1 MiB), each
+        under the lock after checking that its slots still hold that state's write
+        generations, so other threads wait for one chunk at a time; a copy overtaken by a
+        writer starts again, and the last of ``persistence.SNAPSHOT_ATTEMPTS`` attempts holds
+        the lock throughout.
         """
+        for _ in range(persistence.SNAPSHOT_ATTEMPTS - 1):
+            with self.writer.lock:
+                state = self._state(copy=False, live=True)
+            try:
+                state["storage"] = {k: rows.copy() for k, rows in state["storage"].items()}
+                return state
+            except persistence.SnapshotMoved:
+                continue  # a writer overtook the copy: again, from a new state
         with self.writer.lock:
             return self._state(copy=True)
 
@@ -1605,6 +1617,7 @@ class MultiAgentReplayBuffer:
         array is a :class:`marlbuf.persistence.LiveRows` whose rows are copied later, a chunk
         at a time under the lock, as long as their write generations are still those of this
         state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
+        self.apply_deferred_updates()  # the state holds every priority update made so far
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
         copy = copy or live
 

@@ -101,6 +101,17 @@ class LiveRows:
     dtype: np.dtype
     read: Callable[[int, int], np.ndarray]
 
+    def copy(self) -> np.ndarray:
+        """All the rows, as a new C-ordered array (read a chunk at a time; may raise
+        :class:`SnapshotMoved`)."""
+        out = np.empty(self.shape, dtype=self.dtype)
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        step = max(1, LIVE_CHUNK_BYTES // max(1, row_bytes))
+        for start in range(0, self.shape[0] if self.shape else 0, step):
+            stop = min(self.shape[0], start + step)
+            out[start:stop] = self.read(start, stop)
+        return out
+
 
 def array_path(*keys: str) -> str:
     """The path under which the array at ``state[keys[0]][keys[1]]...`` is stored."""

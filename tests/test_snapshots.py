@@ -145,7 +145,7 @@ def test_a_mapped_flush_during_writes_reopens_consistent(tmp_path):
 
 def test_a_save_that_keeps_being_overtaken_holds_the_writers_off(tmp_path, monkeypatch):
     """Every streamed attempt is overtaken by a write (simulated): the last attempt holds the
-    lock for the whole write, so the save still completes with one committed state."""
+    lock for the whole copy, so ``save`` and ``state_dict`` still give one committed state."""
     from marlbuf import persistence
 
     buf = MultiAgentReplayBuffer(SPECS, CAPACITY, seed=0)
@@ -164,3 +164,8 @@ def test_a_save_that_keeps_being_overtaken_holds_the_writers_off(tmp_path, monke
     assert len(attempts) == persistence.SNAPSHOT_ATTEMPTS - 1
     assert not list(tmp_path.glob("*.tmp"))  # the abandoned attempts left nothing
     check_consistent(MultiAgentReplayBuffer.load(tmp_path / "s.npz"))
+    attempts.clear()
+    target = MultiAgentReplayBuffer(SPECS, CAPACITY, seed=1)
+    target.load_state_dict(buf.state_dict())  # state_dict likewise
+    assert len(attempts) == persistence.SNAPSHOT_ATTEMPTS - 1
+    check_consistent(target)
