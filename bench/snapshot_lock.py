@@ -85,10 +85,10 @@ def run(rounds: int = 40, capacity: int = 20_000, batch: int = 1024) -> dict[str
         for r in range(rounds + 1):
             for name in names[r % 3 :] + names[: r % 3]:
                 stop, thread = background(cases[name])
-                start = time.perf_counter()
+                began = time.perf_counter()
                 for _ in range(5):
                     buf.sample_for_trainers(batch)
-                elapsed = (time.perf_counter() - start) / 5
+                elapsed = (time.perf_counter() - began) / 5
                 stop.set()
                 if thread is not None:
                     thread.join()
