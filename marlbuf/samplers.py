@@ -213,6 +213,18 @@ def _not_enough_data(batch_size: int, size: int, need: int, what: str) -> ValueE
     )
 
 
+def _raise_max_priority(trees: PriorityTrees, priorities: Any) -> None:
+    """Raise every tree's running maximum priority to at least ``priorities[t]`` (checked:
+    shape (n_trees,), finite, > 0)."""
+    values = np.asarray(priorities, dtype=np.float64)
+    if values.shape != (trees.n_trees,) or not (np.isfinite(values) & (values > 0)).all():
+        raise ValueError(
+            f"priorities must hold one finite priority > 0 per trainer, shape "
+            f"({trees.n_trees},); got {priorities!r:.120}"
+        )
+    np.maximum(trees.max_priority, values, out=trees.max_priority)
+
+
 def _batches_drawn(state: dict[str, Any], n_trainers: int) -> np.ndarray:
     """The ``batches_drawn`` counters of a prioritized sampler's state, checked."""
     drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
@@ -442,13 +454,7 @@ class Prioritized(Sampler):
         """Raise every trainer's running maximum priority to at least ``priorities[t]``
         (shape (n_trainers,), finite, > 0; lower values leave it alone): new slots then enter
         with the maximum known elsewhere (the other shards of a sharded buffer)."""
-        values = np.asarray(priorities, dtype=np.float64)
-        if values.shape != (self.n_trainers,) or not (np.isfinite(values) & (values > 0)).all():
-            raise ValueError(
-                f"priorities must hold one finite priority > 0 per trainer, shape "
-                f"({self.n_trainers},); got {priorities!r:.120}"
-            )
-        np.maximum(self.trees.max_priority, values, out=self.trees.max_priority)
+        _raise_max_priority(self.trees, priorities)
 
     def sampling_probabilities(self, indices: Any, size: int, trainer: int = 0) -> np.ndarray:
         """The probability (float64, shape of ``indices``) with which a row of ``trainer``'s
@@ -944,11 +950,7 @@ class Sequence(Sampler):
                 starts = _distinct_from_tree(starts, self.trees.sums[0], self.trees, 0, rng)
             return starts, None
         weights = np.empty(batch_size, dtype=np.float32)
-        beta = (
-            self.beta(int(self.batches_drawn[trainer]))
-            if isinstance(self.beta, LinearBeta)
-            else self.beta
-        )
+        beta = self.beta_at(int(self.batches_drawn[trainer]))
         per_sample(
             self.trees.sums[trainer],
             self.trees.leaf_offset,
@@ -976,6 +978,44 @@ class Sequence(Sampler):
                 f"batch_size={batch_size} distinct sequences (replace=False) but {count} "
                 "starts can be drawn; add more data, sample fewer, or use replace=True"
             )
+
+    def start_total(self, size: int, trainer: int = 0) -> float:
+        """The mass ``trainer``'s starts are drawn by: the stored slots ``size`` (uniform,
+        ``pad=True``), the number of valid starts (``pad=False``), or ``sum_s p_s^alpha``
+        (``prioritized=True``). A start ``s`` is drawn with probability ``weight(s) /
+        start_total``; a sharded buffer splits a batch across shards by these totals."""
+        return float(size) if self.trees is None else self._n_starts(trainer)
+
+    def sampling_probabilities(self, indices: Any, size: int, trainer: int = 0) -> np.ndarray:
+        """The probability (float64, shape of ``indices``) with which a sequence of
+        ``trainer``'s batch starts at each slot of ``indices`` (valid starts, in
+        ``[0, size)``): ``weight(s) / start_total`` (see :meth:`start_total`)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        total = self.start_total(size, trainer)
+        if self.trees is None:
+            return np.full(idx.shape, 1.0 / total)
+        return self.trees.leaves(trainer if self.prioritized else 0)[idx] / total
+
+    def beta_at(self, batches_drawn: int) -> float:
+        """β of the batch a trainer draws after ``batches_drawn`` earlier ones (prioritized
+        sequences), as :meth:`Prioritized.beta_at`."""
+        if isinstance(self.beta, LinearBeta):
+            return self.beta(int(batches_drawn))
+        return self.beta
+
+    def max_priority(self, trainer: int = 0) -> float:
+        """``trainer``'s running maximum priority (prioritized sequences): what a new start
+        gets, as :meth:`Prioritized.max_priority`."""
+        if not self.prioritized or self.trees is None:
+            raise TypeError(f"{self!r} keeps no priorities (prioritized=False)")
+        return float(self.trees.max_priority[trainer])
+
+    def raise_max_priority(self, priorities: Any) -> None:
+        """Raise every trainer's running maximum priority to at least ``priorities[t]``
+        (shape (n_trainers,), finite, > 0), as :meth:`Prioritized.raise_max_priority`."""
+        if not self.prioritized or self.trees is None:
+            raise TypeError(f"{self!r} keeps no priorities (prioritized=False)")
+        _raise_max_priority(self.trees, priorities)
 
     def handed(self, trainer: int, starts: np.ndarray, valid_steps: np.ndarray) -> None:
         """Record the valid training steps (shape (B,)) of sequences handed to ``trainer``, for

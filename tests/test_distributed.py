@@ -677,3 +677,131 @@ def test_save_and_load_keep_the_options_and_convert_the_next_obs_format(tmp_path
             assert_rows_equal(loaded.sample(48), singles, loaded)
         finally:
             loaded.close()
+
+
+# ------------------------------------------------------------------ sequences
+def _env_step(t, streams):
+    """Step ``t`` of environments ``streams`` (leading environment axis); every stream's
+    episode ends (done) at steps 6, 13, ..."""
+    data = steps(np.full(len(streams), t))
+    obs = np.stack([np.float32([s, t]) for s in streams])
+    data["obs"] = {a: obs for a in SPECS}
+    data["next_obs"] = {a: obs + np.float32([0, 1]) for a in SPECS}
+    data["done"] = {a: np.full(len(streams), float(t % 7 == 6), np.float32) for a in SPECS}
+    return data
+
+
+def _write_envs(buf, singles, n_steps):
+    """Streams 0..3 step by step: 0 and 2 on shard 0, 1 and 3 on shard 1 (as the mirrors)."""
+    for t in range(n_steps):
+        buf.add_envs(**_env_step(t, [0, 1, 2, 3]))
+        for k, single in enumerate(singles):
+            single.add_envs(**_env_step(t, [k, k + 2]))
+    buf.flush()
+
+
+def test_sequences_equal_the_ones_a_buffer_of_each_shard_builds():
+    from marlbuf.batch import SequenceBatch
+    from marlbuf.samplers import Sequence
+
+    singles = [MultiAgentReplayBuffer(SPECS, 48, sampler=Sequence(5)) for _ in range(2)]
+    with ShardedReplayBuffer(SPECS, 48, 2, sampler=Sequence(5), seed=16) as buf:
+        _write_envs(buf, singles, 30)  # 60 steps per shard: the ring wraps
+        for batch in buf.sample_for_trainers(64):
+            assert isinstance(batch, SequenceBatch) and batch.obs["agent_0"].shape == (64, 5, 2)
+            shard, start = buf.locate(batch.indices)
+            assert np.array_equal(batch.slots[:, 0], batch.indices)
+            for k in range(2):
+                want = singles[k].gather_sequences(start[shard == k], 5)
+                np.testing.assert_array_equal(batch.mask[shard == k], want.mask)
+                local = np.where(want.mask, want.slots + 48 * k, -1)
+                np.testing.assert_array_equal(batch.slots[shard == k], local)
+                for name in ("obs", "next_obs", "reward", "done"):
+                    for agent, value in getattr(want, name).items():
+                        np.testing.assert_array_equal(
+                            getattr(batch, name)[agent][shard == k], value
+                        )
+            # a sequence never mixes streams or episodes: one stream, consecutive steps
+            obs = batch.obs["agent_0"]
+            assert ((obs[:, :, 0] == obs[:, :1, 0]) | ~batch.mask).all()
+            steps_ = np.where(batch.mask, obs[:, :, 1] - obs[:, :1, 1], np.arange(5))
+            assert (steps_ == np.arange(5)).all()
+        # starts are uniform over the 96 stored slots of both shards
+        counts = np.zeros(96)
+        for _ in range(10):
+            shard, start = buf.locate(buf.sample(96).indices)
+            np.add.at(counts, shard * 48 + start, 1)
+        assert chisquare(counts).pvalue > 1e-3
+
+
+def test_distinct_and_prioritized_sequences_across_shards():
+    from marlbuf.samplers import Episodes, Sequence
+
+    with ShardedReplayBuffer(
+        SPECS, 32, 2, sampler=Sequence(3, pad=False, replace=False), seed=17, prefetch=False
+    ) as buf:
+        _write_envs(buf, [], 10)  # 20 steps per shard, episodes of 7 steps
+        batch = buf.sample(20)
+        assert len(np.unique(batch.indices)) == 20 and batch.mask.all()  # length 3 stored
+        with pytest.raises(ValueError, match="distinct sequences"):
+            buf.sample(200)
+    sampler = Sequence(4, burn_in=1, prioritized=True, alpha=1.0, beta=1.0, eps=0.0)
+    singles = [
+        MultiAgentReplayBuffer(SPECS, 40, sampler=Sequence(4, 1, prioritized=True, alpha=1.0))
+        for _ in range(2)
+    ]
+    with ShardedReplayBuffer(SPECS, 40, 2, sampler=sampler, seed=18, prefetch=False) as buf:
+        _write_envs(buf, singles, 15)
+        first = buf.sample(30, trainer=1)
+        assert first.burn_in == 1 and first.mask.shape == (30, 5)
+        td = np.linspace(0.5, 4.0, 30)
+        buf.update_priorities(first.indices, td, trainer=1)  # one error per sequence
+        shard, start = buf.locate(first.indices)
+        for k in range(2):  # the mirrors get the same updates (later ones win, as there)
+            singles[k].update_priorities(start[shard == k], td[shard == k] + 0.0, trainer=1)
+        per_step = np.full((30, 4), np.nan)  # anything at masked steps
+        per_step[first.mask[:, 1:]] = 1.0
+        buf.update_priorities(first.indices[:2], per_step[:2], trainer=0)
+        buf.flush()
+        batch = buf.sample(30, trainer=1)
+        shard, start = buf.locate(batch.indices)
+        totals = [s.sampler.start_total(s.size, 1) for s in singles]
+        p = np.array(
+            [
+                singles[k].sampler.sampling_probabilities([s], singles[k].size, 1)[0] * totals[k]
+                for k, s in zip(shard, start)
+            ]
+        ) / sum(totals)
+        np.testing.assert_allclose(batch.weights, p.min() / p, rtol=1e-5)
+        with pytest.raises(ValueError, match=r"shape \(2,\) or \(2, 4\)"):
+            buf.update_priorities(first.indices[:2], np.ones((2, 3)), trainer=0)
+    with pytest.raises(ValueError, match="prioritized sequences without replacement"):
+        ShardedReplayBuffer(SPECS, 40, 2, sampler=Sequence(4, prioritized=True, replace=False))
+    with pytest.raises(TypeError, match="does not sample whole episodes"):
+        ShardedReplayBuffer(SPECS, 40, 2, sampler=Episodes())
+
+
+def test_sequence_samplers_expose_start_totals_probabilities_and_priorities():
+    from marlbuf.prioritized import LinearBeta
+    from marlbuf.samplers import Sequence
+
+    uniform = _local(Sequence(3), size=20).sampler
+    assert uniform.start_total(20) == 20.0
+    np.testing.assert_array_equal(uniform.sampling_probabilities([0, 7], 20), [0.05, 0.05])
+    with pytest.raises(TypeError, match="keeps no priorities"):
+        uniform.max_priority(0)
+    valid = _local(Sequence(3, pad=False), size=20).sampler
+    assert valid.start_total(20) == 18.0  # one episode of 20 steps: 18 starts with 3 steps
+    buf = _local(Sequence(3, prioritized=True, alpha=1.0, beta=LinearBeta(0.5, 1.0, 2)), 20)
+    sampler = buf.sampler
+    buf.update_priorities(np.array([2, 4]), np.array([3.0, 0.0]), trainer=1)
+    assert sampler.start_total(20, 1) == pytest.approx(18.0 + 3.0 + 2e-6)
+    np.testing.assert_allclose(
+        sampler.sampling_probabilities([2, 5], 20, 1), np.array([3.0 + 1e-6, 1.0]) / 21.000002
+    )
+    assert sampler.max_priority(1) == pytest.approx(3.0) and sampler.max_priority(0) == 1.0
+    sampler.raise_max_priority([4.0, 1.0])
+    assert sampler.max_priority(0) == 4.0
+    with pytest.raises(ValueError, match="one finite priority > 0 per trainer"):
+        sampler.raise_max_priority([4.0])
+    assert [sampler.beta_at(n) for n in (0, 1, 9)] == [0.5, 0.75, 1.0]

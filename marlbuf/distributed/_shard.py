@@ -5,10 +5,13 @@ Packed round (``uint8``, every section starting on a 64-byte boundary)::
 
     header   int64[8]: size, total_writes (at sampling time), 0, ...
     then, for every trainer position i with quota n_i > 0, in order:
-      block  the gathered batch block of n_i rows (``Storage.block_spec(n_i)``)
-      slots  int64[n_i]  shard-local slots
+      block  the gathered batch block of r_i rows (``Storage.block_spec(r_i)``): r_i = n_i,
+             or n_i * L for a sequence sampler of L steps per sequence
+      slots  int64[n_i]  shard-local slots (a sequence's training start)
       gens   int64[n_i]  write generations of those slots
-      probs  float64[n_i] (prioritized samplers only) the rows' shard-local probabilities
+      probs  float64[n_i] (weighted samplers only) the rows' shard-local probabilities
+      mask   bool[n_i, L] (sequence samplers only) the sequences' masks
+      steps  int64[n_i, L] (sequence samplers only) the shard-local slot of every step, or -1
 """
 
 from __future__ import annotations
@@ -16,16 +19,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 import marlbuf
 from marlbuf import persistence
-from marlbuf.batch import Batch
+from marlbuf.batch import Batch, SequenceBatch
 from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.distributed._ray import code_fingerprint
 from marlbuf.samplers import Prioritized, Sampler
+from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import AgentSpec, FieldSpec
 from marlbuf.storage import Storage
 
@@ -44,59 +48,91 @@ def block_nbytes(storage: Storage, n: int) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+class Offsets(NamedTuple):
+    """Where one trainer position's part of a packed round lies (byte offsets)."""
+
+    n: int  #: rows, or sequences
+    rows: int  #: gathered rows: ``n``, or ``n * steps``
+    block: int
+    block_nbytes: int
+    slots: int
+    gens: int
+    probs: int
+    mask: int
+    steps: int
+
+
+class Part(NamedTuple):
+    """Views of one trainer position's part of a packed round."""
+
+    block: np.ndarray  #: the gathered block (``Storage.block_spec(rows)``)
+    slots: np.ndarray  #: (n,) int64, shard-local
+    gens: np.ndarray  #: (n,) int64
+    probs: np.ndarray | None  #: (n,) float64, weighted samplers only
+    mask: np.ndarray | None  #: (n, L) bool, sequence samplers only
+    steps: np.ndarray | None  #: (n, L) int64 shard-local slots or -1, sequence samplers only
+
+
 def pack_layout(
-    storage: Storage, quotas: Sequence[int], weighted: bool
-) -> tuple[list[tuple[int, int, int, int, int, int] | None], int]:
-    """Offsets of a packed round: per trainer position ``(n, block, block_nbytes, slots, gens,
-    probs)`` (``None`` where the quota is 0) and the total bytes."""
+    storage: Storage, quotas: Sequence[int], weighted: bool, steps: int = 0
+) -> tuple[list[Offsets | None], int]:
+    """Offsets of a packed round (``None`` where the quota is 0) and the total bytes;
+    ``steps``: ``L`` for a sequence sampler (quotas count sequences), else 0."""
     offset = HEADER_WORDS * 8
-    out: list[tuple[int, int, int, int, int, int] | None] = []
+    out: list[Offsets | None] = []
     for n in quotas:
         n = int(n)
         if n == 0:
             out.append(None)
             continue
-        nbytes = block_nbytes(storage, n)
+        rows = n * steps if steps else n
+        nbytes = block_nbytes(storage, rows)
         block = offset
         slots = block + _up(nbytes)
         gens = slots + _up(8 * n)
         probs = gens + _up(8 * n)
-        offset = probs + (_up(8 * n) if weighted else 0)
-        out.append((n, block, nbytes, slots, gens, probs))
+        mask = probs + (_up(8 * n) if weighted else 0)
+        step_slots = mask + (_up(rows) if steps else 0)
+        offset = step_slots + (_up(8 * rows) if steps else 0)
+        out.append(Offsets(n, rows, block, nbytes, slots, gens, probs, mask, step_slots))
     return out, offset
 
 
+def views(packed: np.ndarray, storage: Storage, at: Offsets, weighted: bool, steps: int) -> Part:
+    """The views of one part of ``packed`` (see the module docstring)."""
+    dtype, shape = storage.block_spec(at.rows)
+    n = at.n
+    return Part(
+        packed[at.block : at.block + at.block_nbytes].view(dtype).reshape(shape),
+        packed[at.slots : at.slots + 8 * n].view(np.int64),
+        packed[at.gens : at.gens + 8 * n].view(np.int64),
+        packed[at.probs : at.probs + 8 * n].view(np.float64) if weighted else None,
+        packed[at.mask : at.mask + at.rows].view(np.bool_).reshape(n, steps) if steps else None,
+        packed[at.steps : at.steps + 8 * at.rows].view(np.int64).reshape(n, steps)
+        if steps
+        else None,
+    )
+
+
 def unpack(
-    storage: Storage, packed: np.ndarray, quotas: Sequence[int], weighted: bool
-) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None]]:
-    """Header (int64[8]) and per trainer position ``(block, slots, gens, probs)`` views of a
-    packed round (``None`` where the quota is 0)."""
-    layout, total = pack_layout(storage, quotas, weighted)
+    storage: Storage, packed: np.ndarray, quotas: Sequence[int], weighted: bool, steps: int = 0
+) -> tuple[np.ndarray, list[Part | None]]:
+    """Header (int64[8]) and per trainer position the :class:`Part` views of a packed round
+    (``None`` where the quota is 0)."""
+    layout, total = pack_layout(storage, quotas, weighted, steps)
     if packed.dtype != np.uint8 or packed.shape != (total,):
         raise ValueError(
             f"a packed round of quotas {list(quotas)} has {total} bytes; got {packed.dtype} "
             f"{packed.shape} (shard and learner disagree on the batch format)"
         )
     header = packed[: HEADER_WORDS * 8].view(np.int64)
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None] = []
-    dtype_shape = {}
-    for entry in layout:
-        if entry is None:
-            parts.append(None)
-            continue
-        n, block, nbytes, slots, gens, probs = entry
-        if n not in dtype_shape:
-            dtype_shape[n] = storage.block_spec(n)
-        dtype, shape = dtype_shape[n]
-        parts.append(
-            (
-                packed[block : block + nbytes].view(dtype).reshape(shape),
-                packed[slots : slots + 8 * n].view(np.int64),
-                packed[gens : gens + 8 * n].view(np.int64),
-                packed[probs : probs + 8 * n].view(np.float64) if weighted else None,
-            )
-        )
+    parts = [None if at is None else views(packed, storage, at, weighted, steps) for at in layout]
     return header, parts
+
+
+def sequence_steps(sampler: Sampler) -> int:
+    """``L``, the steps of a sequence, for a sequence sampler; 0 for row samplers."""
+    return sampler.steps if isinstance(sampler, SequenceSampler) else 0
 
 
 def build_buffer(config: Mapping[str, Any], seed: Any) -> MultiAgentReplayBuffer:
@@ -142,7 +178,11 @@ class ShardActor:
         self, index: int, config: Mapping[str, Any], seed: Any, load_path: str | None = None
     ) -> None:
         self.index = int(index)
+        # carriers of out= blocks (views into the packed round) for sample / sample_prefix
         self._out = Batch({}, {}, {}, {}, {}, indices=_EMPTY, generations=_EMPTY)
+        self._out_sequences = SequenceBatch(
+            {}, {}, {}, {}, {}, indices=_EMPTY, generations=_EMPTY, mask=np.zeros((0, 0), bool)
+        )
         self._packed = np.empty(0, dtype=np.uint8)
         # a bad argument must reach the learner as itself: Ray reports an exception raised here
         # only as "the actor died", so it is kept and raised by the first call (info)
@@ -151,10 +191,15 @@ class ShardActor:
             self.buf = build_buffer(config, seed)
             if load_path is not None:
                 persistence.load_into(self.buf, load_path)
-            self.weighted = self.buf.sampler.weighted
-            #: the buffer's sampler when it is a prioritized one (priority totals, maxima)
-            self.prioritized = (
-                self.buf.sampler if isinstance(self.buf.sampler, Prioritized) else None
+            sampler = self.buf.sampler
+            self.weighted = sampler.weighted
+            #: steps per sequence (``L``) of a sequence sampler, else 0
+            self.steps = sequence_steps(sampler)
+            #: the sampler when it keeps priorities (totals, maxima, probabilities)
+            self.priorities: Prioritized | SequenceSampler | None = (
+                sampler
+                if self.weighted and isinstance(sampler, (Prioritized, SequenceSampler))
+                else None
             )
         except (ValueError, TypeError, MemoryError, OSError) as exc:
             self._init_error = exc
@@ -173,11 +218,15 @@ class ShardActor:
         }
 
     def stats(self) -> np.ndarray:
-        """``[size, total_writes, total of trainer 0's tree, ...]`` (float64; totals only for
-        prioritized samplers)."""
+        """``[size, total_writes, total of trainer 0, ...]`` (float64): the totals the learner
+        splits a batch by, for prioritized samplers (``sum p^alpha``) and sequence samplers
+        (:meth:`marlbuf.samplers.Sequence.start_total`); none for the others."""
+        sampler, n_trainers = self.buf.sampler, self.buf.n_trainers
         totals: list[float] = []
-        if self.prioritized is not None:
-            totals = [self.prioritized.priority_total(t) for t in range(self.buf.n_trainers)]
+        if isinstance(sampler, Prioritized):
+            totals = [sampler.priority_total(t) for t in range(n_trainers)]
+        elif isinstance(sampler, SequenceSampler):
+            totals = [sampler.start_total(self.buf.size, t) for t in range(n_trainers)]
         return np.array([self.buf.size, self.buf.total_writes, *totals], dtype=np.float64)
 
     # ------------------------------------------------------------------ writing
@@ -206,7 +255,8 @@ class ShardActor:
         snapshot: int,
         max_priority: Sequence[float] | None = None,
     ) -> np.ndarray:
-        """Sample ``quotas[i]`` rows for trainer ``trainers[i]`` and pack them (module doc).
+        """Sample ``quotas[i]`` rows (sequences) for trainer ``trainers[i]`` and pack them
+        (module doc).
 
         ``snapshot`` (uniform and neighbor samplers): the filled-slot count the learner based
         the quotas on; rows come from those slots only, so the global draw is exact for that
@@ -214,9 +264,9 @@ class ShardActor:
         learner's running maximum priority per trainer (all shards), given to new rows.
         """
         buf = self.buf
-        if max_priority is not None and self.prioritized is not None:
-            self.prioritized.raise_max_priority(max_priority)
-        layout, total = pack_layout(buf.storage, quotas, self.weighted)
+        if max_priority is not None and self.priorities is not None:
+            self.priorities.raise_max_priority(max_priority)
+        layout, total = pack_layout(buf.storage, quotas, self.weighted, self.steps)
         # one buffer reused by every round (grown when needed): Ray copies the returned slice
         # into the object store before this actor runs its next call, and fresh memory each
         # round would pay a page fault per 4 KiB (as much as the gather itself)
@@ -225,14 +275,21 @@ class ShardActor:
         packed = self._packed[:total]
         header = packed[: HEADER_WORDS * 8].view(np.int64)
         header[:] = 0
-        for trainer, entry in zip(trainers, layout):
-            if entry is None:
+        for trainer, at in zip(trainers, layout):
+            if at is None:
                 continue
-            n, block_at, nbytes, slots_at, gens_at, probs_at = entry
-            dtype, shape = buf.storage.block_spec(n)
-            block = packed[block_at : block_at + nbytes].view(dtype).reshape(shape)
-            self._out.block = block
-            if self.weighted:
+            n = at.n
+            part = views(packed, buf.storage, at, self.weighted, self.steps)
+            self._out.block = self._out_sequences.block = part.block
+            if self.steps:
+                # sequences (gathered straight into the block, masked steps zeroed) from every
+                # stored start: the learner split the batch by the start totals it read
+                sequences = buf.sample(n, int(trainer), out=self._out_sequences)
+                assert isinstance(sequences, SequenceBatch) and part.mask is not None
+                part.mask[:] = sequences.mask
+                part.steps[:] = sequences.slots  # type: ignore[index]
+                batch: Batch = sequences
+            elif self.weighted:
                 # drawn from every slot by priority: the learner split the batch by the
                 # totals it read, and the probabilities below are those of this draw
                 batch = buf.sample(n, int(trainer), out=self._out)
@@ -242,23 +299,21 @@ class ShardActor:
                 # take more rows than this shard holds (the global batch fits the union)
                 counted = min(int(snapshot), buf.size)
                 batch = buf.sample_prefix(n, counted, int(trainer), out=self._out)
-            packed[slots_at : slots_at + 8 * n].view(np.int64)[:] = batch.indices
-            packed[gens_at : gens_at + 8 * n].view(np.int64)[:] = batch.generations
-            if self.weighted:
-                packed[probs_at : probs_at + 8 * n].view(np.float64)[:] = self._probabilities(
-                    batch.indices, int(trainer)
-                )
+            part.slots[:] = batch.indices
+            part.gens[:] = batch.generations
+            if part.probs is not None:
+                part.probs[:] = self._probabilities(batch.indices, int(trainer))
             del batch
-        self._out.block = None
+        self._out.block = self._out_sequences.block = None
         header[0] = buf.size
         header[1] = buf.total_writes
         return packed
 
     def _probabilities(self, slots: np.ndarray, trainer: int) -> np.ndarray:
-        """Shard-local probability of each sampled row: ``p^alpha / total`` (PER), or the exact
-        long-run inclusion probability (prioritized-locality)."""
-        assert self.prioritized is not None
-        return self.prioritized.sampling_probabilities(slots, self.buf.size, trainer)
+        """Shard-local probability of each sampled row: ``p^alpha / total`` (PER, prioritized
+        sequences), or the exact long-run inclusion probability (prioritized-locality)."""
+        assert self.priorities is not None
+        return self.priorities.sampling_probabilities(slots, self.buf.size, trainer)
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(
@@ -266,8 +321,8 @@ class ShardActor:
     ) -> float:
         """Feed TD errors back; returns the trainer's running maximum priority afterwards."""
         self.buf.update_priorities(slots, td_errors, trainer=trainer, generations=generations)
-        assert self.prioritized is not None
-        return self.prioritized.max_priority(trainer)
+        assert self.priorities is not None
+        return self.priorities.max_priority(trainer)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str) -> tuple[int, int]:
@@ -276,4 +331,4 @@ class ShardActor:
         return self.buf.size, self.buf.total_writes
 
 
-__all__ = ["ShardActor", "build_buffer", "pack_layout", "unpack"]
+__all__ = ["Part", "ShardActor", "build_buffer", "pack_layout", "sequence_steps", "unpack"]

@@ -27,9 +27,10 @@ from marlbuf.distributed._ray import (
     get_all,
     worker_env,
 )
-from marlbuf.distributed._shard import ShardActor, unpack
+from marlbuf.distributed._shard import ShardActor, sequence_steps, unpack
 from marlbuf.distributed.limiter import RateLimiter
 from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Sampler, Uniform
+from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import AgentSpec, FieldSpec, normalize_specs
 from marlbuf.stores.capabilities import refusal
 
@@ -41,7 +42,13 @@ _RemoteShard = ray.remote(num_cpus=0, max_restarts=0)(ShardActor)
 
 #: the samplers whose draw the learner splits across shards exactly (docs/distributed.md);
 #: their exact classes, since a subclass may draw by another rule
-SHARDED_SAMPLERS: tuple[type[Sampler], ...] = (Uniform, Neighbor, Prioritized, PrioritizedNeighbor)
+SHARDED_SAMPLERS: tuple[type[Sampler], ...] = (
+    Uniform,
+    Neighbor,
+    Prioritized,
+    PrioritizedNeighbor,
+    SequenceSampler,
+)
 
 
 def _shard_file(index: int) -> str:
@@ -244,10 +251,11 @@ class ShardedReplayBuffer:
     layout, batch_layout, n_trainers
         As for ``MultiAgentReplayBuffer`` (every shard and every assembled batch use them).
     sampler : Sampler, default ``Uniform()``
-        ``Uniform``, ``Neighbor``, ``Prioritized`` or ``PrioritizedNeighbor`` (see
-        :data:`SHARDED_SAMPLERS`); each shard gets its own instance. Global rules per sampler
-        are in ``docs/distributed.md``; why other samplers are refused is in
-        :data:`marlbuf.stores.capabilities.CAPABILITIES`.
+        ``Uniform``, ``Neighbor``, ``Prioritized``, ``PrioritizedNeighbor`` or ``Sequence``
+        (see :data:`SHARDED_SAMPLERS`; batches of a ``Sequence`` sampler are
+        :class:`marlbuf.batch.SequenceBatch` objects); each shard gets its own instance.
+        Global rules per sampler are in ``docs/distributed.md``; why other samplers are
+        refused is in :data:`marlbuf.stores.capabilities.CAPABILITIES`.
     seed : int, numpy Generator or None
         Seeds the learner-side quota draws and, through spawned seeds, every shard.
     prefetch : bool, default True
@@ -307,10 +315,19 @@ class ShardedReplayBuffer:
                 "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Prioritized()); "
                 f"got sampler={sampler!r}"
             )
-        if sampler.needs_episodes:
+        if sampler.needs_episodes and not isinstance(sampler, SequenceSampler):
             raise TypeError(
-                f"the sharded buffer does not sample sequences (sampler={sampler!r}): "
-                + str(refusal("Sequence sampler", "sharded", "ShardedReplayBuffer"))
+                f"the sharded buffer does not sample whole episodes (sampler={sampler!r}): "
+                "Episodes draws distinct episodes padded to the batch's longest, a property of "
+                "the whole batch that per-shard draws do not have; use Sequence(length=..., "
+                "pad=True) on the sharded buffer, or one MultiAgentReplayBuffer for Episodes"
+            )
+        if isinstance(sampler, SequenceSampler) and sampler.prioritized and not sampler.replace:
+            raise ValueError(
+                f"sampler={sampler!r}: prioritized sequences without replacement are drawn one "
+                "after another in proportion to the priorities left, a draw the learner cannot "
+                "split across shards exactly; use replace=True (independent draws) on the "
+                "sharded buffer, or one MultiAgentReplayBuffer"
             )
         if type(sampler) not in SHARDED_SAMPLERS:
             raise ValueError(
@@ -343,6 +360,11 @@ class ShardedReplayBuffer:
         self._n_agents = len(self.specs)
         self.sampler = sampler
         self.weighted = sampler.weighted
+        #: steps per sequence of a Sequence sampler (quotas count sequences), else 0
+        self._steps = sequence_steps(sampler)
+        #: whether a batch is split by per-shard totals read each round (prioritized samplers'
+        #: sum p^alpha, sequence samplers' start totals), else by the shards' sizes
+        self._by_totals = isinstance(sampler, (Prioritized, SequenceSampler))
         self.prefetch = prefetch
         self.timeout = float(timeout)
         self.rate_limiter = rate_limiter
@@ -699,7 +721,7 @@ class ShardedReplayBuffer:
             scale: np.ndarray | None = None
             betas: list[float] = []
             snapshot = self._sizes.tolist()
-            if self.weighted:
+            if self._by_totals:
                 stats = get_all(
                     [(k, a.stats.remote()) for k, a in enumerate(self._actors)],
                     self.timeout,
@@ -714,16 +736,14 @@ class ShardedReplayBuffer:
                     column = totals[:, i]
                     whole = column.sum()
                     if not whole > 0:
-                        raise ValueError(
-                            f"no shard has data (or every priority of trainer {t} is 0): add "
-                            f"transitions before sampling (batch_size={batch_size})"
-                        )
+                        raise ValueError(self._nothing_to_draw(batch_size, t))
                     scale[:, i] = column / whole
-                    quotas[:, i] = self.rng.multinomial(batch_size, scale[:, i])
-                    # the sampler's own schedule at the learner's count of trainer t's batches
-                    assert isinstance(self.sampler, Prioritized)
-                    betas.append(self.sampler.beta_at(int(self._batches_drawn[t])))
-                    self._batches_drawn[t] += 1
+                    quotas[:, i] = self._split(batch_size, column)
+                    if self.weighted:
+                        # the sampler's own schedule at the learner's count of t's batches
+                        assert isinstance(self.sampler, (Prioritized, SequenceSampler))
+                        betas.append(self.sampler.beta_at(int(self._batches_drawn[t])))
+                        self._batches_drawn[t] += 1
             else:
                 sizes = self._sizes.copy()
                 if sizes.sum() == 0 or not self._enough(batch_size, sizes):
@@ -741,6 +761,36 @@ class ShardedReplayBuffer:
                     )
                     refs.append((k, ref))
             return _Round(batch_size, trainers, quotas, scale, betas, refs)
+
+    def _nothing_to_draw(self, batch_size: int, trainer: int) -> str:
+        """Why trainer ``trainer``'s totals are all 0."""
+        sampler = self.sampler
+        if isinstance(sampler, SequenceSampler) and not sampler.pad and not sampler.prioritized:
+            return (
+                f"no shard holds an episode with length={sampler.length} steps yet, so "
+                "pad=False has no sequence start; add more data, use shorter sequences or "
+                f"pad=True (batch_size={batch_size})"
+            )
+        return (
+            f"no shard has data (or every priority of trainer {trainer} is 0): add "
+            f"transitions before sampling (batch_size={batch_size})"
+        )
+
+    def _split(self, batch_size: int, totals: np.ndarray) -> np.ndarray:
+        """Rows (sequences) per shard for one trainer from the shards' totals: independent
+        draws, or distinct uniform starts (``Sequence(replace=False)``: the totals count the
+        starts) split as ``B`` of all starts without replacement."""
+        sampler = self.sampler
+        if isinstance(sampler, SequenceSampler) and not sampler.replace:
+            counts = np.rint(totals).astype(np.int64)
+            if batch_size > counts.sum():
+                raise ValueError(
+                    f"batch_size={batch_size} distinct sequences (replace=False) but the shards "
+                    f"hold {int(counts.sum())} starts ({counts.tolist()}); add more data, sample "
+                    "fewer, or use replace=True"
+                )
+            return self.rng.multivariate_hypergeometric(counts, batch_size)
+        return self.rng.multinomial(batch_size, totals / totals.sum())
 
     def _valid_starts(self, sizes: np.ndarray) -> np.ndarray:
         """Per shard, what the sampler draws from: slots, or a Neighbor's run starts."""
@@ -782,17 +832,20 @@ class ShardedReplayBuffer:
         return self.rng.multinomial(batch_size, sizes / sizes.sum())
 
     def _assemble(self, plan: _Round, packed: list[np.ndarray]) -> list[Batch]:
-        """Copy every shard's part into the round's block and build the batches."""
+        """Copy every shard's part into the round's block and build the batches (sequence
+        batches of ``B * L`` rows for a sequence sampler)."""
         storage = self._template.storage
-        batch_size, trainers = plan.batch_size, plan.trainers
+        batch_size, trainers, steps = plan.batch_size, plan.trainers, self._steps
         n_t = len(trainers)
         parts: dict[int, list[Any]] = {}
         for (k, _), array in zip(plan.refs, packed):
-            header, per_trainer = unpack(storage, array, plan.quotas[k], self.weighted)
+            header, per_trainer = unpack(storage, array, plan.quotas[k], self.weighted, steps)
             self._note(k, int(header[0]), int(header[1]))
             parts[k] = per_trainer
         rows = storage.layout == "interleaved" and storage.batch_layout == "rows"
-        dtype, shape = storage.block_spec(batch_size)
+        per_item = steps or 1  # gathered rows per batch row (sequence)
+        n_rows = batch_size * per_item
+        dtype, shape = storage.block_spec(n_rows)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if rows:
             round_block = storage.pool.acquire(n_t * nbytes).view(dtype).reshape(n_t, *shape)
@@ -802,28 +855,36 @@ class ShardedReplayBuffer:
         batches: list[Batch] = []
         for i, t in enumerate(trainers):
             block = blocks[i]
-            fields = storage.views(block, batch_size)
+            fields = storage.views(block, n_rows)
             indices = np.empty(batch_size, dtype=np.int64)
             generations = np.empty(batch_size, dtype=np.int64)
             probs = np.empty(batch_size, dtype=np.float64) if self.weighted else None
+            mask = np.empty((batch_size, steps), dtype=bool) if steps else None
+            slots = np.empty((batch_size, steps), dtype=np.int64) if steps else None
             at = 0
             for k in sorted(parts):
                 part = parts[k][i]
                 if part is None:
                     continue
-                src, slots, gens, prob = part
-                n = slots.shape[0]
+                n = part.slots.shape[0]
+                lo, hi = at * per_item, (at + n) * per_item
                 if rows:
-                    np.copyto(block[at : at + n], src)
+                    np.copyto(block[lo:hi], part.block)
                 else:  # every field: the five, extras, globals and alive
-                    for name, parts_of in storage.views(src, n).items():
+                    for name, parts_of in storage.views(part.block, hi - lo).items():
                         for key, values in parts_of.items():
-                            np.copyto(fields[name][key][at : at + n], values)
-                indices[at : at + n] = slots + k * self.shard_capacity
-                generations[at : at + n] = gens
+                            np.copyto(fields[name][key][lo:hi], values)
+                indices[at : at + n] = part.slots + k * self.shard_capacity
+                generations[at : at + n] = part.gens
                 if probs is not None:
-                    assert plan.scale is not None and prob is not None
-                    probs[at : at + n] = prob * plan.scale[k, i]
+                    assert plan.scale is not None and part.probs is not None
+                    probs[at : at + n] = part.probs * plan.scale[k, i]
+                if mask is not None and slots is not None:
+                    mask[at : at + n] = part.mask
+                    # global ids of the steps' slots; -1 (masked) stays -1
+                    slots[at : at + n] = np.where(
+                        part.mask, part.steps + k * self.shard_capacity, -1
+                    )
                 at += n
             if at != batch_size:  # a shard answered a different quota: never expected
                 raise RuntimeError(f"assembled {at} rows for trainer {t}; expected {batch_size}")
@@ -834,7 +895,18 @@ class ShardedReplayBuffer:
             # the batch of a gather of these rows (with extras, globals and alive), its indices
             # carrying their generations as a single buffer's do
             drawn = DrawnIndices.of(indices, generations)
-            batches.append(storage.make_batch(fields, block, drawn, generations, weights, t))
+            if mask is None or slots is None:
+                batches.append(storage.make_batch(fields, block, drawn, generations, weights, t))
+                continue
+            # the shards zeroed the masked steps already (zeroed=True: nothing to redo)
+            flat_slots = slots.reshape(-1)
+            flat = storage.make_batch(fields, block, flat_slots, flat_slots, None, t)
+            assert isinstance(self.sampler, SequenceSampler)
+            batches.append(
+                storage.make_sequences(
+                    flat, mask, self.sampler.burn_in, slots, drawn, generations, weights, t, True
+                )
+            )
         return batches
 
     # ------------------------------------------------------------------ priorities
@@ -867,12 +939,17 @@ class ShardedReplayBuffer:
             generations = indices.generations  # exact: the generations of this very draw
         shards, slots = self.locate(_host(indices))
         td = _host(td_errors)
-        if td.dtype.kind not in "iuf" or td.shape != shards.shape:
+        # sequences: one error per sequence, or per training step (mixed on the shard)
+        length = self.sampler.length if isinstance(self.sampler, SequenceSampler) else None
+        shapes = [shards.shape] + ([] if length is None else [(*shards.shape, length)])
+        if td.dtype.kind not in "iuf" or td.shape not in shapes:
             raise ValueError(
-                f"td_errors must be a real array of shape {shards.shape}, one per index; got "
-                f"dtype {td.dtype}, shape {td.shape}"
+                f"td_errors must be a real array of shape {' or '.join(map(str, shapes))}, one "
+                f"per index{'' if length is None else ' (or per training step)'}; got dtype "
+                f"{td.dtype}, shape {td.shape}"
             )
-        bad = np.flatnonzero(~np.isfinite(td))
+        # per-step errors may be anything at masked steps: the shard checks the valid ones
+        bad = np.flatnonzero(~np.isfinite(td)) if td.ndim == 1 else np.empty(0, np.int64)
         if bad.size:
             raise ValueError(
                 f"td_errors must be finite; got td_errors[{bad[0]}]={td[bad[0]]} (check the "

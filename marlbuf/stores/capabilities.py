@@ -17,12 +17,9 @@ CAPABILITIES: dict[str, dict[str, str | None]] = {
     "extras, global_fields, alive": {"ram": None, "mapped": None, "torch": None, "sharded": None},
     "Sequence sampler": {
         "ram": None,
-        "mapped": "the redo log does not record truncation flags, so the episode index could "
-        "not be rebuilt after a crash; use an in-memory buffer (device=None or device=...) for "
-        "sequences",
+        "mapped": None,
         "torch": None,
-        "sharded": "a sequence may not cross shards and global sampling draws rows, not "
-        "sequences; sample sequences from one buffer",
+        "sharded": None,
     },
     "layout='agent_major'": {
         "ram": None,
