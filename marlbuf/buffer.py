@@ -257,10 +257,6 @@ class MultiAgentReplayBuffer:
             global_fields=self.global_fields,
             alive=self.alive,
         )
-        if in_files and sampler.needs_episodes:
-            raise ValueError(
-                f"sampler={sampler!r}: " + refusal("Sequence sampler", "mapped", "path=")
-            )
         _check_memory(
             mapped.resident(needed) if in_files or self.device is not None else needed,
             self.specs,
@@ -650,7 +646,7 @@ class MultiAgentReplayBuffer:
                 if steps > 1 and isinstance(streams, int) and self._independent(rows):
                     self._store_next_obs()
             if self._mapped is not None:  # the redo record first: a crash never sees half a write
-                self._mapped.log(rows, steps, streams)
+                self._mapped.log(rows, steps, streams, truncated)
             skip, slots = writer.plan(steps)
             kept = rows[skip:] if skip else rows
             every_stream = streams  # the episode index counts the skipped steps too
@@ -836,7 +832,7 @@ class MultiAgentReplayBuffer:
         with writer.lock:
             mapped = self._mapped
             if mapped is not None:  # the redo record first: a crash never sees half a write
-                mapped.log(rows, 1, stream)
+                mapped.log(rows, 1, stream, truncated)
             slot = writer.cursor
             generation = writer.total_writes
             links = self.links

@@ -124,10 +124,16 @@ _ARRAY_FILE = re.compile(r"array-\d{1,6}\.bin")
 
 #: Log record header: magic, checkpoint number, sequence number, steps, stream (-1: an array of
 #: streams follows the rows), rows, payload bytes, payload checksum
-#: (:func:`marlbuf._kernels.checksum.word_checksum`); then the CRC-32 of these.
-_RECORD = struct.Struct("<8sQQqqqQQ")
+#: (:func:`marlbuf._kernels.checksum.word_checksum`), flags (:data:`_CUT`: a truncation flag
+#: per row, as int64, follows the rows and streams); then the CRC-32 of these.
+_RECORD = struct.Struct("<8sQQqqqQQQ")
+#: an empty int64 array (a record without streams or truncation flags)
+_NO_STREAMS = np.zeros(0, dtype=np.int64)
+#: record flag: the call marked steps as truncated (``truncated=``), which the episode index of
+#: sequence and episode samplers reads
+_CUT = 1
 _HEADER_CRC = struct.Struct("<I")
-RECORD_HEADER_BYTES = _RECORD.size + _HEADER_CRC.size  # 68
+RECORD_HEADER_BYTES = _RECORD.size + _HEADER_CRC.size  # 76
 _MAGIC = b"MBUFREC3"
 #: Records of format versions 1-2: the same fields with a CRC-32 of the payload, no trailer.
 _LEGACY_RECORD = struct.Struct("<8sQQqqqQI")
@@ -708,8 +714,8 @@ class MappedStore:
                     else f"record {count} of its log (at byte {offset}) is incomplete but "
                     "later records follow it (damaged)"
                 )
-            rows, steps, stream, streams, size = record
-            self.hooks.commit(rows, steps, stream if stream >= 0 else streams)
+            rows, steps, stream, streams, cut, size = record
+            self.hooks.commit(rows, steps, stream if stream >= 0 else streams, cut)
             offset += size
             count += 1
         return count
@@ -742,9 +748,9 @@ class MappedStore:
                 )
                 if parsed is None or offset + head_bytes + parsed[3] > end:
                     break
-                steps, stream, n_rows, nbytes, crc = parsed
-                rows, streams = _read_payload(
-                    fd, offset + head_bytes, n_rows, stream, self._row_words
+                steps, stream, n_rows, nbytes, crc, _ = parsed
+                rows, streams, _ = _read_payload(
+                    fd, offset + head_bytes, n_rows, stream, self._row_words, 0
                 )
                 if zlib.crc32(_bytes(streams), zlib.crc32(_bytes(rows))) != crc:
                     break
@@ -769,8 +775,16 @@ class MappedStore:
                 "write"
             )
 
-    def log(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
-        """Append the redo record of one commit (before the buffer changes anything)."""
+    def log(
+        self,
+        rows: np.ndarray,
+        steps: int,
+        streams: int | np.ndarray,
+        truncated: bool | np.ndarray | None = None,
+    ) -> None:
+        """Append the redo record of one commit (before the buffer changes anything), with its
+        truncation flags (``truncated``: a bool, shape (steps,) bool, or ``None``/``False`` for
+        none) so that a replay rebuilds the episode index exactly."""
         self._writable()
         staged = np.ascontiguousarray(rows)  # staged rows are contiguous: no copy
         parts = [memoryview(b""), staged.data]
@@ -781,10 +795,25 @@ class MappedStore:
             stream = -1
             stream_ids = np.ascontiguousarray(streams, dtype=np.int64)
             parts.append(stream_ids.data)
-        crc = _payload_checksum(staged, stream_ids, self._sum_state)
+        flags = 0
+        cut = _NO_STREAMS
+        if truncated is not None and truncated is not False and np.any(truncated):
+            flags = _CUT
+            cut = np.zeros(len(rows), dtype=np.int64)
+            cut[:] = np.asarray(truncated, dtype=bool)
+            parts.append(cut.data)
+        crc = _payload_checksum(staged, stream_ids, self._sum_state, cut)
         payload = sum(part.nbytes for part in parts[1:])
         head = _RECORD.pack(
-            _MAGIC, self.checkpoint_number, self._seq, steps, stream, len(rows), payload, crc
+            _MAGIC,
+            self.checkpoint_number,
+            self._seq,
+            steps,
+            stream,
+            len(rows),
+            payload,
+            crc,
+            flags,
         )
         head_crc = zlib.crc32(head)
         parts[0] = memoryview(head + _HEADER_CRC.pack(head_crc))
@@ -848,8 +877,8 @@ class MappedStore:
             **({"replacing": True} if replacing else {}),
         }
         try:
-            # atomic: temporary file (fsync), rename; it replaces only a buffer file
-            persistence.write_state(state, path, sync)
+            # atomic: temporary file (fsync), rename; never over a link or a special file
+            persistence.write_state(state, path, sync, overwrite=True)
         except OSError as exc:
             raise _no_space(exc, self.folder, "a checkpoint", changed=True) from None
         self.checkpoint_number += 1  # older log records no longer count
@@ -981,15 +1010,21 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # ---------------------------------------------------------------------------- log records
 def _parse_header(
     head: bytes, number: int, seq: int, row_words: int, layout: struct.Struct = _RECORD
-) -> tuple[int, int, int, int, int] | None:
-    """``(steps, stream, rows, payload bytes, payload checksum)`` of a record header (of
-    ``layout``: this version's or the legacy one) that is whole and belongs to checkpoint
-    ``number`` at sequence number ``seq``; else ``None``."""
+) -> tuple[int, int, int, int, int, int] | None:
+    """``(steps, stream, rows, payload bytes, payload checksum, flags)`` of a record header
+    (of ``layout``: this version's or the legacy one, whose flags are 0) that is whole and
+    belongs to checkpoint ``number`` at sequence number ``seq``; else ``None``."""
     if len(head) < layout.size + _HEADER_CRC.size:
         return None
-    magic, rec_number, rec_seq, steps, stream, n_rows, nbytes, crc = layout.unpack_from(head)
+    fields = layout.unpack_from(head)
+    magic, rec_number, rec_seq, steps, stream, n_rows, nbytes, crc = fields[:8]
+    flags = fields[8] if len(fields) > 8 else 0
     (head_crc,) = _HEADER_CRC.unpack_from(head, layout.size)
-    expected = n_rows * row_words * 8 + (n_rows * 8 if stream < 0 else 0)
+    expected = (
+        n_rows * row_words * 8
+        + (n_rows * 8 if stream < 0 else 0)
+        + (n_rows * 8 if flags & _CUT else 0)
+    )
     if (
         magic != (_MAGIC if layout is _RECORD else _LEGACY_MAGIC)
         or zlib.crc32(head[: layout.size]) != head_crc
@@ -998,24 +1033,27 @@ def _parse_header(
         or steps != n_rows
         or n_rows < 0
         or nbytes != expected
+        or flags & ~_CUT
     ):
         return None
-    return steps, stream, n_rows, nbytes, crc
+    return steps, stream, n_rows, nbytes, crc, flags
 
 
 def _read_payload(
-    fd: int, offset: int, n_rows: int, stream: int, row_words: int
-) -> tuple[np.ndarray, np.ndarray]:
+    fd: int, offset: int, n_rows: int, stream: int, row_words: int, flags: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = np.empty((n_rows, row_words), dtype=np.uint64)
     streams = np.empty(n_rows if stream < 0 else 0, dtype=np.int64)
-    _read_into(fd, offset, [rows, streams])
-    return rows, streams
+    cut = np.empty(n_rows if flags & _CUT else 0, dtype=np.int64)
+    _read_into(fd, offset, [rows, streams, cut])
+    return rows, streams, cut
 
 
 def _read_record(
     fd: int, offset: int, end: int, number: int, seq: int, row_words: int
-) -> tuple[np.ndarray, int, int, np.ndarray, int] | str | None:
-    """The record at ``offset``: ``(rows, steps, stream, streams, bytes)``; ``None`` at the
+) -> tuple[np.ndarray, int, int, np.ndarray, np.ndarray | None, int] | str | None:
+    """The record at ``offset``: ``(rows, steps, stream, streams, truncated, bytes)``
+    (``truncated``: shape (steps,) bool, or ``None`` when the call marked none); ``None`` at the
     end of the log (zeros, or a whole record of an earlier checkpoint); else what is wrong:
     ``"torn"`` (no whole header, or no trailer: cut short) or a description of the damage."""
     head = os.pread(fd, RECORD_HEADER_BYTES, offset)
@@ -1031,7 +1069,7 @@ def _read_record(
     parsed = _parse_header(head, number, seq, row_words)
     if parsed is None:
         return "torn" if not whole else "has a header that does not fit its rows"
-    steps, stream, n_rows, nbytes, crc = parsed
+    steps, stream, n_rows, nbytes, crc, flags = parsed
     size = RECORD_HEADER_BYTES + nbytes + RECORD_TRAILER_BYTES
     if offset + size > end:
         return f"runs past the end of the log ({end} bytes): the log was truncated"
@@ -1039,10 +1077,12 @@ def _read_record(
     t_magic, t_seq, t_crc = _TRAILER.unpack(trailer)
     if t_magic != _TRAILER_MAGIC or t_seq != seq or t_crc != head_crc:
         return "torn"  # the record was cut short: its call never reached the table
-    rows, streams = _read_payload(fd, offset + RECORD_HEADER_BYTES, n_rows, stream, row_words)
-    if _payload_checksum(rows, streams, np.zeros(2, dtype=np.uint64)) != crc:
+    rows, streams, cut = _read_payload(
+        fd, offset + RECORD_HEADER_BYTES, n_rows, stream, row_words, flags
+    )
+    if _payload_checksum(rows, streams, np.zeros(2, dtype=np.uint64), cut) != crc:
         return "is complete but its rows fail their checksum (damaged)"
-    return rows, steps, stream, streams, size
+    return rows, steps, stream, streams, (cut != 0) if flags & _CUT else None, size
 
 
 def _later_record(fd: int, offset: int, end: int, number: int, seq: int) -> bool:
@@ -1069,26 +1109,27 @@ def _later_record(fd: int, offset: int, end: int, number: int, seq: int) -> bool
     return False
 
 
-_NO_STREAMS = np.zeros(0, dtype=np.int64)
-
-
 #: Payloads up to this many bytes are checksummed with ``zlib.crc32`` (cheaper to call than a
 #: kernel for a row or two), larger ones with :func:`marlbuf._kernels.checksum.word_checksum`
 #: (about six times faster per byte); the reader applies the same rule.
 SMALL_PAYLOAD_BYTES = 4096
 
 
-def _payload_checksum(rows: np.ndarray, streams: np.ndarray, state: np.ndarray) -> int:
+def _payload_checksum(
+    rows: np.ndarray, streams: np.ndarray, state: np.ndarray, cut: np.ndarray = _NO_STREAMS
+) -> int:
     """The checksum of a record's payload: staged ``rows`` (shape (n, row_words), uint64,
-    C-contiguous) then ``streams`` (shape (n,) or (0,), int64), as one 64-bit value;
-    ``state`` (shape (2,), uint64) is scratch."""
-    if rows.nbytes + streams.nbytes <= SMALL_PAYLOAD_BYTES:
-        return zlib.crc32(streams.data, zlib.crc32(rows.data))
+    C-contiguous), then ``streams`` and the truncation flags ``cut`` (each shape (n,) or (0,),
+    int64), as one 64-bit value; ``state`` (shape (2,), uint64) is scratch."""
+    if rows.nbytes + streams.nbytes + cut.nbytes <= SMALL_PAYLOAD_BYTES:
+        return zlib.crc32(cut.data, zlib.crc32(streams.data, zlib.crc32(rows.data)))
     state[0] = CHECKSUM_SEED
     state[1] = 0
     word_checksum(rows.reshape(-1), state)
     if streams.shape[0]:
         word_checksum(streams.view(np.uint64), state)
+    if cut.shape[0]:
+        word_checksum(cut.view(np.uint64), state)
     return (int(state[0]) ^ (int(state[1]) * CHECKSUM_SEED)) & 0xFFFFFFFFFFFFFFFF
 
 

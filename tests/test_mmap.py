@@ -578,3 +578,41 @@ def test_in_memory_buffers_have_the_same_methods(mixed_specs):
         buf.flush()
         assert buf.path is None
     buf.close()
+
+
+@pytest.mark.parametrize("kind", ["sequence", "episodes"])
+def test_sequences_survive_a_crash(tmp_path, mixed_specs, kind):
+    """A mapped buffer with a sequence (or whole-episode) sampler: the log records the
+    truncation flags, so the replay after a crash rebuilds the episode index exactly."""
+    from marlbuf.samplers import Episodes, Sequence
+
+    def sampler():
+        return Sequence(3, burn_in=1) if kind == "sequence" else Episodes(max_length=8)
+
+    ram = MultiAgentReplayBuffer(mixed_specs, 40, sampler=sampler(), seed=2)
+    buf = MultiAgentReplayBuffer(mixed_specs, 40, sampler=sampler(), seed=2, path=tmp_path / "b")
+    rng = np.random.default_rng(0)
+    stream = random_step_data(mixed_specs, 80, rng)  # observations of one long stream
+    t = 0
+    for call in range(12):
+        steps = 1 + call % 5
+        data = random_step_data(mixed_specs, steps, rng)
+        for agent in mixed_specs:  # linked steps; every third call ends a truncated episode
+            data["obs"][agent] = stream["obs"][agent][t : t + steps]
+            data["next_obs"][agent] = stream["obs"][agent][t + 1 : t + steps + 1]
+            data["done"][agent][:] = 0
+        cut = np.zeros(steps, dtype=bool)
+        cut[-1] = call % 3 == 2
+        t += steps  # a cut (a time limit) with the stream going on: only the flag ends it
+        for b in (ram, buf):
+            b.extend(**data, truncated=cut)
+    assert buf._mapped is not None
+    buf._mapped.release()  # as if the process had died after the last call returned
+    reopened = MultiAgentReplayBuffer.open(tmp_path / "b")
+    for t in range(len(mixed_specs)):
+        want, got = ram.sample(4, trainer=t), reopened.sample(4, trainer=t)
+        np.testing.assert_array_equal(got.mask, want.mask)
+        np.testing.assert_array_equal(got.slots, want.slots)
+        for agent in mixed_specs:
+            np.testing.assert_array_equal(got.obs[agent], want.obs[agent])
+    reopened.close()
