@@ -710,12 +710,15 @@ def test_config_round_trip_and_memory_estimate() -> None:
     assert isinstance(EpisodeIndex(10).nbytes, int)
 
 
-def test_sharded_buffer_refuses_sequences() -> None:
+def test_sharded_buffer_refuses_whole_episodes() -> None:
+    """Sequences are sampled by shards (tests/test_distributed.py); whole episodes padded to the
+    batch's longest are not (refused before Ray starts)."""
     pytest.importorskip("ray")
     from marlbuf.distributed import ShardedReplayBuffer
+    from marlbuf.samplers import Episodes
 
-    with pytest.raises(TypeError, match="does not sample sequences"):
-        ShardedReplayBuffer(SPECS, 100, n_shards=2, sampler=Sequence(length=2))
+    with pytest.raises(TypeError, match="does not sample whole episodes"):
+        ShardedReplayBuffer(SPECS, 100, n_shards=2, sampler=Episodes())
 
 
 def test_explicit_gather_stays_a_plain_batch() -> None:
