@@ -685,10 +685,14 @@ def test_truncated_forms_for_every_sampler() -> None:
             )
 
 
-def test_memory_mapped_buffers_refuse_sequences(tmp_path) -> None:
-    with pytest.raises(ValueError, match="path="):
-        MultiAgentReplayBuffer(SPECS, 30, sampler=Sequence(length=2), path=tmp_path / "m")
-    assert not (tmp_path / "m").exists()
+def test_memory_mapped_buffers_sample_the_same_sequences(tmp_path) -> None:
+    mapped = MultiAgentReplayBuffer(
+        SPECS, 40, sampler=Sequence(length=4, burn_in=1), seed=1, path=tmp_path / "m"
+    )
+    driver = Driver(mapped, 2)
+    driver.random_ops(20)
+    check_batch(driver, mapped.sample(16), 4, 1)
+    mapped.close()
 
 
 def test_to_torch_carries_the_mask() -> None:
