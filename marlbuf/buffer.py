@@ -2029,20 +2029,34 @@ def _break_flag_reader(codec: RowCodec) -> Any:
     next step) and ``full`` (every agent present: the step's obs may be compared), both shape
     (T,), bool. An agent that is done, or that joins or leaves, may see an observation its
     previous next_obs did not predict without any environment switch."""
-    done = [fs for fs in codec.slots if fs.field == "done"]
-    alive = [fs for fs in codec.slots if fs.field == ALIVE] if codec.alive else []
+    # a flag is set where any of its bytes is (a float -0.0 done counts as done: the check is
+    # then skipped, which never cuts an episode); adjacent fields are read as one byte range
+    done = _byte_ranges([fs for fs in codec.slots if fs.field == "done"])
+    alive = _byte_ranges([fs for fs in codec.slots if fs.field == ALIVE] if codec.alive else [])
 
     def read(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raw = rows.view(np.uint8)
         full = np.ones(rows.shape[0], dtype=bool)
-        for fs in alive:
-            full &= raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)[:, 0] != 0
+        for lo, hi in alive:  # one byte per agent, 1 where present
+            full &= raw[:, lo:hi].all(axis=1)
         quiet = full.copy()
-        for fs in done:
-            quiet &= (raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype) == 0).all(axis=1)
+        for lo, hi in done:
+            quiet &= ~raw[:, lo:hi].any(axis=1)
         return quiet, full
 
     return read
+
+
+def _byte_ranges(slots: list[Any]) -> list[tuple[int, int]]:
+    """The byte ranges ``(start, stop)`` of row fields ``slots`` (with ``offset`` and
+    ``nbytes``), adjacent ones merged."""
+    ranges: list[tuple[int, int]] = []
+    for fs in sorted(slots, key=lambda fs: fs.offset):
+        if ranges and ranges[-1][1] == fs.offset:
+            ranges[-1] = (ranges[-1][0], fs.offset + fs.nbytes)
+        else:
+            ranges.append((fs.offset, fs.offset + fs.nbytes))
+    return ranges
 
 
 def _done_reader(codec: RowCodec) -> Any:
