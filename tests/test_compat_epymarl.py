@@ -153,12 +153,13 @@ def fill(buffers: tuple[ReplayBuffer, PaddedRing], inserts: int, seed: int = 0) 
         buffers[1].insert(episodes.data.transition_data)
 
 
-def same_batch(got: EpisodeBatch, want: RefBatch) -> None:
+def same_batch(got: EpisodeBatch, want: RefBatch, contiguous: bool = False) -> None:
     assert got.batch_size == want.batch_size and got.max_seq_length == want.max_seq_length
     assert set(got.data.transition_data) == set(want.data)
     for key, value in want.data.items():
         tensor = got[key]
         assert tensor.dtype == value.dtype and tensor.shape == value.shape, key
+        assert tensor.is_contiguous() or not contiguous, key  # learners may call view()
         assert torch.equal(tensor, value), key
     assert torch.equal(got.max_t_filled(), want.max_t_filled())
 
@@ -178,7 +179,7 @@ def test_batches_equal_the_padded_ring_field_by_field(size: int) -> None:
             got = buffers[0].sample(batch_size)
             np.random.seed(round_ * 10 + batch_size)  # noqa: NPY002 - both buffers draw from it
             want = buffers[1].sample(batch_size)
-            same_batch(got, want)
+            same_batch(got, want, contiguous=True)
             assert len(set(buffers[0].last_episode_ids.tolist())) == batch_size
         assert not buffers[0].can_sample(buffers[1].episodes_in_buffer + 1)
 

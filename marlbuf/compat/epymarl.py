@@ -42,6 +42,7 @@ Differences:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -204,6 +205,25 @@ class EpisodeBatch:
             f"EpisodeBatch. Batch Size:{self.batch_size} Max_seq_len:{self.max_seq_length} "
             f"Keys:{self.scheme.keys()} Groups:{self.groups.keys()}"
         )
+
+
+def _stacked(members: list[np.ndarray]) -> np.ndarray:
+    """The arrays of a group's members (each ``(B, T, *vshape)``) stacked on a new axis 2:
+    a view when they are evenly spaced views of one block (strides equal, addresses a constant
+    step apart), else a copy."""
+    first = members[0]
+    if len(members) > 1 and all(m.strides == first.strides for m in members):
+        addresses = [m.__array_interface__["data"][0] for m in members]
+        step = addresses[1] - addresses[0]
+        evenly = all(b - a == step for a, b in itertools.pairwise(addresses))
+        if evenly and step > 0 and step % first.itemsize == 0 and first.base is not None:
+            return np.lib.stride_tricks.as_strided(
+                first,
+                shape=(*first.shape[:2], len(members), *first.shape[2:]),
+                strides=(*first.strides[:2], step, *first.strides[2:]),
+                writeable=True,
+            )
+    return np.stack(members, axis=2)
 
 
 def _count(index: Any, size: int) -> int:
@@ -467,7 +487,7 @@ class ReplayBuffer:
         else:
             ids = np.asarray(choice(np.flatnonzero(held), batch_size, replace=False), np.int64)
         self.last_episode_ids = ids
-        return self.episodes(ids)
+        return self._gather(ids)
 
     def episodes(self, ids: Any) -> EpisodeBatch:
         """The episodes at ring positions ``ids`` (shape (B,), ints in
@@ -478,6 +498,11 @@ class ReplayBuffer:
         used = self._positions_used
         if ids.min() < 0 or ids.max() >= used or not self._held()[ids].all():
             raise ValueError(f"ids must be positions of stored episodes (of {used}); got {ids}")
+        return self._gather(ids)
+
+    def _gather(self, ids: np.ndarray) -> EpisodeBatch:
+        """:meth:`episodes` of checked ``ids``. Every tensor is contiguous, as EPyMARL's (its
+        learners may call ``view`` on them): one copy out of the gathered block per field."""
         batch = self.buffer.gather_sequences(self._first[ids], self.max_seq_length)
         mask = batch.mask
         transition: dict[str, torch.Tensor] = {}
@@ -485,15 +510,15 @@ class ReplayBuffer:
         for key, (name, members, _, _, constant) in self._fields.items():
             if members and members == self._members:
                 per_member = batch.extras[name]
-                values = np.stack([per_member[a] for a in self._agents], axis=2)
+                values = _stacked([per_member[a] for a in self._agents])
             else:
-                values = np.array(batch.globals[name])
-            tensor = torch.from_numpy(values)
+                values = batch.globals[name]
+            tensor = torch.from_numpy(np.ascontiguousarray(values))
             if constant:
                 episode[key] = tensor[:, 0].clone()
             else:
                 transition[key] = tensor
-        hidden = torch.from_numpy(~mask)
+        hidden: torch.Tensor | None = None
         for key, (new_key, transforms) in self.preprocess.items():
             source = episode[key] if key in episode else transition[key]
             value = source
@@ -502,7 +527,11 @@ class ReplayBuffer:
             if key in episode:
                 episode[new_key] = value
             else:
-                value[hidden] = 0  # zero past the filled steps, as EPyMARL's buffer holds it
+                if hidden is None:
+                    hidden = torch.from_numpy(~mask)
+                # zero past the filled steps, as EPyMARL's buffer holds it
+                shape = (*hidden.shape, *([1] * (value.dim() - 2)))
+                value = value.masked_fill_(hidden.view(shape), 0)
                 transition[new_key] = value
         transition[FILLED] = torch.from_numpy(mask.astype(np.int64)[..., None])
         out = EpisodeBatch(
