@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf._kernels import link_rows, link_step, next_is_obs, release_slots, sequence_slots
-from marlbuf._kernels.episodes import episode_heads, episode_tails
+from marlbuf._kernels.episodes import episode_heads, episode_tails, link_stream_steps
 from marlbuf._kernels.staging import DENSE_NEXT_OBS, OBS_BYTES
 
 
@@ -504,6 +504,7 @@ class EpisodeIndex:
         self.breaks = 0
         self.listener: Callable[[np.ndarray | None], None] | None = None
         self._heads = np.zeros(1, dtype=np.int64)
+        self._no_rows = np.zeros((1, 1), dtype=np.uint8)  # the kernel's rows when none compare
 
     @property
     def nbytes(self) -> int:
@@ -803,12 +804,15 @@ class EpisodeIndex:
         quiet: np.ndarray | None,
         full: np.ndarray | None,
     ) -> None:
-        """:meth:`commit` for consecutive steps of one stream, vectorised."""
+        """:meth:`commit` for consecutive steps of one stream: the first step's break check
+        here, the rest in one kernel call (:func:`marlbuf._kernels.episodes.link_stream_steps`:
+        breaks inside the call, ids, step numbers and links)."""
         total = int(ends.shape[0])
+        ends = np.array(ends, dtype=np.bool_)  # breaks are set in it
         closed = -1
+        observed, following = self.obs_bytes, self.next_obs_start
         if rows is not None:
             assert quiet is not None and full is not None
-            observed, following = self.obs_bytes, self.next_obs_start
             if (
                 stream in self.open
                 and full[0]
@@ -816,61 +820,42 @@ class EpisodeIndex:
             ):
                 self.breaks += 1
                 closed = self._close(self.open.pop(stream), write_generation, slots)
-            if total > 1:
-                # a step whose obs is not its predecessor's next_obs (and the predecessor did
-                # not end its episode) breaks the stream: the predecessor ends the episode
-                same = (rows[1:, :observed] == rows[:-1, following : following + observed]).all(
-                    axis=1
-                )
-                cut = ~same & ~ends[:-1] & quiet[:-1] & full[1:]
-                cuts = int(np.count_nonzero(cut))
-                if cuts:
-                    self.breaks += cuts
-                    ends = ends.copy()
-                    ends[:-1] |= cut
-        position = np.arange(total, dtype=np.int64)
-        begins = np.ones(total, dtype=bool)  # the step begins a segment (episode or part of one)
-        begins[1:] = ends[:-1]
-        segment = np.cumsum(begins) - 1  # segment number of each step
-        segment_start = np.maximum.accumulate(np.where(begins, position, 0))
-        step = position - segment_start
-        episode = np.empty(total, dtype=np.int64)
-        last = self.open.get(stream)
-        if last is not None:  # the first segment continues the stream's open episode
-            ep, _, _, _ = last
-            episode[:] = self.next_episode - 1 + segment
-            episode[segment == 0] = ep
-            _, first_step, back = self._continue(stream, write_generation, slots)
-            step[segment == 0] += first_step
-            new_episodes = int(segment[-1])
         else:
-            episode[:] = self.next_episode + segment
-            new_episodes = int(segment[-1]) + 1
-            back = -1
+            rows, observed = self._no_rows, 0
+            quiet = full = np.ones(total, dtype=np.bool_)
+        open_episode, open_step, back = -1, 0, -1
+        if stream in self.open:  # the first step continues the stream's open episode
+            open_episode = self.open[stream][0]
+            _, first_step, back = self._continue(stream, write_generation, slots)
+            open_step = first_step - 1
         self.open.pop(stream, None)
-        self.next_episode += new_episodes
-        # the stored part (the last T - skip steps)
-        episode, step, begins_kept = episode[skip:], step[skip:], begins[skip:]
-        prev = np.empty(slots.shape[0], dtype=np.int64)
-        prev[1:] = np.where(begins_kept[1:], -1, slots[:-1])
-        prev[0] = back if skip == 0 else -1  # a skipped predecessor is overwritten already
-        nxt = np.empty(slots.shape[0], dtype=np.int64)
-        nxt[:-1] = np.where(begins_kept[1:], -1, slots[1:])
-        nxt[-1] = -1
-        if prev[0] >= 0:
-            self.next_slot[prev[0]] = slots[0]
-        self.episode[slots] = episode
-        self.step[slots] = step
-        self.prev_slot[slots] = prev
-        self.next_slot[slots] = nxt
+        self.next_episode, last_episode, last_step, breaks = link_stream_steps(
+            np.ascontiguousarray(slots, dtype=np.int64),
+            ends,
+            int(skip),
+            int(open_episode),
+            int(open_step),
+            int(back),
+            int(self.next_episode),
+            rows,
+            int(observed),
+            int(following),
+            np.ascontiguousarray(quiet, dtype=np.bool_),
+            np.ascontiguousarray(full, dtype=np.bool_),
+            self.episode,
+            self.step,
+            self.prev_slot,
+            self.next_slot,
+        )
+        self.breaks += breaks
         if not ends[-1]:
             gen = first_generation + total - 1
-            self.open[stream] = (int(episode[-1]), int(step[-1]), int(slots[-1]), gen)
-        if not ends[-1] and rows is not None and quiet is not None and quiet[-1]:
+            self.open[stream] = (last_episode, last_step, int(slots[-1]), gen)
+        if not ends[-1] and observed and quiet[-1]:
             self.last_next[stream] = rows[-1, following : following + observed].tobytes()
         else:
             self.last_next.pop(stream, None)
-        lasts = slots[np.asarray(ends[skip:], dtype=bool)]
+        lasts = slots[ends[skip:]]
         if closed >= 0:
             lasts = np.concatenate([np.array([closed], dtype=np.int64), lasts])
         if lasts.shape[0]:

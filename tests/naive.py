@@ -693,3 +693,61 @@ def episode_tails(
             current = following
         out.append(current)
     return np.array(out, dtype=np.int64)
+
+
+def link_stream_steps(
+    slots: np.ndarray,
+    ends: np.ndarray,
+    skip: int,
+    open_episode: int,
+    open_step: int,
+    back: int,
+    next_episode: int,
+    rows: np.ndarray,
+    obs_bytes: int,
+    next_obs_start: int,
+    quiet: np.ndarray,
+    full: np.ndarray,
+    index: dict[str, np.ndarray],
+) -> tuple[int, int, int, int]:
+    """Stream breaks, then one (episode, step, previous slot) per step from a list of
+    episodes, then the index entries of the kept steps; ``index`` (episode, step, prev_slot,
+    next_slot) and ``ends`` are updated in place."""
+    breaks = 0
+    if obs_bytes:
+        for k in range(1, len(ends)):
+            same = bytes(rows[k, :obs_bytes]) == bytes(
+                rows[k - 1, next_obs_start : next_obs_start + obs_bytes]
+            )
+            if not ends[k - 1] and quiet[k - 1] and full[k] and not same:
+                ends[k - 1] = True
+                breaks += 1
+    episodes: list[list[int]] = []  # per episode, the positions of its steps in the call
+    for k in range(len(ends)):
+        if k == 0 or ends[k - 1]:
+            episodes.append([])
+        episodes[-1].append(k)
+    out = []
+    for e, positions in enumerate(episodes):
+        continued = e == 0 and open_episode >= 0
+        ident = open_episode if continued else next_episode
+        if not continued:
+            next_episode += 1
+        for n, k in enumerate(positions):
+            number = (open_step + 1 + n) if continued else n
+            if n > 0:
+                prev = int(slots[k - 1 - skip]) if k - 1 >= skip else -1
+            else:
+                prev = back if continued and skip == 0 else -1
+            out.append((k, ident, number, prev))
+    for k, ident, number, prev in out:
+        if k >= skip:
+            slot = int(slots[k - skip])
+            index["episode"][slot] = ident
+            index["step"][slot] = number
+            index["prev_slot"][slot] = prev
+            index["next_slot"][slot] = -1
+            if prev >= 0:
+                index["next_slot"][prev] = slot
+    _, ident, number, _ = out[-1]
+    return next_episode, ident, number, breaks

@@ -11,10 +11,11 @@ import pytest
 from naive import NaiveEpisodeRing
 from naive import episode_heads as naive_heads
 from naive import episode_tails as naive_tails
+from naive import link_stream_steps as naive_link
 from scipy.stats import chisquare
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
-from marlbuf._kernels.episodes import episode_heads, episode_tails
+from marlbuf._kernels.episodes import episode_heads, episode_tails, link_stream_steps
 from marlbuf.batch import EpisodeBatch
 from marlbuf.buffer import StreamBreakWarning
 from marlbuf.samplers import Episodes, Sampler, Sequence, Uniform
@@ -183,6 +184,49 @@ def test_kernels_match_their_naive_twins() -> None:
     heads = np.empty(1, np.int64)
     episode_heads(np.array([-1]), index.episode, index.step, index.prev_slot, heads)
     assert heads[0] == -1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_link_stream_steps_matches_its_naive_twin(seed: int) -> None:
+    """Random calls (skipped steps, open episodes with and without a stored newest step, ends,
+    quiet and full flags, rows that continue or break): the same index, ends and results."""
+    rng = np.random.default_rng(seed)
+    capacity, total = 30, int(rng.integers(1, 12))
+    skip = int(rng.integers(0, 3)) if total > 3 else 0
+    slots = rng.permutation(capacity)[: total - skip].astype(np.int64)
+    ends = rng.random(total) < 0.2
+    obs_bytes, next_start = (4, 6) if rng.random() < 0.8 else (0, 0)
+    rows = rng.integers(0, 2, size=(total, 10)).astype(np.uint8)
+    follow = rng.random(total) < 0.6  # most steps continue: obs = the previous next_obs
+    for k in range(1, total):
+        if follow[k]:
+            rows[k, :4] = rows[k - 1, 6:10]
+    quiet, full = rng.random(total) < 0.8, rng.random(total) < 0.9
+    opened = rng.random() < 0.5
+    open_episode, open_step = (3, int(rng.integers(0, 5))) if opened else (-1, 0)
+    back = int(rng.choice(np.setdiff1d(np.arange(capacity), slots))) if opened else -1
+    start = {k: rng.integers(-1, capacity, capacity).astype(np.int64) for k in ("a", "b")}
+    arrays = {
+        "episode": start["a"].copy(),
+        "step": start["b"].copy(),
+        "prev_slot": start["a"][::-1].copy(),
+        "next_slot": start["b"][::-1].copy(),
+    }
+    twin = {k: v.copy() for k, v in arrays.items()}
+    ends_kernel, ends_naive = ends.copy(), ends.copy()
+    got = link_stream_steps(
+        slots, ends_kernel, skip, open_episode, open_step, back, 7, rows, obs_bytes,
+        next_start, quiet, full, arrays["episode"], arrays["step"], arrays["prev_slot"],
+        arrays["next_slot"],
+    )  # fmt: skip
+    want = naive_link(
+        slots, ends_naive, skip, open_episode, open_step, back, 7, rows, obs_bytes, next_start,
+        quiet, full, twin,
+    )  # fmt: skip
+    assert tuple(got) == tuple(want)
+    np.testing.assert_array_equal(ends_kernel, ends_naive)
+    for key in arrays:
+        np.testing.assert_array_equal(arrays[key], twin[key], err_msg=key)
 
 
 @pytest.mark.parametrize("capacity", [7, 40, 200])

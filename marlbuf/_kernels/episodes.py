@@ -146,3 +146,94 @@ def episode_tails(
             else:
                 break
         out[b] = current
+
+
+@njit(cache=True, nogil=True)
+def link_stream_steps(
+    slots: np.ndarray,
+    ends: np.ndarray,
+    skip: int,
+    open_episode: int,
+    open_step: int,
+    back: int,
+    next_episode: int,
+    rows: np.ndarray,
+    obs_bytes: int,
+    next_obs_start: int,
+    quiet: np.ndarray,
+    full: np.ndarray,
+    episode: np.ndarray,
+    step: np.ndarray,
+    prev_slot: np.ndarray,
+    next_slot: np.ndarray,
+) -> tuple[int, int, int, int]:
+    """The episode index of ``T`` consecutive steps of one stream, in one pass.
+
+    First, stream breaks inside the call: a step ``k > 0`` whose observation bytes differ from
+    the next-observation bytes of step ``k - 1``, where step ``k - 1`` is ``quiet`` (no agent
+    done, every agent present), did not end its episode and step ``k`` is ``full``, ends the
+    episode at step ``k - 1`` (``ends[k - 1]`` is set). Then every step gets its episode id
+    (the open episode continued by the first step, a new id after every end) and step number,
+    and the kept steps (``k >= skip``) are written with their links.
+
+    Parameters
+    ----------
+    slots : ndarray, shape (T - skip,), int64
+        Where the kept steps go.
+    ends : ndarray, shape (T,), bool
+        Whether each step ends its episode; breaks found are set here.
+    skip : int
+        Leading steps not stored (overwritten by the call itself).
+    open_episode, open_step : int
+        The stream's open episode and its newest step number, or ``open_episode = -1``.
+    back : int
+        Slot of that newest step when still stored (not overwritten), else -1.
+    next_episode : int
+        The id the next new episode gets.
+    rows : ndarray, shape (T, row_bytes), uint8
+        The staged rows (obs at ``[0, obs_bytes)``, next_obs at ``next_obs_start``); with
+        ``obs_bytes == 0`` nothing is compared.
+    obs_bytes, next_obs_start : int
+    quiet, full : ndarray, shape (T,), bool
+    episode, step, prev_slot, next_slot : ndarray, shape (capacity,), int64
+        The episode index; written at ``slots`` (and ``next_slot[back]``).
+
+    Returns
+    -------
+    (next_episode, last_episode, last_step, breaks) : tuple of int
+        The counter after the call, the last step's episode and step number, and the breaks
+        found.
+    """
+    total = ends.shape[0]
+    breaks = 0
+    if obs_bytes > 0:
+        for k in range(1, total):
+            if ends[k - 1] or not quiet[k - 1] or not full[k]:
+                continue
+            for j in range(obs_bytes):
+                if rows[k, j] != rows[k - 1, next_obs_start + j]:
+                    ends[k - 1] = True
+                    breaks += 1
+                    break
+    if open_episode >= 0:
+        current, number, prev = open_episode, open_step + 1, back if skip == 0 else -1
+    else:
+        current, number, prev = next_episode, 0, -1
+        next_episode += 1
+    for k in range(total):
+        if k > 0:
+            if ends[k - 1]:
+                current, number, prev = next_episode, 0, -1
+                next_episode += 1
+            else:
+                number += 1
+                prev = slots[k - 1 - skip] if k - 1 >= skip else -1
+        if k >= skip:
+            slot = slots[k - skip]
+            episode[slot] = current
+            step[slot] = number
+            prev_slot[slot] = prev
+            next_slot[slot] = -1
+            if prev >= 0:
+                next_slot[prev] = slot
+    return next_episode, current, number, breaks
