@@ -829,6 +829,9 @@ class EpisodeIndex:
             _, first_step, back = self._continue(stream, write_generation, slots)
             open_step = first_step - 1
         self.open.pop(stream, None)
+        items, compared, start = rows, observed, following
+        if not (observed | following | rows.shape[1]) % 8:  # compare 8-byte words
+            items, compared, start = rows.view(np.uint64), observed // 8, following // 8
         self.next_episode, last_episode, last_step, breaks = link_stream_steps(
             np.ascontiguousarray(slots, dtype=np.int64),
             ends,
@@ -837,9 +840,9 @@ class EpisodeIndex:
             int(open_step),
             int(back),
             int(self.next_episode),
-            rows,
-            int(observed),
-            int(following),
+            items,
+            int(compared),
+            int(start),
             np.ascontiguousarray(quiet, dtype=np.bool_),
             np.ascontiguousarray(full, dtype=np.bool_),
             self.episode,

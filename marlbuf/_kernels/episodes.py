@@ -190,10 +190,11 @@ def link_stream_steps(
         Slot of that newest step when still stored (not overwritten), else -1.
     next_episode : int
         The id the next new episode gets.
-    rows : ndarray, shape (T, row_bytes), uint8
-        The staged rows (obs at ``[0, obs_bytes)``, next_obs at ``next_obs_start``); with
-        ``obs_bytes == 0`` nothing is compared.
+    rows : ndarray, shape (T, row_items), uint8 or uint64
+        The staged rows as bytes or 8-byte words (obs at ``[0, obs_bytes)``, next_obs at
+        ``next_obs_start``); with ``obs_bytes == 0`` nothing is compared.
     obs_bytes, next_obs_start : int
+        In items of ``rows`` (bytes, or words for a word view).
     quiet, full : ndarray, shape (T,), bool
     episode, step, prev_slot, next_slot : ndarray, shape (capacity,), int64
         The episode index; written at ``slots`` (and ``next_slot[back]``).
