@@ -680,3 +680,23 @@ def test_torch_padded_episode_buffer_holds_the_episodes() -> None:
     with pytest.raises(ValueError, match="exceeds"):
         buf.sample_episodes(4)
     assert buf.nbytes == sum(t.numel() * t.element_size() for t in buf.data.values())
+
+
+def test_link_stream_steps_compares_words_as_bytes() -> None:
+    """The kernel on a word view of the rows finds the breaks its byte view finds."""
+    rng = np.random.default_rng(5)
+    total = 12
+    rows = rng.integers(0, 3, size=(total, 24)).astype(np.uint8)
+    for k in range(1, total, 2):
+        rows[k, :8] = rows[k - 1, 16:24]  # odd steps continue, even ones mostly break
+    flags = np.ones(total, dtype=bool)
+    found = []
+    for items, obs, start in ((rows, 8, 16), (rows.view(np.uint64), 1, 2)):
+        arrays = [np.full(20, -1, np.int64) for _ in range(4)]
+        ends = np.zeros(total, dtype=bool)
+        out = link_stream_steps(
+            np.arange(total, dtype=np.int64), ends, 0, -1, 0, -1, 0, items, obs, start,
+            flags, flags, *arrays,
+        )  # fmt: skip
+        found.append((out, ends.tolist(), [a.tolist() for a in arrays]))
+    assert found[0] == found[1] and found[0][0][3] >= 4
