@@ -700,3 +700,21 @@ def test_link_stream_steps_compares_words_as_bytes() -> None:
         )  # fmt: skip
         found.append((out, ends.tolist(), [a.tolist() for a in arrays]))
     assert found[0] == found[1] and found[0][0][3] >= 4
+
+
+def test_add_envs_in_another_order_breaks_the_streams() -> None:
+    """Environments passed to add_envs in another order than before: each stream's next obs
+    is not its previous next_obs, so episodes end there (and the buffer warns once)."""
+    buf = MultiAgentReplayBuffer(SPECS, 100, sampler=Episodes(), seed=0)
+
+    def stacked(order: list[int], t: int) -> dict:
+        steps = [env_step(env, t) for env in order]
+        return {f: {a: np.stack([s[f][a] for s in steps]) for a in AGENTS} for f in steps[0]}
+
+    buf.add_envs(**stacked([0, 1, 2], 0))
+    buf.add_envs(**stacked([0, 1, 2], 1))  # continues every stream
+    assert buf.episodes is not None and buf.episodes.breaks == 0
+    with pytest.warns(StreamBreakWarning):
+        buf.add_envs(**stacked([2, 0, 1], 2))
+    assert buf.episodes.breaks == 3 and buf.complete_episodes == 3
+    assert sorted(buf.sample(3).lengths.tolist()) == [2, 2, 2]
