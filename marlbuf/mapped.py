@@ -202,9 +202,10 @@ class BufferHooks:
 
     Attributes
     ----------
-    commit : callable ``(rows, steps, streams) -> None``
+    commit : callable ``(rows, steps, streams, truncated) -> None``
         Write validated staged rows (shape (steps, row_words), uint64) and their metadata, as
-        the buffer's own writes do (the redo log's replay).
+        the buffer's own writes do (the redo log's replay); ``truncated`` is the call's
+        truncation flags (shape (steps,) bool) or ``None``.
     state : callable ``() -> dict``
         The buffer's state (what ``state_dict`` holds), its arrays views of live memory.
     load : callable ``(state) -> None``
@@ -215,7 +216,7 @@ class BufferHooks:
         Words of a staged row (what log records hold per step).
     """
 
-    commit: Callable[[np.ndarray, int, Any], None]
+    commit: Callable[[np.ndarray, int, Any, Any], None]
     state: Callable[[], dict[str, Any]]
     load: Callable[[Mapping[str, Any]], None]
     attach: Callable[[Any], None]
