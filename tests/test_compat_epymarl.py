@@ -365,3 +365,35 @@ def test_a_qmix_learner_loop_gives_the_same_results() -> None:
         assert torch.equal(a, b)
     for a, b in zip(learners[0].mixer.parameters(), learners[1].mixer.parameters()):
         assert torch.equal(a, b)
+
+
+def test_episode_constants_and_other_groups() -> None:
+    """An ``episode_const`` field comes back once per episode; a field of a group of another
+    size is stored as one array per step; both follow the episodes drawn."""
+    scheme = {
+        **SCHEME,
+        "seed": {"vshape": (1,), "episode_const": True, "dtype": torch.long},
+        "enemies": {"vshape": (2,), "group": "enemies"},
+    }
+    groups = {**GROUPS, "enemies": 4}
+    buf = ReplayBuffer(scheme, groups, 10, MAX_T, preprocess=PREPROCESS)
+    rng = np.random.default_rng(2)
+    inserted = []
+    for e in range(6):
+        episode = runner_batch(rng, 1)
+        episode.data.episode_data["seed"] = torch.tensor([[100 + e]])
+        enemies = torch.from_numpy(rng.normal(size=(1, MAX_T, 4, 2))).float()
+        enemies[0, int(episode.data.transition_data["filled"].sum()) :] = 0
+        episode.data.transition_data["enemies"] = enemies
+        buf.insert_episode_batch(episode)
+        inserted.append(episode)
+    batch = buf.sample(4)
+    assert batch["seed"].shape == (4, 1) and batch["enemies"].shape == (4, MAX_T, 4, 2)
+    for b, position in enumerate(buf.last_episode_ids.tolist()):
+        assert int(batch["seed"][b, 0]) == 100 + position
+        assert torch.equal(
+            batch["enemies"][b], inserted[position].data.transition_data["enemies"][0]
+        )
+        assert torch.equal(batch["obs"][b], inserted[position].data.transition_data["obs"][0])
+    assert batch[1:3]["seed"].shape == (2, 1)  # episode data follow the batch index
+    assert set(batch[("seed", "obs")].data.episode_data) == {"seed"}
