@@ -755,7 +755,7 @@ class MappedStore:
                 )
                 if zlib.crc32(_bytes(streams), zlib.crc32(_bytes(rows))) != crc:
                     break
-                self.hooks.commit(rows, steps, stream if stream >= 0 else streams)
+                self.hooks.commit(rows, steps, stream if stream >= 0 else streams, None)
                 offset += head_bytes + nbytes
                 count += 1
             return count
