@@ -409,20 +409,15 @@ class ReplayBuffer:
         extras: dict[str, Any] = {}
         for key, (name, members, vshape, dtype, constant) in self._fields.items():
             shape = (members, *vshape) if members else vshape
-            if constant:
-                source = episode.get(key)
-                values = (
-                    np.zeros((total, *shape), dtype)
-                    if source is None
-                    else source.reshape(count, *shape)[episode_of]
-                )
+            source = episode.get(key) if constant else transition.get(key)
+            if source is None:
+                values = np.zeros((total, *shape), dtype)
+            elif constant:
+                values = source.reshape(count, *shape)[episode_of]
+            elif count == 1:  # one episode (an episode runner's insert): its first rows
+                values = source.reshape(steps, *shape)[:total]
             else:
-                source = transition.get(key)
-                values = (
-                    np.zeros((total, *shape), dtype)
-                    if source is None
-                    else source.reshape(count, steps, *shape)[episode_of, rows]
-                )
+                values = source.reshape(count, steps, *shape)[episode_of, rows]
             if members and members == self._members:
                 extras[name] = {a: values[:, i] for i, a in enumerate(self._agents)}
             else:
