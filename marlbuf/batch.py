@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -95,8 +96,41 @@ class Batch:
     globals: dict[str, np.ndarray] = field(default_factory=dict)
     alive: dict[str, np.ndarray] | None = None
 
+    #: axes before each item's own shape: ``(B,)`` (a :class:`SequenceBatch`: ``(B, L)``)
+    _leading_axes: ClassVar[int] = 1
+
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    def stacked(self, name: str) -> np.ndarray:
+        """Every agent's ``name`` (a field, an extra field or ``"alive"``) on a new agent axis:
+        shape ``(B, n_agents, *shape)``, or ``(B, L, n_agents, *shape)`` for sequences and
+        episodes, for agents whose items share shape and dtype (a group of agents).
+
+        A writable view of the batch's memory, without a copy, where the agents' arrays lie
+        evenly spaced in it with equal strides (the gathered block of either batch layout
+        places them so for agents with equal specs): writing to it writes the batch.
+        Otherwise (uneven offsets) a new array.
+        """
+        arrays = list(self.field(name).values())
+        first = arrays[0]
+        if any(a.shape != first.shape or a.dtype != first.dtype for a in arrays):
+            raise ValueError(
+                f"stacked({name!r}) needs agents whose items share shape and dtype; got "
+                f"{sorted({(a.shape[self._leading_axes :], str(a.dtype)) for a in arrays})}"
+            )
+        lead = self._leading_axes
+        if len(arrays) > 1 and all(a.strides == first.strides for a in arrays):
+            addresses = [a.__array_interface__["data"][0] for a in arrays]
+            step = addresses[1] - addresses[0]
+            if step > 0 and all(b - a == step for a, b in itertools.pairwise(addresses)):
+                return np.lib.stride_tricks.as_strided(
+                    first,
+                    shape=(*first.shape[:lead], len(arrays), *first.shape[lead:]),
+                    strides=(*first.strides[:lead], step, *first.strides[lead:]),
+                    writeable=True,
+                )
+        return np.stack(arrays, axis=lead)
 
     if not TYPE_CHECKING:  # a runtime convenience; typed code reads batch.extras / .globals
 
@@ -223,6 +257,8 @@ class SequenceBatch(Batch):
     mask: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
     burn_in: int = 0
     slots: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.int64))
+
+    _leading_axes: ClassVar[int] = 2
 
     def concat(self, *fields: str) -> np.ndarray:
         """All agents' ``fields`` per step, flattened and concatenated: shape

@@ -718,3 +718,46 @@ def test_add_envs_in_another_order_breaks_the_streams() -> None:
         buf.add_envs(**stacked([2, 0, 1], 2))
     assert buf.episodes.breaks == 3 and buf.complete_episodes == 3
     assert sorted(buf.sample(3).lengths.tolist()) == [2, 2, 2]
+
+
+# ------------------------------------------------------------------ agent-stacked views
+
+
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_stacked_views_of_an_agent_group(batch_layout: str) -> None:
+    buf = MultiAgentReplayBuffer(
+        SPECS, 60, sampler=Episodes(max_length=6), batch_layout=batch_layout, seed=0
+    )
+    other = MultiAgentReplayBuffer(SPECS, 60, layout="agent_major", sampler=Episodes(), seed=0)
+    Driver(other).episode(4)
+    copied = other.sample(1)
+    np.testing.assert_array_equal(
+        copied.stacked("obs"), np.stack([copied.obs[a] for a in AGENTS], axis=2)
+    )
+    driver = Driver(buf, 1)
+    for length in (3, 6, 4, 5):
+        driver.episode(length)
+    batch = buf.sample(3)
+    for name in ("obs", "action", "reward", "next_obs"):
+        stacked = batch.stacked(name)
+        expected = np.stack([batch.field(name)[a] for a in AGENTS], axis=2)
+        np.testing.assert_array_equal(stacked, expected)
+        assert stacked.shape[:3] == (3, 6, len(AGENTS))
+        assert np.shares_memory(stacked, batch.block)  # evenly spaced in both layouts
+    stacked = batch.stacked("obs")
+    stacked[0, 0, 1] = -5.0  # writes through to the batch
+    assert (batch.obs[AGENTS[1]][0, 0] == -5.0).all()
+    plain = MultiAgentReplayBuffer(SPECS, 60, seed=0)
+    plain.extend(**Driver.fields(np.arange(10), np.zeros(10)))
+    flat = plain.sample(4)
+    assert flat.stacked("obs").shape == (4, 2, 3)
+    mixed = MultiAgentReplayBuffer(
+        {"a": AgentSpec(obs_shape=(3,), action_shape=(2,)), "b": AgentSpec((4,), (2,))}, 10
+    )
+    zeros = {a: np.zeros((4, n), np.float32) for a, n in (("a", 3), ("b", 4))}
+    scalars = {a: np.zeros(4, np.float32) for a in ("a", "b")}
+    actions = {a: np.zeros((4, 2), np.float32) for a in ("a", "b")}
+    mixed.extend(zeros, actions, scalars, zeros, scalars)
+    with pytest.raises(ValueError, match="share shape and dtype"):
+        mixed.sample(2).stacked("obs")
+    assert mixed.sample(2).stacked("action").shape == (2, 2, 2)

@@ -42,7 +42,6 @@ Differences:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -205,25 +204,6 @@ class EpisodeBatch:
             f"EpisodeBatch. Batch Size:{self.batch_size} Max_seq_len:{self.max_seq_length} "
             f"Keys:{self.scheme.keys()} Groups:{self.groups.keys()}"
         )
-
-
-def _stacked(members: list[np.ndarray]) -> np.ndarray:
-    """The arrays of a group's members (each ``(B, T, *vshape)``) stacked on a new axis 2:
-    a view when they are evenly spaced views of one block (strides equal, addresses a constant
-    step apart), else a copy."""
-    first = members[0]
-    if len(members) > 1 and all(m.strides == first.strides for m in members):
-        addresses = [m.__array_interface__["data"][0] for m in members]
-        step = addresses[1] - addresses[0]
-        evenly = all(b - a == step for a, b in itertools.pairwise(addresses))
-        if evenly and step > 0 and step % first.itemsize == 0 and first.base is not None:
-            return np.lib.stride_tricks.as_strided(
-                first,
-                shape=(*first.shape[:2], len(members), *first.shape[2:]),
-                strides=(*first.strides[:2], step, *first.strides[2:]),
-                writeable=True,
-            )
-    return np.stack(members, axis=2)
 
 
 def _count(index: Any, size: int) -> int:
@@ -504,8 +484,7 @@ class ReplayBuffer:
         episode: dict[str, torch.Tensor] = {}
         for key, (name, members, _, _, constant) in self._fields.items():
             if members and members == self._members:
-                per_member = batch.extras[name]
-                values = _stacked([per_member[a] for a in self._agents])
+                values = batch.stacked(name)  # (B, T, members, *vshape), a view where it can
             else:
                 values = batch.globals[name]
             tensor = torch.from_numpy(np.ascontiguousarray(values))
