@@ -5,8 +5,8 @@
 subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench]``).
 """
 
-from marlbuf.batch import Batch, SequenceBatch, TorchBatch
-from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning
+from marlbuf.batch import Batch, EpisodeBatch, SequenceBatch, TorchBatch
+from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning, StreamBreakWarning
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 from marlbuf.version import __version__
 
@@ -14,10 +14,12 @@ __all__ = [
     "FIELDS",
     "AgentSpec",
     "Batch",
+    "EpisodeBatch",
     "FieldSpec",
     "MultiAgentReplayBuffer",
     "NextObsWarning",
     "SequenceBatch",
+    "StreamBreakWarning",
     "TorchBatch",
     "__version__",
     "specs_from_env",

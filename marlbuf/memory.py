@@ -100,8 +100,8 @@ def estimate(
         Environment copies writing into the buffer.
     episodes : bool
         Whether the sampler samples sequences (:class:`marlbuf.samplers.Sequence`): the writer
-        then keeps the episode index (episode id, step, two links: 32 bytes per slot), a start
-        flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
+        then keeps the episode index (episode id, step, two links, length and the set of complete
+        episodes: 56 bytes per slot), a start flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
         as one 0/1 tree, an upper bound: ``pad=True`` needs none), and prioritized sequences
         the valid training steps of each handed-out sequence (4 bytes per slot and trainer).
     global_fields, alive
@@ -128,7 +128,8 @@ def estimate(
     if prioritized:
         metadata += n_trainers * 2 * 2 * leaves * 8  # sum + max trees
     if episodes:
-        metadata += capacity * (4 * 8 + 1)  # episode, step, previous, next slot; start flag
+        # episode, step, previous and next slot, length, complete set and position; start flag
+        metadata += capacity * (7 * 8 + 1)
         metadata += n_trainers * capacity * 4 if prioritized else 2 * leaves * 8
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
