@@ -27,12 +27,13 @@ import numpy as np
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config, mapped
 
 
-def _none(rows: np.ndarray, streams: np.ndarray, state: np.ndarray) -> int:
+def _none(rows: np.ndarray, streams: np.ndarray, state: np.ndarray, *cut: np.ndarray) -> int:
     return 0
 
 
-def _crc32(rows: np.ndarray, streams: np.ndarray, state: np.ndarray) -> int:
-    return zlib.crc32(streams.data, zlib.crc32(rows.data))
+def _crc32(rows: np.ndarray, streams: np.ndarray, state: np.ndarray, *cut: np.ndarray) -> int:
+    crc = zlib.crc32(streams.data, zlib.crc32(rows.data))
+    return zlib.crc32(cut[0].data, crc) if cut else crc
 
 
 def run(agents: int = 3, rounds: int = 60, calls: int = 100) -> dict[str, Any]:

@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from marlbuf import _config, persistence
-from marlbuf._kernels.checksum import CHECKSUM_SEED, word_checksum
+from marlbuf._kernels.checksum import record_checksum
 from marlbuf.memory import MemoryEstimate
 from marlbuf.options import row_options_of
 from marlbuf.spec import AgentSpec
@@ -124,7 +124,7 @@ _ARRAY_FILE = re.compile(r"array-\d{1,6}\.bin")
 
 #: Log record header: magic, checkpoint number, sequence number, steps, stream (-1: an array of
 #: streams follows the rows), rows, payload bytes, payload checksum
-#: (:func:`marlbuf._kernels.checksum.word_checksum`), flags (:data:`_CUT`: a truncation flag
+#: (:func:`marlbuf._kernels.checksum.record_checksum`), flags (:data:`_CUT`: a truncation flag
 #: per row, as int64, follows the rows and streams); then the CRC-32 of these.
 _RECORD = struct.Struct("<8sQQqqqQQQ")
 #: an empty int64 array (a record without streams or truncation flags)
@@ -1111,7 +1111,7 @@ def _later_record(fd: int, offset: int, end: int, number: int, seq: int) -> bool
 
 
 #: Payloads up to this many bytes are checksummed with ``zlib.crc32`` (cheaper to call than a
-#: kernel for a row or two), larger ones with :func:`marlbuf._kernels.checksum.word_checksum`
+#: kernel for a row or two), larger ones with :func:`marlbuf._kernels.checksum.record_checksum`
 #: (about six times faster per byte); the reader applies the same rule.
 SMALL_PAYLOAD_BYTES = 4096
 
@@ -1121,17 +1121,17 @@ def _payload_checksum(
 ) -> int:
     """The checksum of a record's payload: staged ``rows`` (shape (n, row_words), uint64,
     C-contiguous), then ``streams`` and the truncation flags ``cut`` (each shape (n,) or (0,),
-    int64), as one 64-bit value; ``state`` (shape (2,), uint64) is scratch."""
+    int64), as one 64-bit value (``state``: scratch, kept for callers)."""
+    if not streams.shape[0] and not cut.shape[0] and rows.nbytes <= SMALL_PAYLOAD_BYTES:
+        return zlib.crc32(rows)  # type: ignore[arg-type]  # add's one step: an ndarray is a buffer
     if rows.nbytes + streams.nbytes + cut.nbytes <= SMALL_PAYLOAD_BYTES:
-        return zlib.crc32(cut.data, zlib.crc32(streams.data, zlib.crc32(rows.data)))
-    state[0] = CHECKSUM_SEED
-    state[1] = 0
-    word_checksum(rows.reshape(-1), state)
-    if streams.shape[0]:
-        word_checksum(streams.view(np.uint64), state)
-    if cut.shape[0]:
-        word_checksum(cut.view(np.uint64), state)
-    return (int(state[0]) ^ (int(state[1]) * CHECKSUM_SEED)) & 0xFFFFFFFFFFFFFFFF
+        crc = zlib.crc32(rows.data)
+        if streams.shape[0]:
+            crc = zlib.crc32(streams.data, crc)
+        if cut.shape[0]:
+            crc = zlib.crc32(cut.data, crc)
+        return crc
+    return int(record_checksum(rows, streams, cut))
 
 
 # ---------------------------------------------------------------------------- file helpers

@@ -421,7 +421,7 @@ def _naive_word_checksum(words: np.ndarray, first: int, second: int) -> tuple[in
 
 
 def test_the_log_checksum_kernel_matches_its_naive_twin_and_sees_damage():
-    from marlbuf._kernels.checksum import CHECKSUM_SEED, word_checksum
+    from marlbuf._kernels.checksum import CHECKSUM_SEED, record_checksum, word_checksum
 
     rng = np.random.default_rng(0)
     for n in (0, 1, 7, 1000):
@@ -432,6 +432,11 @@ def test_the_log_checksum_kernel_matches_its_naive_twin_and_sees_damage():
     rows = rng.integers(0, 2**64, (64, 9), dtype=np.uint64, endpoint=False)
     scratch = np.zeros(2, dtype=np.uint64)
     empty = np.zeros(0, dtype=np.int64)
+    streams = rng.integers(0, 2**63, 64, dtype=np.int64)
+    first, second = _naive_word_checksum(rows.reshape(-1), CHECKSUM_SEED, 0)
+    first, second = _naive_word_checksum(streams.view(np.uint64), first, second)
+    folded = (first ^ (second * CHECKSUM_SEED)) & ((1 << 64) - 1)
+    assert int(record_checksum(rows, streams, empty)) == folded  # one call, same sums
     reference = mapped._payload_checksum(rows, empty, scratch)
     for bit in (0, 17, 63):  # any flipped bit, a swap of two rows, zeroed words
         flipped = rows.copy()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: starts ``first`` away from zero, so that a block of zero words does not sum to zero
+#: starts ``first`` away from zero, so that a block of zero words does not sum to zero; also
+#: the odd multiplier that folds ``second`` into the result
 CHECKSUM_SEED = 0x9E3779B97F4A7C15
 
 
@@ -30,4 +31,26 @@ def word_checksum(words: np.ndarray, state: np.ndarray) -> None:
     state[1] = second
 
 
-__all__ = ["CHECKSUM_SEED", "word_checksum"]
+@njit(cache=True, nogil=True)
+def record_checksum(rows: np.ndarray, streams: np.ndarray, flags: np.ndarray) -> np.uint64:
+    """The checksum of a log record's payload in one call: the words of ``rows`` (shape
+    (n, row_words), uint64, C-ordered), then ``streams`` and ``flags`` (each shape (n,) or
+    (0,), int64, read as uint64), as :func:`word_checksum` from ``[CHECKSUM_SEED, 0]`` would
+    sum them, folded into one value: ``first ^ (second * CHECKSUM_SEED)`` modulo 2**64."""
+    seed = np.uint64(CHECKSUM_SEED)
+    first = seed
+    second = np.uint64(0)
+    for i in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            first += rows[i, j]
+            second += first
+    for i in range(streams.shape[0]):
+        first += np.uint64(streams[i])
+        second += first
+    for i in range(flags.shape[0]):
+        first += np.uint64(flags[i])
+        second += first
+    return first ^ (second * seed)
+
+
+__all__ = ["CHECKSUM_SEED", "record_checksum", "word_checksum"]
