@@ -99,11 +99,13 @@ def estimate(
     n_streams : int
         Environment copies writing into the buffer.
     episodes : bool
-        Whether the sampler samples sequences (:class:`marlbuf.samplers.Sequence`): the writer
-        then keeps the episode index (episode id, step, two links, length and the set of complete
-        episodes: 56 bytes per slot), a start flag per slot and a start tree (counted as prioritized trees when ``prioritized``, else
-        as one 0/1 tree, an upper bound: ``pad=True`` needs none), and prioritized sequences
-        the valid training steps of each handed-out sequence (4 bytes per slot and trainer).
+        Whether the sampler samples sequences or episodes (:class:`marlbuf.samplers.Sequence`,
+        :class:`~marlbuf.samplers.Episodes`): the writer then keeps the episode index (episode
+        id, step, two links, length and the set of complete episodes: 56 bytes per slot), a
+        start flag per slot and a start tree (counted as prioritized trees when
+        ``prioritized``, else as one 0/1 tree, an upper bound: ``pad=True`` needs none), and
+        prioritized sequences the valid training steps of each handed-out sequence (4 bytes
+        per slot and trainer).
     global_fields, alive
         As for the buffer: global fields and the alive mask (one byte per agent) are stored in
         every row, like the per-agent extra fields of the specs.

@@ -455,6 +455,8 @@ class Storage(ABC):
         """Write the filled part ``[0, size)`` of saved storage ``arrays`` (checked against
         :meth:`arrays` by the caller) into this storage; arrays that are already the storage's
         own memory (a load that read straight into it) are left alone."""
+        if size == 0:
+            return  # nothing to write (and a read-only store's arrays must not be touched)
         for key, dst in self.arrays().items():
             src = arrays[key]
             if not np.shares_memory(dst, src):
