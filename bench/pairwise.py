@@ -11,12 +11,20 @@ round by round exposes both to the same machine state, so the ratio is a same-ru
 A case is identified by the values of its row that are not timings (workload, case name,
 capacity, ...); timing columns are those ending in ``_median``, plus the drop-in suite's
 ``write_us``, ``sample_ms`` and ``update_ms``.
+
+Whole suite runs are minutes apart, and a shared machine drifts between them (the same code
+measured 0.6x to 1.5x of itself in consecutive runs on a 2-core VM). ``--normalize KEY=VALUE``
+divides every timing by the same run's timing of the row that differs only in ``KEY`` and has
+``KEY=VALUE`` (a baseline whose code both versions share, e.g. ``case=copy_floor``, the bare
+memory copy, or a peer library's case): the reported figure is then the ratio of the two
+versions' same-run ratios, which the drift cancels out of.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,8 +79,45 @@ def _run_suite(suite: str, base: Path | None, quick: bool, out: Path) -> list[di
     return [r for r in rows if isinstance(r, dict)]
 
 
-def compare(suite: str, base: Path, rounds: int, quick: bool, tolerance: float) -> dict[str, Any]:
-    """Per case and timing column, the median ratio (this / base) over ``rounds`` pairs."""
+def _normalized(
+    rows: dict[Any, dict[str, Any]], normalize: tuple[str, str] | None
+) -> dict[Any, dict[str, Any]]:
+    """``rows`` with every timing divided by that of its group's ``normalize`` row (the row
+    that differs only in that key and has that value); rows without one are dropped."""
+    if normalize is None:
+        return rows
+    key, value = normalize
+    out = {}
+    for case, row in rows.items():
+        group = tuple((k, v) for k, v in case if k != key)
+        base = next(
+            (
+                r
+                for c, r in rows.items()
+                if str(dict(c).get(key)) == value
+                and tuple((k, v) for k, v in c if k != key) == group
+            ),
+            None,
+        )
+        if base is None or base is row:
+            continue
+        out[case] = {
+            k: (float(v) / float(base[k]) if _is_timing(k) and base.get(k) else v)
+            for k, v in row.items()
+        }
+    return out
+
+
+def compare(
+    suite: str,
+    base: Path,
+    rounds: int,
+    quick: bool,
+    tolerance: float,
+    normalize: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """Per case and timing column, the median ratio (this / base) over ``rounds`` pairs (of
+    the timings divided by the same run's ``normalize`` case, when given)."""
     ratios: dict[tuple[Any, str], list[float]] = {}
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,7 +130,8 @@ def compare(suite: str, base: Path, rounds: int, quick: bool, tolerance: float) 
             for label, path in order:
                 out = Path(tmp) / f"{label}-{r}"
                 out.mkdir()
-                runs[label] = {_identity(row): row for row in _run_suite(suite, path, quick, out)}
+                measured = {_identity(r): r for r in _run_suite(suite, path, quick, out)}
+                runs[label] = _normalized(measured, normalize)
             for case, mine in runs["this"].items():
                 theirs = runs["base"].get(case)
                 if theirs is None:
@@ -112,11 +158,98 @@ def compare(suite: str, base: Path, rounds: int, quick: bool, tolerance: float) 
         "base": str(base),
         "rounds": rounds,
         "tolerance": tolerance,
+        "normalized_by": None if normalize is None else "=".join(normalize),
         "seconds": round(time.time() - started, 1),
         "rows": rows,
         "slower_than_tolerance": [r for r in rows if not r["within_tolerance"]],
         "markdown": markdown_table(
             rows, ["case", "timing", "ratio_this_vs_base", "within_tolerance"]
+        ),
+    }
+
+
+WORKER = Path(__file__).with_name("pairwise_worker.py")
+
+
+def _start_worker(base: Path | None) -> tuple[subprocess.Popen[str], list[str]]:
+    env = dict(os.environ)
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    if base is not None:
+        env["PYTHONPATH"] = str(base)
+    else:
+        env.pop("PYTHONPATH", None)
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
+    assert worker.stdout is not None
+    ready = worker.stdout.readline().split()
+    if not ready or ready[0] != "ready":
+        raise RuntimeError(f"the pairwise worker did not start ({base or 'this version'})")
+    return worker, ready[1:]
+
+
+def _ask(worker: subprocess.Popen[str], case: str) -> float:
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write(case + "\n")
+    worker.stdin.flush()
+    answer = worker.stdout.readline().split()
+    return float(answer[0]) if answer else math.nan
+
+
+def compare_core(
+    base: Path, rounds: int, tolerance: float, only: list[str] | None = None
+) -> dict[str, Any]:
+    """The core operations (``pairwise_worker.py``) with both versions in two long-lived
+    processes, asked in turn case by case (ABAB...; the first asked alternates by round): the
+    median of per-round ratios this / base per case."""
+    started = time.time()
+    theirs, names = _start_worker(base)
+    mine, _ = _start_worker(None)
+    rows = []
+    try:
+        for case in names:
+            if only and not any(part in case for part in only):
+                continue
+            ratios: list[float] = []
+            times: dict[str, list[float]] = {"base": [], "this": []}
+            for r in range(rounds):
+                order = [("base", theirs), ("this", mine)]
+                for label, worker in order if r % 2 == 0 else order[::-1]:
+                    times[label].append(_ask(worker, case))
+                ratios.append(times["this"][-1] / times["base"][-1])
+            ratio = float(np.median(ratios))
+            rows.append(
+                {
+                    "case": case.replace("~", " "),
+                    "base_ms": round(1000 * float(np.median(times["base"])), 4),
+                    "this_ms": round(1000 * float(np.median(times["this"])), 4),
+                    "ratio_this_vs_base": round(ratio, 3),
+                    "ratios": [round(v, 3) for v in ratios],
+                    "within_tolerance": bool(ratio <= 1 + tolerance),
+                }
+            )
+            print(f"{ratio:6.3f}x  {case.replace('~', ' ')}", flush=True)
+    finally:
+        for worker in (theirs, mine):
+            if worker.stdin is not None:
+                worker.stdin.write("quit\n")
+                worker.stdin.close()
+            worker.wait(timeout=60)
+    return {
+        "suite": "pairwise-core",
+        "base": str(base),
+        "rounds": rounds,
+        "tolerance": tolerance,
+        "seconds": round(time.time() - started, 1),
+        "rows": rows,
+        "slower_than_tolerance": [r for r in rows if not r["within_tolerance"]],
+        "markdown": markdown_table(
+            rows, ["case", "base_ms", "this_ms", "ratio_this_vs_base", "within_tolerance"]
         ),
     }
 
@@ -137,13 +270,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tolerance", type=float, default=0.05, help="allowed slowdown (default 0.05: 5%%)"
     )
+    parser.add_argument(
+        "--normalize",
+        action="append",
+        default=[],
+        metavar="SUITE:KEY=VALUE",
+        help="divide a suite's timings by its same-run baseline row (repeatable), e.g. "
+        "sampling:case=copy_floor",
+    )
+    parser.add_argument(
+        "--core",
+        action="store_true",
+        help="compare the core operations in two long-lived processes asked in turn (the "
+        "finest alternation; see pairwise_worker.py) instead of whole suite runs",
+    )
+    parser.add_argument(
+        "--cases", nargs="*", default=None, help="with --core: only cases containing these words"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="result folder")
     args = parser.parse_args(argv)
+    baselines: dict[str, tuple[str, str]] = {}
+    for item in args.normalize:
+        suite, _, pair = item.partition(":")
+        key, _, value = pair.partition("=")
+        if not (suite and key and value):
+            parser.error(f"--normalize takes SUITE:KEY=VALUE; got --normalize {item}")
+        baselines[suite] = (key, value)
     if not (args.base / "marlbuf" / "__init__.py").is_file():
         parser.error(f"--base must be a folder holding the marlbuf package; got {args.base}")
+    if args.core:
+        result = compare_core(args.base.resolve(), args.rounds, args.tolerance, args.cases)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "pairwise-core.json").write_text(json.dumps(result, indent=1))
+        print(f"core: {len(result['slower_than_tolerance'])} of {len(result['rows'])} past")
+        return 1 if result["slower_than_tolerance"] else 0
     worst = 0
     for suite in args.suites:
-        result = compare(suite, args.base.resolve(), args.rounds, args.quick, args.tolerance)
+        result = compare(
+            suite,
+            args.base.resolve(),
+            args.rounds,
+            args.quick,
+            args.tolerance,
+            baselines.get(suite),
+        )
         suffix = "-quick" if args.quick else ""
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"pairwise-{suite}{suffix}.json").write_text(json.dumps(result, indent=1))

@@ -1009,8 +1009,11 @@ class MultiAgentReplayBuffer:
 
     def _out_block(self, out: Any, batch_size: int) -> Any:
         kind = "DeviceBatch" if self.device is not None else "Batch"
+        # a sequence batch (of any store) holds its mask; read from the instance dict, since a
+        # Batch's attribute fallback (extra fields) costs microseconds per miss
+        sequence = "mask" in getattr(out, "__dict__", ())
         if self._sequence is not None:  # a sequence batch is B * L gathered rows
-            if getattr(out, "mask", None) is None or not hasattr(out, "block"):
+            if not sequence or not hasattr(out, "block"):
                 raise TypeError(
                     f"out must be a {kind.replace('Batch', 'SequenceBatch')} from this "
                     f"buffer's sample (it samples sequences); got {type(out).__name__}"
@@ -1025,7 +1028,7 @@ class MultiAgentReplayBuffer:
                     f"max_length={steps}, out={type(out).__name__}"
                 )
             return self.storage.check_out_block(out.block, batch_size * steps)
-        if not hasattr(out, "block") or getattr(out, "mask", None) is not None:
+        if sequence or not hasattr(out, "block"):
             raise TypeError(f"out must be a {kind} from this buffer; got {type(out).__name__}")
         return self.storage.check_out_block(out.block, batch_size)
 
