@@ -132,7 +132,14 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 }
             )
         if progress:
-            print(f"[concurrency] {workload.label}: {rows[-2:]}", flush=True)
+            for row in rows[-2:]:
+                print(
+                    f"[concurrency] {workload.label} {row['format']}: round "
+                    f"{row['round_ms_with_lock']:.3g} ms with the lock, "
+                    f"{row['round_ms_without_lock']:.3g} ms without ({row['lock_cost']:.3g}x); "
+                    f"writer + sampler threaded {row['threaded_vs_sequential']:.3g}x sequential",
+                    flush=True,
+                )
     return {
         "config": {k: (v if k != "workloads" else [w.label for w in v]) for k, v in cfg.items()}
         | {"threads": threads, "batch_size": BATCH},
