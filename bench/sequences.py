@@ -65,9 +65,10 @@ times, carry over between machines):
 
   - ``marlbuf``: ``MultiAgentReplayBuffer(specs, capacity=the steps of those episodes,
     sampler=Episodes(), global_fields={"state": ...})``, each episode written by one
-    ``extend`` ending with ``done``; ``sample(32)`` returns an ``EpisodeBatch`` padded to the
-    batch's longest episode (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors
-    sharing its memory);
+    ``extend`` ending with ``done``; ``sample(32, fields=("obs", "action", "reward",
+    "done", "state"))`` (what an EPyMARL learner reads: no next_obs) returns an
+    ``EpisodeBatch`` of those fields padded to the batch's longest episode
+    (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors sharing its memory);
   - ``padded_torch`` (:class:`marlbuf.bench.padded_episodes.TorchPaddedEpisodeBuffer`): the
     EPyMARL layout in torch tensors (obs, action and reward per agent, the state,
     ``terminated`` and ``filled``, every episode padded to ``max_t + 1 = 26`` steps),
@@ -828,8 +829,13 @@ def _cycle(call: Callable[[Any], Any], items: list[Any]) -> Callable[[], None]:
     return step
 
 
+#: what an EPyMARL learner reads of an episode batch (no next_obs): the marlbuf cases of the
+#: episodes part gather these only (``fields=``), as the padded buffer holds only these
+EPISODE_FIELDS = ("obs", "action", "reward", "done", "state")
+
+
 def _sample_to_torch(buf: MultiAgentReplayBuffer, batch_size: int) -> Any:
-    return buf.sample(batch_size).to_torch()
+    return buf.sample(batch_size, fields=EPISODE_FIELDS).to_torch()
 
 
 def _episode_case(
@@ -859,7 +865,7 @@ def _episode_case(
     # both buffers insert the same episodes, cycling through lengths of the mix
     chosen = list(enumerate(lengths[: 4 * EPISODE_POOL].tolist()))
     fns: dict[str, Callable[[], Any]] = {
-        "marlbuf": partial(ours.sample, EPISODE_BATCH),
+        "marlbuf": partial(ours.sample, EPISODE_BATCH, fields=EPISODE_FIELDS),
         "marlbuf_torch": partial(_sample_to_torch, ours, EPISODE_BATCH),
         "padded_torch": partial(padded.sample_episodes, EPISODE_BATCH),
         "insert/marlbuf": _cycle(

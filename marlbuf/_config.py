@@ -65,3 +65,7 @@ MAPPED_LOG_BYTES = 64 * 1024 * 1024
 #: slot (O(size)), which it then uses. Measured on a 2-core VM: the two cost the same at
 #: B / size = 0.2 for B = 256 and 1024 (merging: 13 us at B = 1024 of 1e6 slots).
 SELECTION_SAMPLING_FRACTION = 0.2
+
+#: field selections (``fields=`` of a sample or gather) a storage keeps built; a learner uses
+#: one or two, so the cache is cleared when a program cycles through more
+MAX_FIELD_SELECTIONS = 16

@@ -37,6 +37,54 @@ class DrawnIndices(np.ndarray):
         return drawn
 
 
+class NotGathered:
+    """Stands in a batch for a field that its ``fields=`` left out (``batch.next_obs`` of
+    ``sample(B, fields=("obs", "action"))``): any use of it (indexing, iterating, ``len``,
+    ``values()``) raises a ``ValueError`` that names the field and ``fields=``.
+
+    Parameters
+    ----------
+    name : str
+        The field left out.
+    chosen : tuple of str
+        The fields the batch holds.
+    """
+
+    __slots__ = ("chosen", "name")
+
+    def __init__(self, name: str, chosen: tuple[str, ...]) -> None:
+        self.name = name
+        self.chosen = chosen
+
+    def refuse(self, *args: Any, **kwargs: Any) -> Any:
+        """Raise the ``ValueError`` of every use."""
+        raise ValueError(
+            f"{self.name!r} was not gathered: this batch was sampled with fields={self.chosen}; "
+            f"add {self.name!r} to fields= (or leave fields=None for every field)"
+        )
+
+    __getitem__ = __iter__ = __len__ = __contains__ = refuse
+    keys = values = items = get = refuse
+
+    def __repr__(self) -> str:
+        return f"NotGathered({self.name!r}, fields={self.chosen})"
+
+
+def _action_indices(action: Any, agents: tuple[str, ...]) -> dict[str, Any]:
+    """Per agent of ``agents``, the position of the 1 in its one-hot ``action`` (shape
+    ``(..., K)``): int64 of shape ``(...)`` (0 where the row is all zeros: padding)."""
+    if isinstance(action, NotGathered):
+        action.refuse()
+    out = {}
+    for agent in agents:
+        one_hot = action[agent]
+        if isinstance(one_hot, np.ndarray):
+            out[agent] = one_hot.argmax(axis=-1).astype(np.int64)
+        else:  # a torch tensor: argmax gives int64 on its device
+            out[agent] = one_hot.argmax(dim=-1)
+    return out
+
+
 @dataclass
 class Batch:
     """One mini-batch: every agent's fields at the same ``B`` slots.
@@ -69,6 +117,14 @@ class Batch:
         Per agent, ``(B,)`` bool: whether the agent was alive at that step (buffers built with
         ``alive=True``; an absent agent's other fields are zeros unless given). ``None`` when
         the buffer does not track it.
+    gathered_fields : tuple of str or None
+        The fields the batch holds when the call chose some (``fields=``), else ``None``
+        (every field). A left-out field of the five (and ``alive``) is a :class:`NotGathered`
+        whose every use raises a ``ValueError`` naming ``fields=``; left-out extras and
+        global fields are missing from ``extras``/``globals``.
+    discrete_agents : tuple of str
+        Agents whose specs are discrete (``AgentSpec(n_discrete_actions=K)``, actions stored
+        one-hot): see :attr:`action_index`.
 
     Extras and global fields are also attributes (``batch.hidden``, ``batch.state``).
 
@@ -95,12 +151,23 @@ class Batch:
     extras: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     globals: dict[str, np.ndarray] = field(default_factory=dict)
     alive: dict[str, np.ndarray] | None = None
+    gathered_fields: tuple[str, ...] | None = None
+    discrete_agents: tuple[str, ...] = ()
 
     #: axes before each item's own shape: ``(B,)`` (a :class:`SequenceBatch`: ``(B, L)``)
     _leading_axes: ClassVar[int] = 1
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    @property
+    def action_index(self) -> dict[str, np.ndarray]:
+        """The integer action of every discrete agent (``AgentSpec(n_discrete_actions=K)``):
+        agent -> int64 array of shape ``(B,)`` (``(B, L)`` for sequences and episodes), the
+        position of the 1 in the stored one-hot ``action`` (0 on masked steps, which are all
+        zeros). Computed from the gathered one-hot on each access (one ``argmax``); agents
+        with continuous actions are not in it."""
+        return _action_indices(self.action, self.discrete_agents)
 
     def stacked(self, name: str) -> np.ndarray:
         """Every agent's ``name`` (a field, an extra field or ``"alive"``) on a new agent axis:
@@ -145,12 +212,16 @@ class Batch:
     def field(self, name: str) -> dict[str, np.ndarray]:
         """The per-agent dict of one field (``"obs"``, ``"action"``, ..., an extra field's
         name, or ``"alive"``)."""
-        if name in FIELDS:
-            return getattr(self, name)  # type: ignore[no-any-return,unused-ignore]
+        if name in FIELDS or name == "alive":
+            value = getattr(self, name)
+            if isinstance(value, NotGathered):
+                value.refuse()
+            if value is not None:
+                return value  # type: ignore[no-any-return,unused-ignore]
         if name in self.extras:
             return self.extras[name]
-        if name == "alive" and self.alive is not None:
-            return self.alive
+        if self.gathered_fields is not None and name not in self.gathered_fields:
+            NotGathered(name, self.gathered_fields).refuse()
         raise ValueError(
             f"name must be one of {(*FIELDS, *self.extras)}"
             f"{' or alive' if self.alive is not None else ''}; got name={name!r}"
@@ -205,7 +276,12 @@ class Batch:
                 tensor = tensor.pin_memory()
             return tensor.to(dev, non_blocking=non_blocking)
 
-        fields = {name: {a: convert(x) for a, x in self.field(name).items()} for name in FIELDS}
+        def convert_field(value: Any) -> Any:
+            if value is None or isinstance(value, NotGathered):
+                return value
+            return {a: convert(x) for a, x in value.items()}
+
+        fields = {name: convert_field(getattr(self, name)) for name in FIELDS}
         return TorchBatch(
             **fields,
             indices=self.indices,
@@ -217,7 +293,9 @@ class Batch:
             _convert=convert,
             extras={n: {a: convert(x) for a, x in d.items()} for n, d in self.extras.items()},
             globals={n: convert(x) for n, x in self.globals.items()},
-            alive=None if self.alive is None else {a: convert(x) for a, x in self.alive.items()},
+            alive=convert_field(self.alive),
+            gathered_fields=self.gathered_fields,
+            discrete_agents=self.discrete_agents,
         )
 
 
@@ -410,9 +488,16 @@ class TorchBatch:
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
     globals: dict[str, Any] = field(default_factory=dict)
     alive: dict[str, Any] | None = None
+    gathered_fields: tuple[str, ...] | None = None
+    discrete_agents: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
+
+    @property
+    def action_index(self) -> dict[str, Any]:
+        """:attr:`Batch.action_index` as int64 tensors on the batch's device."""
+        return _action_indices(self.action, self.discrete_agents)
 
     if not TYPE_CHECKING:
 
@@ -439,6 +524,13 @@ def _extra_attribute(batch: Any, name: str) -> Any:
         return extras[name]
     if name in globals_:
         return globals_[name]
+    chosen = fields.get("gathered_fields")
+    if chosen is not None and not name.startswith("_"):
+        raise AttributeError(
+            f"{type(batch).__name__!r} object has no attribute {name!r}: an extra or global "
+            f"field left out by fields={chosen} is not gathered (add it to fields=), and "
+            f"other names are not fields of this batch"
+        )
     raise AttributeError(
         f"{type(batch).__name__!r} object has no attribute {name!r} (extra fields: "
         f"{list(extras)}, global fields: {list(globals_)})"

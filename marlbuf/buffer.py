@@ -33,7 +33,7 @@ from marlbuf.spec import (
     normalize_specs,
 )
 from marlbuf.staging import RowCodec, StepItems, steps_of
-from marlbuf.storage import Storage, available_memory_bytes
+from marlbuf.storage import FieldSelection, Storage, available_memory_bytes, check_fields
 from marlbuf.stores import make_store
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
@@ -969,7 +969,13 @@ class MultiAgentReplayBuffer:
             )
         return int(trainer)
 
-    def sample(self, batch_size: int, trainer: int = 0, out: Any = None) -> Batch:
+    def sample(
+        self,
+        batch_size: int,
+        trainer: int = 0,
+        out: Any = None,
+        fields: tuple[str, ...] | None = None,
+    ) -> Batch:
         """Draw one batch of ``batch_size`` joint transitions with the buffer's sampler.
 
         Parameters
@@ -982,23 +988,35 @@ class MultiAgentReplayBuffer:
         out : Batch, optional
             A batch of the same size from an earlier call of this buffer whose memory is
             overwritten instead of taking a new block (its arrays then hold the new rows).
-            Checked: a batch of another size, layout or buffer is a ``ValueError``.
+            Checked: a batch of another size, layout, ``fields=`` or buffer is a ``ValueError``.
+        fields : tuple of str, optional
+            Gather only these fields (of the five, extra and global field names, ``"alive"``),
+            e.g. ``fields=("obs", "action", "reward", "state")``: the batch holds and copies
+            their bytes only (a row format of the chosen fields, see
+            :class:`marlbuf.storage.FieldSelection`); a left-out field raises a ``ValueError``
+            naming ``fields=`` when used. ``None`` (default): every field.
 
         Safe to call from several threads while others write (see :mod:`marlbuf.writer`).
         """
         trainer = self._check_trainer(trainer)
         batch_size = self.sampler.check_batch_size(batch_size)
-        out_block = None if out is None else self._out_block(out, batch_size)
+        select = None if fields is None else self._selection(fields)
+        out_block = None if out is None else self._out_block(out, batch_size, select)
         with self.writer.lock:
             self._check_enough(batch_size)
             if self._deferred:
                 self.apply_deferred_updates()
             indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
             if self._sequence is not None:
-                return self._gather_sequences(indices, weights, trainer, out_block)
+                return self._gather_sequences(indices, weights, trainer, out_block, select)
             if isinstance(self.sampler, EpisodesSampler):
-                return self._gather_episodes(indices, weights, trainer, out_block)
-            return self._gather(indices, weights, trainer, out_block)
+                return self._gather_episodes(indices, weights, trainer, out_block, select)
+            return self._gather(indices, weights, trainer, out_block, select)
+
+    def _selection(self, fields: Any) -> FieldSelection | None:
+        """The storage's selection of ``fields`` (checked), ``None`` for every field."""
+        names = check_fields(fields, self._codec.field_names)
+        return None if names is None else self.storage.selection(names)
 
     def _check_enough(self, batch_size: int) -> None:
         size = self.writer.size
@@ -1007,7 +1025,7 @@ class MultiAgentReplayBuffer:
                 f"the buffer is empty: add transitions before sampling (batch_size={batch_size})"
             )
 
-    def _out_block(self, out: Any, batch_size: int) -> Any:
+    def _out_block(self, out: Any, batch_size: int, select: FieldSelection | None = None) -> Any:
         kind = "DeviceBatch" if self.device is not None else "Batch"
         # a sequence batch (of any store) holds its mask; read from the instance dict, since a
         # Batch's attribute fallback (extra fields) costs microseconds per miss
@@ -1018,7 +1036,9 @@ class MultiAgentReplayBuffer:
                     f"out must be a {kind.replace('Batch', 'SequenceBatch')} from this "
                     f"buffer's sample (it samples sequences); got {type(out).__name__}"
                 )
-            return self.storage.check_out_block(out.block, batch_size * self._sequence.steps)
+            return self.storage.check_out_block(
+                out.block, batch_size * self._sequence.steps, select
+            )
         if isinstance(self.sampler, EpisodesSampler):
             steps = self.sampler.max_length
             if steps is None or not isinstance(out, EpisodeBatch):
@@ -1027,10 +1047,10 @@ class MultiAgentReplayBuffer:
                     "fixed shape) and an EpisodeBatch from this buffer's sample; got "
                     f"max_length={steps}, out={type(out).__name__}"
                 )
-            return self.storage.check_out_block(out.block, batch_size * steps)
+            return self.storage.check_out_block(out.block, batch_size * steps, select)
         if sequence or not hasattr(out, "block"):
             raise TypeError(f"out must be a {kind} from this buffer; got {type(out).__name__}")
-        return self.storage.check_out_block(out.block, batch_size)
+        return self.storage.check_out_block(out.block, batch_size, select)
 
     def sample_for_trainers(
         self,
@@ -1038,6 +1058,7 @@ class MultiAgentReplayBuffer:
         n_trainers: int | None = None,
         shared_index: bool = False,
         out: Sequence[Any] | None = None,
+        fields: tuple[str, ...] | None = None,
     ) -> list[Batch]:
         """The MADDPG sampling round: per trainer, one index array and the joint batch of all
         agents at those indices (the O(N²B) workload of Gogineni et al.).
@@ -1059,13 +1080,20 @@ class MultiAgentReplayBuffer:
             Batches from an earlier round to overwrite; each must be a distinct block (a
             ``shared_index=True`` round returns one batch N times: pass it only with
             ``shared_index=True``).
+        fields : tuple of str, optional
+            Gather only these fields (of the five, extra and global field names, ``"alive"``),
+            e.g. ``fields=("obs", "action", "reward", "state")``: the batch holds and copies
+            their bytes only (a row format of the chosen fields, see
+            :class:`marlbuf.storage.FieldSelection`); a left-out field raises a ``ValueError``
+            naming ``fields=`` when used. ``None`` (default): every field.
         """
         n_trainers = self._check_n_trainers(n_trainers)
+        select = None if fields is None else self._selection(fields)
         if out is not None:
             out = list(out)
             if len(out) != n_trainers:
                 raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
-            blocks = [self._out_block(b, batch_size) for b in out]
+            blocks = [self._out_block(b, batch_size, select) for b in out]
             addresses = [self.storage.block_address(b) for b in blocks]
             if not shared_index and len(set(addresses)) != len(addresses):
                 raise ValueError(
@@ -1079,15 +1107,22 @@ class MultiAgentReplayBuffer:
                     "shared_index=True cannot be combined with a prioritized sampler: each "
                     "trainer has its own priority tree"
                 )
-            batch = self.sample(batch_size, 0, None if out is None else out[0])
+            batch = self.sample(batch_size, 0, None if out is None else out[0], fields)
             return [batch] * n_trainers
         if self._sequence is None and self.device is not None:
-            return self._round(batch_size, n_trainers, None if out is None else blocks)
+            return self._round(batch_size, n_trainers, None if out is None else blocks, select)
         return [
-            self.sample(batch_size, t, None if out is None else out[t]) for t in range(n_trainers)
+            self.sample(batch_size, t, None if out is None else out[t], fields)
+            for t in range(n_trainers)
         ]
 
-    def _round(self, batch_size: int, n_trainers: int, blocks: list[Any] | None) -> list[Any]:
+    def _round(
+        self,
+        batch_size: int,
+        n_trainers: int,
+        blocks: list[Any] | None,
+        select: FieldSelection | None = None,
+    ) -> list[Any]:
         """The round with the draws of :meth:`sample` in trainer order, gathered at once where
         the store does that (a device store: one ``index_select`` of ``n_trainers *
         batch_size`` rows into one block, or into the checked ``out=`` ``blocks`` of an earlier
@@ -1106,28 +1141,42 @@ class MultiAgentReplayBuffer:
                 weights.append(w)
                 generations.append(gens)
                 drawn.append(DrawnIndices.of(indices, gens))
-            batches = self.storage.gather_round(
-                draws, weights, generations, list(range(n_trainers)), drawn, blocks
+            batches = (
+                None
+                if select is not None  # a round block holds whole rows: gather per trainer
+                else self.storage.gather_round(
+                    draws, weights, generations, list(range(n_trainers)), drawn, blocks
+                )
             )
             if batches is None:  # gathered per trainer, from the same draws
                 return [
-                    self._gather(draws[t], weights[t], t, None if blocks is None else blocks[t])
+                    self._gather(
+                        draws[t], weights[t], t, None if blocks is None else blocks[t], select
+                    )
                     for t in range(n_trainers)
                 ]
             if self._last_drawn:
                 self._last_drawn[:n_trainers] = drawn
             return batches
 
-    def iter_trainers(self, batch_size: int, n_trainers: int | None = None) -> Iterator[Batch]:
+    def iter_trainers(
+        self,
+        batch_size: int,
+        n_trainers: int | None = None,
+        fields: tuple[str, ...] | None = None,
+    ) -> Iterator[Batch]:
         """The MADDPG round as a stream: yields trainer 0's batch, then trainer 1's, ...
 
         Same draws as :meth:`sample_for_trainers` for the same seed. A learner that consumes
         each batch before asking for the next keeps one or two batches alive, so their memory
         is recycled and stays in cache (``sample_for_trainers`` keeps all of them alive).
+        ``fields`` as in :meth:`sample`. Its arguments are checked at the call, before the
+        first batch.
         """
         n_trainers = self._check_n_trainers(n_trainers)
-        for t in range(n_trainers):
-            yield self.sample(batch_size, t)
+        if fields is not None:
+            self._selection(fields)
+        return (self.sample(batch_size, t, None, fields) for t in range(n_trainers))
 
     def _check_n_trainers(self, n_trainers: Any) -> int:
         if n_trainers is None:
@@ -1161,7 +1210,12 @@ class MultiAgentReplayBuffer:
         return self._check_n_trainers(n_trainers)
 
     def sample_prefix(
-        self, batch_size: int, size: int, trainer: int = 0, out: Batch | None = None
+        self,
+        batch_size: int,
+        size: int,
+        trainer: int = 0,
+        out: Batch | None = None,
+        fields: tuple[str, ...] | None = None,
     ) -> Batch:
         """One batch drawn by the buffer's sampler from slots ``[0, size)`` only, as
         :meth:`sample` would draw it if the buffer held just those (under the buffer's lock).
@@ -1186,6 +1240,8 @@ class MultiAgentReplayBuffer:
             Whose sampler state to use.
         out : Batch, optional
             As in :meth:`sample`.
+        fields : tuple of str, optional
+            As in :meth:`sample`.
 
         Returns
         -------
@@ -1194,7 +1250,8 @@ class MultiAgentReplayBuffer:
         """
         trainer = self._check_trainer(trainer)
         batch_size = self.sampler.check_batch_size(batch_size)
-        out_block = None if out is None else self._out_block(out, batch_size)
+        select = None if fields is None else self._selection(fields)
+        out_block = None if out is None else self._out_block(out, batch_size, select)
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
             raise TypeError(f"size must be an int; got size={size!r}")
         with self.writer.lock:
@@ -1213,16 +1270,20 @@ class MultiAgentReplayBuffer:
                 self.apply_deferred_updates()
             indices, weights = self.sampler.sample_share(batch_size, int(size), self.rng, trainer)
             if self._sequence is not None:
-                return self._gather_sequences(indices, weights, trainer, out_block)
+                return self._gather_sequences(indices, weights, trainer, out_block, select)
             if isinstance(self.sampler, EpisodesSampler):
-                return self._gather_episodes(indices, weights, trainer, out_block)
-            return self._gather(indices, weights, trainer, out_block)
+                return self._gather_episodes(indices, weights, trainer, out_block, select)
+            return self._gather(indices, weights, trainer, out_block, select)
 
-    def gather(self, indices: Any, trainer: int | None = None) -> Batch:
+    def gather(
+        self, indices: Any, trainer: int | None = None, fields: tuple[str, ...] | None = None
+    ) -> Batch:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``,
-        ``B >= 1``: empty ``indices`` are a ``ValueError``, like ``latest(0)``)."""
+        ``B >= 1``: empty ``indices`` are a ``ValueError``, like ``latest(0)``); ``fields`` as
+        in :meth:`sample`."""
         if trainer is not None:
             trainer = self._check_trainer(trainer)
+        select = None if fields is None else self._selection(fields)
         with self.writer.lock:
             checked = self._check_indices(indices)
             if not checked.size:
@@ -1230,7 +1291,7 @@ class MultiAgentReplayBuffer:
                     "indices is empty; gather needs at least one index (a batch of no "
                     "transitions has no rows to gather)"
                 )
-            return self._gather(checked, None, trainer, None)
+            return self._gather(checked, None, trainer, None, select)
 
     def latest(self, n: int) -> Batch:
         """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
@@ -1310,15 +1371,21 @@ class MultiAgentReplayBuffer:
         weights: np.ndarray | None,
         trainer: int | None,
         out_block: np.ndarray | None,
+        select: FieldSelection | None = None,
     ) -> Batch:
         """Gather under ``writer.lock`` (held by the caller)."""
         indices = np.ascontiguousarray(indices)
-        fields, block = self.storage.gather(indices, out_block)
+        if select is None:
+            fields, block = self.storage.gather(indices, out_block)
+        else:
+            fields, block = self.storage.gather(indices, out_block, select)
         generations = self.writer.write_generation[indices]
         drawn = DrawnIndices.of(indices, generations)
         if self._last_drawn and trainer is not None:
             self._last_drawn[trainer] = drawn
-        return self.storage.make_batch(fields, block, drawn, generations, weights, trainer)
+        if select is None:
+            return self.storage.make_batch(fields, block, drawn, generations, weights, trainer)
+        return self.storage.make_batch(fields, block, drawn, generations, weights, trainer, select)
 
     def _gather_sequences(
         self,
@@ -1326,6 +1393,7 @@ class MultiAgentReplayBuffer:
         weights: np.ndarray | None,
         trainer: int | None,
         out_block: np.ndarray | None,
+        select: FieldSelection | None = None,
     ) -> SequenceBatch:
         """The sequences around training ``starts`` (shape (B,), int64), under ``writer.lock``:
         the (B, L) slot matrix from the episode links (O(B * L)), one gather of its B * L rows
@@ -1339,7 +1407,7 @@ class MultiAgentReplayBuffer:
         zeroed = self.storage.zero_fills
         # storages whose gather writes zeros for slot -1 skip the masked steps' copies
         flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
-        gathered = self._gather(flat, None, None, out_block)
+        gathered = self._gather(flat, None, None, out_block, select)
         generations = self.writer.write_generation[starts]
         drawn = DrawnIndices.of(starts, generations)
         if self._last_drawn and trainer is not None:
@@ -1355,6 +1423,7 @@ class MultiAgentReplayBuffer:
         weights: np.ndarray | None,
         trainer: int | None,
         out_block: np.ndarray | None,
+        select: FieldSelection | None = None,
     ) -> EpisodeBatch:
         """Whole episodes from their first slots ``starts`` (shape (B,), int64), under
         ``writer.lock``: padded to the sampler's ``max_length`` or the longest of them."""
@@ -1363,7 +1432,7 @@ class MultiAgentReplayBuffer:
         lengths = self.episodes.length[starts]
         steps = sampler.max_length if sampler.max_length is not None else int(lengths.max())
         slots = self.episodes.sequences(starts, 0, steps - 1)
-        return self._gather_slot_matrix(starts, slots, lengths, weights, trainer, out_block)
+        return self._gather_slot_matrix(starts, slots, lengths, weights, trainer, out_block, select)
 
     def _gather_slot_matrix(
         self,
@@ -1373,6 +1442,7 @@ class MultiAgentReplayBuffer:
         weights: np.ndarray | None,
         trainer: int | None,
         out_block: np.ndarray | None,
+        select: FieldSelection | None = None,
     ) -> EpisodeBatch:
         """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) starting at
         ``starts``, as an :class:`marlbuf.batch.EpisodeBatch` (under ``writer.lock``)."""
@@ -1380,7 +1450,7 @@ class MultiAgentReplayBuffer:
         zeroed = self.storage.zero_fills
         # storages whose gather writes zeros for slot -1 skip the masked steps' copies
         flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
-        gathered = self._gather(flat, None, None, out_block)
+        gathered = self._gather(flat, None, None, out_block, select)
         generations = self.writer.write_generation[starts]
         drawn = DrawnIndices.of(starts, generations)
         if self._last_drawn and trainer is not None:
@@ -1393,7 +1463,9 @@ class MultiAgentReplayBuffer:
         batch.lengths = lengths  # a store's own sequence batch (device tensors) carries them
         return batch
 
-    def gather_sequences(self, starts: Any, length: int) -> EpisodeBatch:
+    def gather_sequences(
+        self, starts: Any, length: int, fields: tuple[str, ...] | None = None
+    ) -> EpisodeBatch:
         """The sequences of ``length`` steps beginning at chosen stored slots.
 
         Row ``b`` holds the step stored at ``starts[b]`` and the ``length - 1`` steps after it
@@ -1409,6 +1481,8 @@ class MultiAgentReplayBuffer:
             Stored slots, in ``[0, len(self))``.
         length : int
             Steps per row, ``>= 1``.
+        fields : tuple of str, optional
+            As in :meth:`sample`: only these fields are gathered.
 
         Returns
         -------
@@ -1425,11 +1499,12 @@ class MultiAgentReplayBuffer:
             )
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"length must be a positive int; got length={length!r}")
+        select = None if fields is None else self._selection(fields)
         with self.writer.lock:
             idx = self._check_indices(starts)
             slots = self.episodes.sequences(idx, 0, int(length) - 1)
             lengths = np.count_nonzero(slots >= 0, axis=1).astype(np.int64)
-            return self._gather_slot_matrix(idx, slots, lengths, None, None, None)
+            return self._gather_slot_matrix(idx, slots, lengths, None, None, None, select)
 
     @property
     def complete_episodes(self) -> int:

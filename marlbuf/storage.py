@@ -32,8 +32,8 @@ from marlbuf._kernels import (
     scatter_rows,
 )
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
-from marlbuf.batch import Batch, as_sequences
-from marlbuf.spec import ALIVE, GLOBAL, AgentSpec, FieldSlot, FieldSpec
+from marlbuf.batch import Batch, NotGathered, as_sequences
+from marlbuf.spec import ALIVE, FIELDS, GLOBAL, AgentSpec, FieldSlot, FieldSpec
 from marlbuf.staging import RowCodec, RowViews
 from marlbuf.writer import NextObsLinks
 
@@ -254,6 +254,96 @@ def build_plan(
     return np.array(plan, dtype=np.int64).T.copy()
 
 
+class FieldSelection:
+    """The fields one batch gathers (``fields=`` of ``sample``/``gather``/...): a restricted
+    row format, described as :class:`marlbuf.staging.RowCodec` describes the full one.
+
+    The chosen (field, agent) slots keep the batch codec's order (field-major, agents in spec
+    order, then globals and the alive mask), each aligned to its itemsize; a row is padded to
+    whole 8-byte words only, so a batch of a few fields holds (and copies) only their bytes.
+    ``batch_layout="rows"`` batches are rows of this format, ``"per_agent"`` batches carve the
+    chosen arrays only, each on a cache line.
+
+    Parameters
+    ----------
+    codec : RowCodec
+        The row format of full batches (the storage's ``batch_codec``).
+    names : tuple of str
+        The chosen field names, in ``codec.field_names`` order, not all of them.
+    """
+
+    def __init__(self, codec: RowCodec, names: tuple[str, ...]) -> None:
+        self.names = names
+        #: the names of ``codec`` that batches of this selection leave out
+        self.left_out = tuple(f for f in codec.field_names if f not in names)
+        self.agents = list(codec.agents)
+        self.field_names = names
+        self.extra_names = tuple(n for n in codec.extra_names if n in names)
+        self.global_fields = {n: fs for n, fs in codec.global_fields.items() if n in names}
+        self.alive = codec.alive and ALIVE in names
+        self.slots: list[FieldSlot] = []
+        offset = 0
+        for fs in codec.slots:
+            if fs.field in names:
+                offset = -(-offset // fs.dtype.itemsize) * fs.dtype.itemsize
+                self.slots.append(dataclasses.replace(fs, offset=offset))
+                offset += fs.nbytes
+        self.row_bytes = max(8, -(-offset // 8) * 8)  # whole words: the block is uint64 rows
+        self.row_words = self.row_bytes // 8
+        # a selection's rows are never lean (duck-typed for the torch store's RowLayout)
+        self.lean_slots, self.lean_row_bytes = self.slots, self.row_bytes
+
+    def views(self, rows: np.ndarray) -> RowViews:
+        """Per chosen field, per agent, strided views of ``rows`` (shape (n, row_words),
+        uint64, C-contiguous)."""
+        n = rows.shape[0]
+        raw = rows.view(np.uint8)
+        out: RowViews = {f: {} for f in self.field_names}
+        for s in self.slots:
+            part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
+            out[s.field][s.agent] = part.reshape((n, *s.shape))
+        return out
+
+    def carving(self, n: int) -> tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]:
+        """Per-agent arrays of an ``n``-row per-agent batch: ``(field, agent, byte offset,
+        nbytes, dtype, shape)``, each on a cache line, and the block's size in bytes."""
+        align = _config.ROW_ALIGN_BYTES
+        layout, offset = [], 0
+        for fs in self.slots:
+            nbytes = n * fs.nbytes
+            layout.append((fs.field, fs.agent, offset, nbytes, fs.dtype, (n, *fs.shape)))
+            offset += -(-nbytes // align) * align
+        return layout, max(offset, align)
+
+
+def check_fields(fields: Any, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``fields`` (the ``fields=`` argument: ``None`` or a tuple of field names) as the chosen
+    names in ``names`` order, or ``None`` for every field (also when all are chosen).
+
+    Raises
+    ------
+    TypeError
+        ``fields`` is not ``None``, a tuple or a list of strings.
+    ValueError
+        It is empty, or names a field that ``names`` (the buffer's fields) does not hold.
+    """
+    if fields is None:
+        return None
+    if not isinstance(fields, (tuple, list)) or not all(isinstance(f, str) for f in fields):
+        raise TypeError(
+            f"fields must be None or a tuple of field names, e.g. fields=('obs', 'action'); "
+            f"got fields={fields!r}"
+        )
+    unknown = [f for f in fields if f not in names]
+    if unknown or not fields:
+        raise ValueError(
+            f"fields must name at least one of this buffer's fields {names}; got "
+            f"fields={tuple(fields)!r}" + (f" (unknown: {unknown})" if unknown else "")
+        )
+    chosen = tuple(f for f in names if f in fields)
+    return None if len(chosen) == len(names) else chosen
+
+
 class Storage(ABC):
     """Preallocated storage for ``capacity`` joint transitions of every agent.
 
@@ -325,6 +415,22 @@ class Storage(ABC):
             )
         self.batch_layout = batch_layout
         self._carvings: dict[int, tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]] = {}
+        self._selections: dict[tuple[str, ...], FieldSelection] = {}
+        #: agents whose actions are one-hot (``AgentSpec(n_discrete_actions=K)``): their
+        #: batches offer ``action_index``
+        self.discrete_agents = tuple(
+            a for a, spec in self.specs.items() if spec.n_discrete_actions is not None
+        )
+
+    def selection(self, names: tuple[str, ...]) -> FieldSelection:
+        """The :class:`FieldSelection` of the chosen ``names`` (checked by
+        :func:`check_fields`), built once per choice."""
+        found = self._selections.get(names)
+        if found is None:
+            if len(self._selections) >= _config.MAX_FIELD_SELECTIONS:
+                self._selections.clear()  # a learner uses a few choices; bound the cache
+            found = self._selections[names] = FieldSelection(self.batch_codec, names)
+        return found
 
     def _gather_kernel(self, out_nbytes: int) -> Any:
         """The serial kernel, or the threaded one when opted in and the output is large."""
@@ -353,19 +459,26 @@ class Storage(ABC):
             out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
         return out
 
-    def block_spec(self, n: int) -> tuple[np.dtype, tuple[int, ...]]:
-        """dtype and shape of the memory block that holds an ``n``-row batch."""
+    def block_spec(
+        self, n: int, select: FieldSelection | None = None
+    ) -> tuple[np.dtype, tuple[int, ...]]:
+        """dtype and shape of the memory block that holds an ``n``-row batch (of the fields of
+        ``select``, or every field)."""
         if self.layout == "interleaved" and self.batch_layout == "rows":
-            return np.dtype(np.uint64), (n, self.batch_codec.row_words)
+            words = self.batch_codec.row_words if select is None else select.row_words
+            return np.dtype(np.uint64), (n, words)
+        if select is not None:
+            return np.dtype(np.uint8), (select.carving(n)[1],)
         return np.dtype(np.uint8), (self._carving(n)[1],)
 
-    def check_out_block(self, block: Any, n: int) -> np.ndarray:
+    def check_out_block(self, block: Any, n: int, select: FieldSelection | None = None) -> Any:
         """``block`` (the ``block`` of a batch passed as ``out=``) if this storage can gather
-        ``n`` rows into it, else a ``ValueError`` that says what differs.
+        ``n`` rows (of the fields of ``select``) into it, else a ``ValueError`` that says what
+        differs.
 
         The check is what keeps ``out=`` memory-safe: the kernels trust their output's size.
         """
-        dtype, shape = self.block_spec(n)
+        dtype, shape = self.block_spec(n, select)
         if not isinstance(block, np.ndarray):
             raise ValueError(
                 "out must be a Batch returned by this buffer's sample/gather (it has no "
@@ -375,7 +488,8 @@ class Storage(ABC):
             raise ValueError(
                 f"out holds a block of shape {block.shape} dtype {block.dtype}, but a batch of "
                 f"{n} rows of this buffer needs shape {shape} dtype {dtype}: pass a batch of the "
-                "same size from this buffer (same specs, layout and batch_layout), or no out="
+                "same size and fields= from this buffer (same specs, layout and batch_layout), "
+                "or no out="
             )
         if not (block.flags.c_contiguous and block.flags.writeable):
             raise ValueError("out's block must be C-contiguous and writeable")
@@ -406,8 +520,8 @@ class Storage(ABC):
             return self.batch_codec.views(block)
         return self._carve(block, n)
 
-    def _new_block(self, n: int) -> np.ndarray:
-        dtype, shape = self.block_spec(n)
+    def _new_block(self, n: int, select: FieldSelection | None = None) -> np.ndarray:
+        dtype, shape = self.block_spec(n, select)
         raw = self.pool.acquire(math.prod(shape) * dtype.itemsize)
         return raw.view(dtype).reshape(shape)
 
@@ -424,11 +538,13 @@ class Storage(ABC):
 
     @abstractmethod
     def gather(
-        self, indices: np.ndarray, out_block: Any = None
+        self, indices: np.ndarray, out_block: Any = None, select: FieldSelection | None = None
     ) -> tuple[dict[str, dict[str, Any]], Any]:
         """Rows at ``indices`` (shape (B,), int64, in range): per field, per agent, arrays of
         shape (B, *shape) viewing one block, and that block. ``out_block`` (already checked by
-        :meth:`check_out_block`) is overwritten instead of taking a block from the pool."""
+        :meth:`check_out_block`) is overwritten instead of taking a block from the pool.
+        ``select`` gathers only its fields (into a block of its format); ``None``: every field
+        (the default gathers, untouched by selections)."""
 
     @abstractmethod
     def arrays(self) -> dict[str, np.ndarray]:
@@ -481,18 +597,37 @@ class Storage(ABC):
         generations: np.ndarray,
         weights: np.ndarray | None,
         trainer: int | None,
+        select: FieldSelection | None = None,
     ) -> Any:
         """The batch of one :meth:`gather` (``fields`` and ``block`` as it returned them) at
         ``indices`` (shape (B,), a :class:`marlbuf.batch.DrawnIndices`) drawn at
-        ``generations``, with importance ``weights`` (shape (B,), float32, or ``None``)."""
+        ``generations``, with importance ``weights`` (shape (B,), float32, or ``None``);
+        ``select`` as given to the gather (left-out fields are :class:`NotGathered`)."""
         codec = self.batch_codec
         more: dict[str, Any] = {}
-        if codec.more:
+        if select is not None:
+            absent = {
+                name: NotGathered(name, select.names)
+                for name in (*FIELDS, ALIVE)
+                if name not in fields
+            }
+            more = {
+                "extras": {name: fields[name] for name in select.extra_names},
+                "globals": {name: fields[name][GLOBAL] for name in select.global_fields},
+                "alive": fields[ALIVE] if select.alive else None,
+                "gathered_fields": select.names,
+            }
+            if codec.alive and not select.alive:
+                more["alive"] = absent[ALIVE]
+            fields = {**{f: absent.get(f) for f in FIELDS}, **fields}
+        elif codec.more:
             more = {
                 "extras": {name: fields[name] for name in codec.extra_names},
                 "globals": {name: fields[name][GLOBAL] for name in codec.global_fields},
                 "alive": fields[ALIVE] if codec.alive else None,
             }
+        if self.discrete_agents:
+            more["discrete_agents"] = self.discrete_agents
         return Batch(
             obs=fields["obs"],
             action=fields["action"],
@@ -609,12 +744,24 @@ class AgentMajorStorage(Storage):
                     dst[lo:hi] = src[s0 : s0 + (hi - lo)]
 
     def gather(
-        self, indices: np.ndarray, out_block: np.ndarray | None = None
+        self,
+        indices: np.ndarray,
+        out_block: np.ndarray | None = None,
+        select: FieldSelection | None = None,
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
         n = indices.shape[0]
-        block = self._new_block(n) if out_block is None else out_block
-        out = self._carve(block, n)
-        for field_name, agent, src in self._flat:
+        block = self._new_block(n, select) if out_block is None else out_block
+        if select is None:
+            out = self._carve(block, n)
+            flat = self._flat
+            next_fields = self._next
+        else:  # the chosen fields only, carved from a block of their own
+            out = {f: {} for f in select.field_names}
+            for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
+                out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
+            flat = [x for x in self._flat if x[0] in out]
+            next_fields = self._next if "next_obs" in out else []
+        for field_name, agent, src in flat:
             dst = out[field_name][agent]
             # Numba has no float16: half-precision arrays are moved as their 2-byte patterns
             bits = src.view(np.uint16) if src.dtype == np.float16 else src
@@ -626,7 +773,7 @@ class AgentMajorStorage(Storage):
                 np.copyto(dst.reshape(n, -1), narrow)
         links = self.links
         if links is not None:
-            for agent, word, side_offset in self._next:
+            for agent, word, side_offset in next_fields:
                 dst = out["next_obs"][agent]
                 obs = self._data["obs"][agent].reshape(self.capacity, -1)
                 narrow = dst if dst.dtype == obs.dtype else np.empty((n, obs.shape[1]), obs.dtype)
@@ -726,6 +873,7 @@ class InterleavedStorage(Storage):
             _config.GATHER_BLOCK_MIN_ROWS, _config.GATHER_BLOCK_BYTES // self.table_row_bytes
         )
         self._plans: dict[int, np.ndarray] = {}
+        self._selected_plans: dict[tuple[str, ...], dict[int, np.ndarray]] = {}
         self._no_links = np.zeros(0, dtype=np.int64)
         self._no_side = np.zeros((1, 8), dtype=np.uint8)
 
@@ -759,8 +907,13 @@ class InterleavedStorage(Storage):
             scatter_lean(self.table, slots, rows, *self._lean_args)
 
     def gather(
-        self, indices: np.ndarray, out_block: np.ndarray | None = None
+        self,
+        indices: np.ndarray,
+        out_block: np.ndarray | None = None,
+        select: FieldSelection | None = None,
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
+        if select is not None:
+            return self._gather_selected(indices, out_block, select)
         n = indices.shape[0]
         block = self._new_block(n) if out_block is None else out_block
         rows = self.batch_layout == "rows"
@@ -814,6 +967,66 @@ class InterleavedStorage(Storage):
         if rows:
             return self.batch_codec.views(block), block
         return self._carve(block, n), block
+
+    def _gather_selected(
+        self, indices: np.ndarray, out_block: np.ndarray | None, select: FieldSelection
+    ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
+        """:meth:`gather` of the fields of ``select``: the general kernel with a plan of the
+        chosen (field, agent) slots into a block of the selection's format (next observations
+        are looked up only when ``next_obs`` is chosen)."""
+        n = indices.shape[0]
+        block = self._new_block(n, select) if out_block is None else out_block
+        rows = self.batch_layout == "rows"
+        kind, src, dst, length, step, from_next = self._selected_plan(select, n)
+        links = self.links if "next_obs" in select.names else None
+        side = links.side if links is not None else self._no_side
+        flat = block.reshape(-1)
+        gather_segments(
+            self.table,
+            side.view(np.uint64),
+            indices,
+            links.next_slot if links is not None else self._no_links,
+            links.side_row if links is not None else self._no_links,
+            kind,
+            src,
+            dst,
+            length,
+            step,
+            from_next,
+            HALF_TO_FLOAT_BITS,
+            flat.view(np.uint64),
+            flat.view(np.uint32),
+            flat.view(np.uint8),
+            self._block_rows,
+        )
+        if rows:
+            return select.views(block), block
+        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
+        for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
+            out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
+        return out, block
+
+    def _selected_plan(self, select: FieldSelection, n: int) -> np.ndarray:
+        """The gather plan of ``select``'s fields for ``n``-row batches (kept per selection
+        and, for per-agent batches, per ``n``)."""
+        plans = self._selected_plans.setdefault(select.names, {})
+        key = 0 if self.batch_layout == "rows" else n
+        if key not in plans:
+            stored = self.codec.slots if self.links is None else self.codec.lean_slots
+            obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
+            if self.batch_layout == "rows":
+                targets = [
+                    (fs.field, fs.agent, fs.offset, select.row_bytes, fs.dtype)
+                    for fs in select.slots
+                ]
+            else:
+                targets = [
+                    (f, a, offset, nbytes // n, dtype)
+                    for f, a, offset, nbytes, dtype, _ in select.carving(n)[0]
+                ]
+            plans.clear()  # one batch size at a time, as the default plans
+            plans[key] = build_plan(stored, obs_slots, targets, self.links is not None)
+        return plans[key]
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"table": self.table}

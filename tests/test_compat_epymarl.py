@@ -184,6 +184,28 @@ def test_batches_equal_the_padded_ring_field_by_field(size: int) -> None:
         assert not buffers[0].can_sample(buffers[1].episodes_in_buffer + 1)
 
 
+def test_a_sample_gathers_the_scheme_fields_only() -> None:
+    """The marlbuf batch behind a sample holds the scheme's fields, not the buffer's own
+    one-byte transition fields (next_obs is never read)."""
+    buf = make(10)
+    fill((buf, PaddedRing(10)), 3)
+    seen = []
+    gather = buf.buffer.gather_sequences
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        batch = gather(*args, **kwargs)
+        seen.append(batch)
+        return batch
+
+    buf.buffer.gather_sequences = spy  # type: ignore[method-assign]
+    buf.sample(2)
+    (batch,) = seen
+    assert batch.gathered_fields is not None and "next_obs" not in batch.gathered_fields
+    with pytest.raises(ValueError, match="fields="):
+        batch.next_obs["member_0"]
+    assert set(batch.extras) | set(batch.globals) == set(batch.gathered_fields)
+
+
 def test_indexing_as_the_learners_do() -> None:
     buffers = (make(20), PaddedRing(20))
     fill(buffers, 6)

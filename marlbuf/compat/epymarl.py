@@ -6,8 +6,10 @@ learners on ``buffer.sample(batch_size)``: ``batch_size`` distinct episodes draw
 module gives the same interface over a :class:`~marlbuf.MultiAgentReplayBuffer`, which stores
 only the filled steps of each episode (variable-length episodes take the memory of their real
 steps) and gathers a batch with one :meth:`~marlbuf.MultiAgentReplayBuffer.gather_sequences`
-call. EPyMARL is not imported: the buffer reads any episode batch that has ``batch_size``,
-``max_seq_length`` and ``data.transition_data`` / ``data.episode_data`` dicts of tensors (what
+call of the scheme's fields only (``fields=``: the buffer's own transition fields, next_obs
+among them, are neither copied nor read). EPyMARL is not imported: the buffer reads any episode
+batch that has ``batch_size``, ``max_seq_length`` and ``data.transition_data`` /
+``data.episode_data`` dicts of tensors (what
 EPyMARL's runners build), and returns :class:`EpisodeBatch` objects that its learners use
 unchanged (``batch["obs"][:, t]``, ``batch[:, :max_t]``, ``max_t_filled()``, ``to(device)``,
 ``batch_size``, ``max_seq_length``, ``device``).
@@ -350,6 +352,9 @@ class ReplayBuffer:
             seed=0,
         )
         self._agents = agents
+        #: the scheme's fields: a batch gathers these only (the five one-byte transition
+        #: fields, next_obs among them, are never read)
+        self._gathered = tuple(name for name, *_ in self._fields.values())
         #: per ring position: the first slot of its episode, that slot's write generation
         self._first = np.zeros(self.buffer_size, dtype=np.int64)
         self._generation = np.full(self.buffer_size, -1, dtype=np.int64)
@@ -478,7 +483,9 @@ class ReplayBuffer:
     def _gather(self, ids: np.ndarray) -> EpisodeBatch:
         """:meth:`episodes` of checked ``ids``. Every tensor is contiguous, as EPyMARL's (its
         learners may call ``view`` on them): one copy out of the gathered block per field."""
-        batch = self.buffer.gather_sequences(self._first[ids], self.max_seq_length)
+        batch = self.buffer.gather_sequences(
+            self._first[ids], self.max_seq_length, fields=self._gathered
+        )
         mask = batch.mask
         transition: dict[str, torch.Tensor] = {}
         episode: dict[str, torch.Tensor] = {}

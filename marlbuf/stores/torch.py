@@ -47,11 +47,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from marlbuf import _config
 from marlbuf._kernels import scatter_lean
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
-from marlbuf.batch import Batch, DrawnIndices
+from marlbuf.batch import Batch, DrawnIndices, NotGathered
 from marlbuf.memory import check_fits_in_memory
 from marlbuf.spec import ALIVE, FIELDS, GLOBAL, AgentSpec
 from marlbuf.staging import RowCodec, RowViews
-from marlbuf.storage import Storage, build_plan, ring_ranges
+from marlbuf.storage import FieldSelection, Storage, build_plan, ring_ranges
 from marlbuf.writer import NextObsLinks
 
 Tensor = torch.Tensor
@@ -127,7 +127,7 @@ class RowLayout:
         instead of its dense rows.
     """
 
-    def __init__(self, codec: RowCodec, lean: bool = False) -> None:
+    def __init__(self, codec: RowCodec | FieldSelection, lean: bool = False) -> None:
         self.codec = codec
         self.agents = list(codec.agents)
         self.row_bytes = codec.lean_row_bytes if lean else codec.row_bytes
@@ -376,6 +376,10 @@ class DeviceBatch:
 
     The per-field dicts are built on first access (a learner that reads ``concat`` spans never
     pays for the per-agent views). The memory is never reused while a tensor of it is alive.
+    A batch gathered with ``fields=`` holds the chosen fields only (``layout`` describes their
+    rows); reading a left-out one raises a ``ValueError`` naming ``fields=``.
+    ``action_index`` gives the integer actions of discrete agents as int64 tensors (see
+    :attr:`marlbuf.batch.Batch.action_index`).
     """
 
     def __init__(
@@ -389,8 +393,10 @@ class DeviceBatch:
         trainer: int | None,
         round_: _Round | None = None,
         position: int = 0,
+        discrete_agents: tuple[str, ...] = (),
     ) -> None:
         self.layout = layout
+        self.discrete_agents = discrete_agents
         self.block = block
         self.per_agent = per_agent
         self.indices = indices
@@ -419,25 +425,40 @@ class DeviceBatch:
             self._fields = self._shaped(raw)
         return self._fields
 
+    def _part(self, name: str) -> dict[str, Tensor]:
+        """The per-agent views of field ``name``, or the error of a field left out by
+        ``fields=``."""
+        part = self._views().get(name)
+        if part is None:
+            NotGathered(name, self.layout.codec.field_names).refuse()
+        return part  # type: ignore[return-value]
+
     @property
     def obs(self) -> dict[str, Tensor]:
-        return self._views()["obs"]
+        return self._part("obs")
 
     @property
     def action(self) -> dict[str, Tensor]:
-        return self._views()["action"]
+        return self._part("action")
 
     @property
     def reward(self) -> dict[str, Tensor]:
-        return self._views()["reward"]
+        return self._part("reward")
 
     @property
     def next_obs(self) -> dict[str, Tensor]:
-        return self._views()["next_obs"]
+        return self._part("next_obs")
 
     @property
     def done(self) -> dict[str, Tensor]:
-        return self._views()["done"]
+        return self._part("done")
+
+    @property
+    def action_index(self) -> dict[str, Tensor]:
+        """Per discrete agent, its integer action (int64, shape ``(B,)`` or ``(B, L)``, on the
+        device): the argmax of the gathered one-hot (0 on masked steps)."""
+        action = self.action if self.discrete_agents else {}
+        return {a: action[a].argmax(dim=-1) for a in self.discrete_agents}
 
     @property
     def extras(self) -> dict[str, dict[str, Tensor]]:
@@ -451,7 +472,11 @@ class DeviceBatch:
 
     @property
     def alive(self) -> dict[str, Tensor] | None:
-        return self._views()[ALIVE] if self.layout.codec.alive else None
+        if self.layout.codec.alive:
+            return self._views()[ALIVE]
+        if ALIVE in getattr(self.layout.codec, "left_out", ()):
+            NotGathered(ALIVE, self.layout.codec.field_names).refuse()
+        return None
 
     def __getattr__(self, name: str) -> Any:
         # extra and global fields as attributes (batch.hidden, batch.state), as on Batch
@@ -462,6 +487,11 @@ class DeviceBatch:
             return self.extras[name]
         if name in codec.global_fields:
             return self.globals[name]
+        if name in getattr(codec, "left_out", ()):
+            raise AttributeError(
+                f"{name!r} was not gathered: this batch was sampled with "
+                f"fields={codec.field_names}; add {name!r} to fields="
+            )
         raise AttributeError(
             f"{type(self).__name__!r} object has no attribute {name!r} (extra fields: "
             f"{list(codec.extra_names)}, global fields: {list(codec.global_fields)})"
@@ -489,16 +519,17 @@ class DeviceBatch:
         """The per-agent dict of one field (``"obs"``, ``"action"``, ..., an extra field's
         name, or ``"alive"``)."""
         codec = self.layout.codec
+        if name in getattr(codec, "left_out", ()):
+            NotGathered(name, codec.field_names).refuse()
         names = (*FIELDS, *codec.extra_names) + ((ALIVE,) if codec.alive else ())
         if name not in names:
             raise ValueError(f"name must be one of {names}; got name={name!r}")
-        return self._views()[name]
+        return self._part(name)
 
     def as_lists(self) -> tuple[list[Tensor], ...]:
         """``(obs_n, act_n, rew_n, next_obs_n, done_n)``: lists of per-agent tensors in agent
         order (the same tensors, no copy)."""
-        views = self._views()
-        return tuple(list(views[name].values()) for name in FIELDS)
+        return tuple(list(self._part(name).values()) for name in FIELDS)
 
     def concat(self, *fields: str) -> Tensor:
         """All agents' ``fields``, flattened and concatenated: shape ``(B, total_dim)``.
@@ -531,8 +562,16 @@ class DeviceBatch:
         def host(x: Tensor) -> np.ndarray:
             return x.detach().cpu().numpy().copy()
 
-        alive = self.alive
-        fields = {name: {a: host(x) for a, x in self.field(name).items()} for name in FIELDS}
+        codec = self.layout.codec
+        chosen = codec.field_names if hasattr(codec, "left_out") else None
+        alive_left_out = ALIVE in getattr(codec, "left_out", ())
+        alive = None if alive_left_out else self.alive
+        fields: dict[str, Any] = {
+            name: {a: host(x) for a, x in self.field(name).items()}
+            if chosen is None or name in chosen
+            else NotGathered(name, chosen)
+            for name in FIELDS
+        }
         return Batch(
             obs=fields["obs"],
             action=fields["action"],
@@ -545,7 +584,11 @@ class DeviceBatch:
             trainer=self.trainer,
             extras={n: {a: host(x) for a, x in d.items()} for n, d in self.extras.items()},
             globals={n: host(x) for n, x in self.globals.items()},
-            alive=None if alive is None else {a: host(x) for a, x in alive.items()},
+            alive=NotGathered(ALIVE, codec.field_names)  # type: ignore[arg-type]
+            if alive_left_out
+            else (None if alive is None else {a: host(x) for a, x in alive.items()}),
+            gathered_fields=chosen,
+            discrete_agents=self.discrete_agents,
         )
 
 
@@ -572,7 +615,14 @@ class DeviceSequenceBatch(DeviceBatch):
         device_mask: Tensor,
     ) -> None:
         super().__init__(
-            flat.layout, flat.block, flat.per_agent, indices, generations, weights, trainer
+            flat.layout,
+            flat.block,
+            flat.per_agent,
+            indices,
+            generations,
+            weights,
+            trainer,
+            discrete_agents=flat.discrete_agents,
         )
         self.mask = device_mask
         self.burn_in = int(burn_in)
@@ -662,6 +712,10 @@ class TorchStorage(Storage):
         self.table_row_bytes = self.table_layout.row_bytes
         self.row_words = self.batch_codec.row_words
         self._segments = self._plan_segments(lean)
+        self._selections_built: dict[
+            tuple[str, ...],
+            tuple[RowLayout, list[tuple[torch.dtype, torch.dtype, int, int, int, bool]]],
+        ] = {}
         done_lean, done_dense, done_bytes = self.codec.done_span
         self._lean_args = (
             -(-self.codec.head_bytes // 8),
@@ -731,21 +785,66 @@ class TorchStorage(Storage):
             )
 
     # ------------------------------------------------------------------------- gathers
-    def _new_rows(self, n: int) -> Tensor:
-        """Fresh (n, row_words) int64 memory for batch rows."""
+    def _new_rows(self, n: int, words: int | None = None) -> Tensor:
+        """Fresh (n, words) int64 memory for batch rows (default: full batch rows)."""
+        words = self.row_words if words is None else words
         if self._host_blocks:
-            raw = self.pool.acquire(n * self.batch_codec.row_bytes)
-            return torch.from_numpy(raw.view(np.int64).reshape(n, self.row_words))
-        return torch.empty((n, self.row_words), dtype=torch.int64, device=self.device)
+            raw = self.pool.acquire(n * words * 8)
+            return torch.from_numpy(raw.view(np.int64).reshape(n, words))
+        return torch.empty((n, words), dtype=torch.int64, device=self.device)
 
     def _new_bytes(self, nbytes: int) -> Tensor:
         if self._host_blocks:
             return torch.from_numpy(self.pool.acquire(nbytes))
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def gather(
-        self, indices: np.ndarray, out_block: Any = None
+    def _selected(
+        self, select: FieldSelection
+    ) -> tuple[RowLayout, list[tuple[torch.dtype, torch.dtype, int, int, int, bool]]]:
+        """The row views and gather segments of ``select``'s rows (built once per selection)."""
+        found = self._selections_built.get(select.names)
+        if found is None:
+            lean = self.links is not None
+            stored = self.codec.lean_slots if lean else self.codec.slots
+            obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
+            targets = [
+                (fs.field, fs.agent, fs.offset, select.row_bytes, fs.dtype) for fs in select.slots
+            ]
+            kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, lean)
+            segments = [
+                (*_UNIT_DTYPES[int(k)], int(s), int(d), int(n), bool(x))
+                for k, s, d, n, x in zip(kind, src, dst, length, from_next)
+            ]
+            if len(self._selections_built) >= _config.MAX_FIELD_SELECTIONS:
+                self._selections_built.clear()
+            found = self._selections_built[select.names] = (RowLayout(select), segments)
+        return found
+
+    def _gather_selected(
+        self, indices: np.ndarray, out_block: Any, select: FieldSelection
     ) -> tuple[dict[str, dict[str, Any]], Tensor]:
+        """:meth:`gather` of the fields of ``select`` (rows of its format, or its per-agent
+        arrays carved from them)."""
+        n = int(indices.shape[0])
+        layout, segments = self._selected(select)
+        per_agent = self.batch_layout == "per_agent"
+        if per_agent or out_block is None:
+            rows = self._new_rows(n, select.row_words)
+        else:
+            rows = out_block
+        self.gather_rows(indices, rows, segments)
+        if not per_agent:
+            return {}, rows
+        _, nbytes = layout.carving(n)
+        block = self._new_bytes(nbytes) if out_block is None else out_block
+        layout.fill_per_agent(rows, block)
+        return {}, block
+
+    def gather(
+        self, indices: np.ndarray, out_block: Any = None, select: FieldSelection | None = None
+    ) -> tuple[dict[str, dict[str, Any]], Tensor]:
+        if select is not None:
+            return self._gather_selected(indices, out_block, select)
         n = int(indices.shape[0])
         per_agent = self.batch_layout == "per_agent"
         rows = self._new_rows(n) if per_agent or out_block is None else out_block
@@ -757,16 +856,26 @@ class TorchStorage(Storage):
         self.row_layout.fill_per_agent(rows, block)
         return {}, block
 
-    def gather_rows(self, indices: np.ndarray, dst: Tensor) -> None:
+    def gather_rows(
+        self,
+        indices: np.ndarray,
+        dst: Tensor,
+        segments: list[tuple[torch.dtype, torch.dtype, int, int, int, bool]] | None = None,
+    ) -> None:
         """Batch rows at ``indices`` (shape (n,), int64 on the host, filled slots or -1 for a
-        row of zeros) into ``dst`` (shape (n, row_words), int64, on the device)."""
+        row of zeros) into ``dst`` (shape (n, row_words), int64, on the device); ``segments``
+        (of a field selection, rows of its format) instead of the full batch rows'."""
         if indices.shape[0] and indices.min() < 0:
             indices = np.where(indices < 0, self.capacity, indices)
         idx = self._uploader.to_device(np.ascontiguousarray(indices, dtype=np.int64))
-        if self._segments is None:
-            torch.index_select(self.table, 0, idx, out=dst)
-            return
-        links = self.links
+        if segments is None:
+            segments = self._segments
+            if segments is None:
+                torch.index_select(self.table, 0, idx, out=dst)
+                return
+            links = self.links
+        else:  # a selection: next observations are looked up only when it holds some
+            links = self.links if any(seg[5] for seg in segments) else None
         sources = idx
         side_at: Tensor | None = None
         side: Tensor | None = None
@@ -784,7 +893,7 @@ class TorchStorage(Storage):
                 side = self._uploader.rows_to_device(np.ascontiguousarray(side_rows).view(np.int64))
                 side_at = self._uploader.to_device(at.astype(np.int64))
         # every field byte is written by a segment (padding bytes are left as they were)
-        for src_dtype, dst_dtype, src, dst_at, length, from_next in self._segments:
+        for src_dtype, dst_dtype, src, dst_at, length, from_next in segments:
             rows = sources if from_next else idx
             part = self.table.view(src_dtype)[:, src : src + length]
             out = dst.view(dst_dtype)[:, dst_at : dst_at + length]
@@ -795,14 +904,16 @@ class TorchStorage(Storage):
             if from_next and side is not None and side_at is not None:
                 out[side_at] = side.view(src_dtype)[:, src : src + length].to(dst_dtype)
 
-    def check_out_block(self, block: Any, n: int) -> Any:
-        """``block`` (of a batch passed as ``out=``) if this store can gather ``n`` rows into
-        it, else a ``ValueError`` that says what differs."""
+    def check_out_block(self, block: Any, n: int, select: FieldSelection | None = None) -> Any:
+        """``block`` (of a batch passed as ``out=``) if this store can gather ``n`` rows (of
+        the fields of ``select``) into it, else a ``ValueError`` that says what differs."""
         shape: tuple[int, ...]
+        layout = self.row_layout if select is None else self._selected(select)[0]
         if self.batch_layout == "rows":
-            shape, dtype = (n, self.row_words), torch.int64
+            words = self.row_words if select is None else select.row_words
+            shape, dtype = (n, words), torch.int64
         else:
-            shape, dtype = (self.row_layout.carving(n)[1],), torch.uint8
+            shape, dtype = (layout.carving(n)[1],), torch.uint8
         if not isinstance(block, Tensor):
             raise ValueError(
                 "out must be a DeviceBatch returned by this buffer's sample/gather; got block="
@@ -812,7 +923,8 @@ class TorchStorage(Storage):
             raise ValueError(
                 f"out holds a block of shape {tuple(block.shape)} dtype {block.dtype} on "
                 f"{block.device}, but a batch of {n} rows of this buffer needs shape {shape} "
-                f"dtype {dtype} on {self.device}: pass a batch of the same size from this buffer"
+                f"dtype {dtype} on {self.device}: pass a batch of the same size and fields= "
+                "from this buffer"
             )
         if not block.is_contiguous():
             raise ValueError("out's block must be contiguous")
@@ -860,15 +972,17 @@ class TorchStorage(Storage):
         generations: np.ndarray,
         weights: np.ndarray | None,
         trainer: int | None,
+        select: FieldSelection | None = None,
     ) -> DeviceBatch:
         return DeviceBatch(
-            self.row_layout,
+            self.row_layout if select is None else self._selected(select)[0],
             block,
             self.batch_layout == "per_agent",
             indices,
             generations,
             self.weights_to_device(weights),
             trainer,
+            discrete_agents=self.discrete_agents,
         )
 
     def make_sequences(
@@ -944,6 +1058,7 @@ class TorchStorage(Storage):
                 trainers[t],
                 whole,
                 t,
+                self.discrete_agents,
             )
             for t in range(k)
         ]
