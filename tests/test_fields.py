@@ -313,3 +313,45 @@ def test_action_index_leaves_continuous_agents_out() -> None:
     assert list(batch.action_index) == ["discrete"]
     assert batch.action_index["discrete"].tolist() == [2]
     assert batch.to_torch().action_index["discrete"].tolist() == [2]
+
+
+# ------------------------------------------------- team reward and per-episode constants
+def test_team_reward_and_episode_constants_as_global_fields() -> None:
+    """The documented recipe (docs/migrating.md): a team reward is one global value per step,
+    a per-episode constant a global field written with the episode's value at each step."""
+    specs = {f"agent_{i}": AgentSpec((4,), (3,), n_discrete_actions=3) for i in range(16)}
+    globals_ = {"team_reward": FieldSpec(()), "map_id": FieldSpec((), np.int32)}
+    plain = MultiAgentReplayBuffer(specs, 1000, sampler=Episodes())
+    buf = MultiAgentReplayBuffer(specs, 1000, sampler=Episodes(), global_fields=globals_, seed=1)
+    extras = {name: FieldSpec(fs.shape, fs.dtype) for name, fs in globals_.items()}
+    per_agent = MultiAgentReplayBuffer(
+        {a: AgentSpec((4,), (3,), n_discrete_actions=3, extras=extras) for a in specs},
+        1000,
+        sampler=Episodes(),
+    )
+    # stored once per step: the two globals add 8 bytes to a row (at most one more cache
+    # line of padding), per-agent copies 8 bytes per agent
+    assert buf.nbytes - plain.nbytes <= 1000 * 64 < per_agent.nbytes - plain.nbytes
+    rng = np.random.default_rng(0)
+    team, maps = {}, {}
+    for episode, length in enumerate(rng.integers(3, 12, size=40)):
+        obs = rng.random((length + 1, 4), np.float32)
+        first = buf.cursor
+        team[first] = rng.standard_normal(length).astype(np.float32)
+        maps[first] = episode
+        buf.extend(
+            obs={a: obs[:-1] for a in specs},
+            action={a: np.zeros(length, np.int64) for a in specs},
+            reward={a: np.zeros(length, np.float32) for a in specs},
+            next_obs={a: obs[1:] for a in specs},
+            done={a: (np.arange(length) == length - 1).astype(np.float32) for a in specs},
+            team_reward=team[first],
+            map_id=np.full(length, episode, np.int32),
+        )
+    batch = buf.sample(16, fields=("obs", "team_reward", "map_id"))
+    for b, start in enumerate(batch.indices.tolist()):
+        length = int(batch.lengths[b])
+        np.testing.assert_array_equal(batch.team_reward[b, :length], team[start])
+        assert (batch.map_id[b, :length] == maps[start]).all()
+        assert batch.map_id[b, 0] == maps[start]  # the constant, read at the first step
+        assert not batch.team_reward[b, length:].any()  # padding
