@@ -28,6 +28,7 @@ from marlbuf._kernels import (
     gather_rows,
     gather_rows_parallel,
     gather_segments,
+    gather_spans,
     scatter_lean,
     scatter_rows,
 )
@@ -259,8 +260,11 @@ class FieldSelection:
     row format, described as :class:`marlbuf.staging.RowCodec` describes the full one.
 
     The chosen (field, agent) slots keep the batch codec's order (field-major, agents in spec
-    order, then globals and the alive mask), each aligned to its itemsize; a row is padded to
-    whole 8-byte words only, so a batch of a few fields holds (and copies) only their bytes.
+    order, then globals and the alive mask), each at the first offset with the alignment its
+    full row gives it modulo 8 bytes (so its itemsize too): fields that were neighbours in the
+    stored row stay neighbours at the same word phase, and the gather plan merges them into one
+    copy. A row is padded to whole 8-byte words only, so a batch of a few fields holds (and
+    copies) only their bytes.
     ``batch_layout="rows"`` batches are rows of this format, ``"per_agent"`` batches carve the
     chosen arrays only, each on a cache line.
 
@@ -285,23 +289,31 @@ class FieldSelection:
         offset = 0
         for fs in codec.slots:
             if fs.field in names:
-                offset = -(-offset // fs.dtype.itemsize) * fs.dtype.itemsize
+                unit = max(8, fs.dtype.itemsize)
+                offset += (fs.offset - offset) % unit  # the full row's phase within a word
                 self.slots.append(dataclasses.replace(fs, offset=offset))
                 offset += fs.nbytes
         self.row_bytes = max(8, -(-offset // 8) * 8)  # whole words: the block is uint64 rows
         self.row_words = self.row_bytes // 8
         # a selection's rows are never lean (duck-typed for the torch store's RowLayout)
         self.lean_slots, self.lean_row_bytes = self.slots, self.row_bytes
+        # per slot: (field, agent, offset, shape, dtype, strides of one item) for views
+        self._view_plan = [
+            (fs.field, fs.agent, fs.offset, fs.shape, fs.dtype, _item_strides(fs))
+            for fs in self.slots
+        ]
 
     def views(self, rows: np.ndarray) -> RowViews:
         """Per chosen field, per agent, strided views of ``rows`` (shape (n, row_words),
         uint64, C-contiguous)."""
         n = rows.shape[0]
-        raw = rows.view(np.uint8)
+        row_bytes = rows.shape[1] * rows.itemsize
         out: RowViews = {f: {} for f in self.field_names}
-        for s in self.slots:
-            part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
-            out[s.field][s.agent] = part.reshape((n, *s.shape))
+        # one ndarray construction per view (its base is ``rows``, which it keeps alive)
+        for field_name, agent, offset, shape, dtype, inner in self._view_plan:
+            out[field_name][agent] = np.ndarray(
+                (n, *shape), dtype, rows, offset, (row_bytes, *inner)
+            )
         return out
 
     def carving(self, n: int) -> tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]:
@@ -314,6 +326,15 @@ class FieldSelection:
             layout.append((fs.field, fs.agent, offset, nbytes, fs.dtype, (n, *fs.shape)))
             offset += -(-nbytes // align) * align
         return layout, max(offset, align)
+
+
+def _item_strides(fs: FieldSlot) -> tuple[int, ...]:
+    """C-order strides of one item of the slot ``fs`` (shape ``fs.shape``, ``fs.dtype``)."""
+    strides, step = [], fs.dtype.itemsize
+    for size in reversed(fs.shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def check_fields(fields: Any, names: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -873,7 +894,7 @@ class InterleavedStorage(Storage):
             _config.GATHER_BLOCK_MIN_ROWS, _config.GATHER_BLOCK_BYTES // self.table_row_bytes
         )
         self._plans: dict[int, np.ndarray] = {}
-        self._selected_plans: dict[tuple[str, ...], dict[int, np.ndarray]] = {}
+        self._selected_plans: dict[tuple[str, ...], dict[int, tuple[np.ndarray, bool]]] = {}
         self._no_links = np.zeros(0, dtype=np.int64)
         self._no_side = np.zeros((1, 8), dtype=np.uint8)
 
@@ -977,10 +998,39 @@ class InterleavedStorage(Storage):
         n = indices.shape[0]
         block = self._new_block(n, select) if out_block is None else out_block
         rows = self.batch_layout == "rows"
-        kind, src, dst, length, step, from_next = self._selected_plan(select, n)
+        plan, direct = self._selected_plan(select, n)
+        kind, src, dst, length, step, _ = plan
+        flat = block.reshape(-1)
+        if direct:
+            # copies out of the row itself: straight from the table, no staging of whole rows
+            gather_spans(
+                self.table,
+                indices,
+                kind,
+                src,
+                dst,
+                length,
+                step,
+                flat.view(np.uint64),
+                flat.view(np.uint32),
+                flat.view(np.uint8),
+            )
+        else:
+            self._gather_selected_staged(indices, select, flat, n)
+        if rows:
+            return select.views(block), block
+        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
+        for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
+            out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
+        return out, block
+
+    def _gather_selected_staged(
+        self, indices: np.ndarray, select: FieldSelection, flat: np.ndarray, n: int
+    ) -> None:
+        """The plan of ``select`` run by ``gather_segments`` (next observations, float16)."""
+        kind, src, dst, length, step, from_next = self._selected_plan(select, n)[0]
         links = self.links if "next_obs" in select.names else None
         side = links.side if links is not None else self._no_side
-        flat = block.reshape(-1)
         gather_segments(
             self.table,
             side.view(np.uint64),
@@ -999,16 +1049,11 @@ class InterleavedStorage(Storage):
             flat.view(np.uint8),
             self._block_rows,
         )
-        if rows:
-            return select.views(block), block
-        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
-        for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
-            out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
-        return out, block
 
-    def _selected_plan(self, select: FieldSelection, n: int) -> np.ndarray:
+    def _selected_plan(self, select: FieldSelection, n: int) -> tuple[np.ndarray, bool]:
         """The gather plan of ``select``'s fields for ``n``-row batches (kept per selection
-        and, for per-agent batches, per ``n``)."""
+        and, for per-agent batches, per ``n``), and whether it only copies out of the row
+        itself (no next observations, no float16 conversion: ``gather_spans`` runs it)."""
         plans = self._selected_plans.setdefault(select.names, {})
         key = 0 if self.batch_layout == "rows" else n
         if key not in plans:
@@ -1025,7 +1070,9 @@ class InterleavedStorage(Storage):
                     for f, a, offset, nbytes, dtype, _ in select.carving(n)[0]
                 ]
             plans.clear()  # one batch size at a time, as the default plans
-            plans[key] = build_plan(stored, obs_slots, targets, self.links is not None)
+            plan = build_plan(stored, obs_slots, targets, self.links is not None)
+            direct = not (plan[5].any() or (plan[0] == HALF_TO_FLOAT).any())
+            plans[key] = (plan, bool(direct))
         return plans[key]
 
     def arrays(self) -> dict[str, np.ndarray]:

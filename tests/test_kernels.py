@@ -134,6 +134,46 @@ def test_gather_plan_matches_naive(rows_output):
         np.testing.assert_array_equal(fast, expected, err_msg=f"block_rows={block_rows}")
 
 
+@pytest.mark.parametrize("rows_output", [True, False])
+def test_gather_spans_matches_naive(rows_output):
+    """The direct kernel of field selections: copies of every width out of the row itself,
+    rows or per-segment outputs, masked rows (-1) zero, against the naive plan interpreter."""
+    from marlbuf._kernels import gather_spans
+    from marlbuf._kernels.plan import COPY8, COPY32, COPY64
+
+    rng = np.random.default_rng(1)
+    table = rng.integers(0, 256, size=(30, 96), dtype=np.uint8)
+    no_links = np.zeros(0, dtype=np.int64)
+    idx = rng.integers(0, 30, size=11).astype(np.int64)
+    idx[[0, 6]] = -1
+    n = idx.shape[0]
+    # (kind, src units, length units, unit bytes)
+    segments = [(COPY64, 1, 3, 8), (COPY32, 9, 5, 4), (COPY8, 71, 3, 1), (COPY64, 10, 1, 8)]
+    plan, offset, row_bytes = [], 0, 96
+    for kind, src, length, unit in segments:
+        nbytes = length * unit
+        if rows_output:
+            plan.append((kind, src, offset // unit, length, row_bytes // unit, 0))
+            offset += -(-nbytes // 8) * 8
+        else:
+            plan.append((kind, src, offset // unit, length, length, 0))
+            offset += -(-n * nbytes // 8) * 8
+    plan_arr = np.array(plan, dtype=np.int64).T.copy()
+    total = n * row_bytes if rows_output else offset
+    expected = naive.gather_plan(table, table[:1], idx, no_links, no_links, plan_arr, total)
+    out = np.full(total, 7, dtype=np.uint8)  # bytes outside the segments are left alone
+    gather_spans(
+        table.view(np.uint64), idx, *plan_arr[:5], out.view(np.uint64), out.view(np.uint32), out
+    )
+    written = np.zeros(total, dtype=bool)
+    ones = naive.gather_plan(
+        np.ones_like(table), table[:1], np.zeros_like(idx), no_links, no_links, plan_arr, total
+    )
+    written[ones != 0] = True
+    np.testing.assert_array_equal(out[written], expected[written])
+    assert (out[~written] == 7).all()
+
+
 @pytest.mark.parametrize(
     "obs_shape, obs_dtype",
     [((18,), np.float32), ((7,), np.float32), ((5,), np.uint8), ((3,), np.float64)],

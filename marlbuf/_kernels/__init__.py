@@ -22,6 +22,7 @@ from marlbuf._kernels.plan import (
     first_nonfinite_half,
     gather_plan,
     gather_segments,
+    gather_spans,
 )
 from marlbuf._kernels.rows import (
     first_nonfinite,
@@ -62,6 +63,7 @@ __all__ = [
     "gather_rows",
     "gather_rows_parallel",
     "gather_segments",
+    "gather_spans",
     "locality_sample",
     "merge_distinct",
     "neighbor_indices",

@@ -311,3 +311,58 @@ def gather_segments(
             else:
                 _segment(rows16, nexts16, out32, indices, lo, hi, src0, dst0, step, length,
                          from_next, True, half_lut)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def gather_spans(
+    table64: np.ndarray,
+    indices: np.ndarray,
+    seg_kind: np.ndarray,
+    seg_src: np.ndarray,
+    seg_dst: np.ndarray,
+    seg_len: np.ndarray,
+    seg_step: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out8: np.ndarray,
+) -> None:
+    """:func:`gather_plan` for plans of copies from the gathered row itself (kinds
+    :data:`COPY64`, :data:`COPY32`, :data:`COPY8`; no next observations, no float16
+    conversion): each segment is copied straight from the table row, without the staging area
+    of :func:`gather_segments`. For batches of a few chosen fields (``fields=``) the segments
+    are a part of the row, and staging whole rows would copy the rest for nothing.
+
+    Parameters
+    ----------
+    table64 : ndarray, shape (capacity, row_words), uint64
+        The storage table.
+    indices : ndarray, shape (n,), int64
+        Slots to gather; -1 writes zeros in every segment of that row.
+    seg_kind, seg_src, seg_dst, seg_len, seg_step : ndarray, shape (n_segments,), int64
+        The plan, as for :func:`gather_plan` (``seg_next`` all 0, no ``HALF_TO_FLOAT``).
+    out64, out32, out8 : ndarray, uint64 / uint32 / uint8
+        Views of one output block.
+    """
+    rows32 = table64.view(np.uint32).reshape(table64.shape[0], -1)
+    rows8 = table64.view(np.uint8).reshape(table64.shape[0], -1)
+    for i in range(indices.shape[0]):
+        slot = indices[i]
+        for s in range(seg_kind.shape[0]):
+            kind = seg_kind[s]
+            src0 = np.uint64(seg_src[s])
+            dst = np.uint64(seg_dst[s] + i * seg_step[s])
+            length = np.uint64(seg_len[s])
+            if kind == COPY64:
+                if slot < 0:
+                    _zero_units(out64, dst, length)
+                else:
+                    _copy_units(out64, dst, table64, slot, src0, length)
+            elif kind == COPY32:
+                if slot < 0:
+                    _zero_units(out32, dst, length)
+                else:
+                    _copy_units(out32, dst, rows32, slot, src0, length)
+            elif slot < 0:
+                _zero_units(out8, dst, length)
+            else:
+                _copy_units(out8, dst, rows8, slot, src0, length)
