@@ -288,6 +288,17 @@ def test_action_index_is_the_integer_written(
         assert got.shape == lengths and got.dtype == np.int64
         np.testing.assert_array_equal(got, host(episodes.action[agent]).argmax(axis=-1))
         assert not got[~host(episodes.mask)].any()
+    sequences = build(store, tmp_path / "seq", half, batch_layout=batch_layout, sampler=Sequence(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write(sequences, 50, seed=7)
+    runs = sequences.sample(6)
+    assert type(runs).__name__ in ("SequenceBatch", "DeviceSequenceBatch")
+    for agent, index in runs.action_index.items():
+        np.testing.assert_array_equal(host(index), host(runs.action[agent]).argmax(axis=-1))
+        assert host(index).shape == (6, 3)
+    if store == "mapped":
+        sequences.close()
     chosen = buf.sample(4, fields=("action",))
     np.testing.assert_array_equal(
         host(chosen.action_index["agent_2"]), host(chosen.action["agent_2"]).argmax(axis=-1)
