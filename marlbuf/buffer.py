@@ -581,9 +581,15 @@ class MultiAgentReplayBuffer:
         axis more than ``call`` takes ("" when it has not)."""
         first = obs.get(self.agents[0]) if isinstance(obs, Mapping) else None
         if first is None and isinstance(obs, np.ndarray) and obs.ndim >= 1:
-            first = obs[0] if obs.shape[0] == len(self.specs) else obs[:, 0]
+            if obs.shape[0] == len(self.specs):
+                first = obs[0]
+            elif obs.ndim >= 2:  # a stacked (K, n_agents, ...) array
+                first = obs[:, 0]
         ndim = len(self.specs[self.agents[0]].obs_shape)
-        shape = np.shape(first) if first is not None else ()
+        try:
+            shape = np.shape(first) if first is not None else ()
+        except (ValueError, TypeError):  # not one array (a ragged list): no hint to give
+            return ""
         if call == "add" and len(shape) == ndim + 1:
             return (
                 f"; obs has a leading axis of {shape[0]}: for one step of {shape[0]} vectorized "

@@ -95,6 +95,18 @@ class StepPlan(NamedTuple):
     lean_gaps: np.ndarray
 
 
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    """``np.asarray(value)``, or a ``ValueError`` naming ``name`` for a value NumPy cannot make
+    one array of (a ragged nested list)."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"{name} must be an array (or a number) of the field's shape; got "
+            f"{type(value).__name__} that is not one array ({exc}); pass a NumPy array"
+        ) from None
+
 class RowCodec:
     """Interleaved row format of one set of specs: offsets, views and validation."""
 
@@ -304,6 +316,11 @@ class RowCodec:
             return None
         if type(items[0][0]) is not np.ndarray or type(items[3][0]) is not np.ndarray:
             return None  # e.g. lists: the NumPy paths convert them
+        for field_items in items:
+            # a list item would reach Numba as a reflected list, and a ragged nested one
+            # crashes its unboxing: lists take the NumPy paths, which convert and check them
+            if list in map(type, field_items):
+                return None
         return items
 
     def step_failed(self, exc: Exception) -> None:
@@ -805,7 +822,7 @@ class RowCodec:
             if item is None and required is not None:
                 out.append(None)
                 continue
-            arr = item if type(item) is np.ndarray else np.asarray(item)
+            arr = item if type(item) is np.ndarray else _as_array(f"{field}[{s.agent!r}]", item)
             expected = lead + s.shape
             if arr.shape != expected:
                 arr = self._reshape_special(field, s, arr, lead)
@@ -818,7 +835,7 @@ class RowCodec:
         if value is MISSING:
             raise ValueError(self._missing_field_message(name, []))
         (s,) = self._by_field[name]
-        arr = value if type(value) is np.ndarray else np.asarray(value)
+        arr = value if type(value) is np.ndarray else _as_array(name, value)
         if arr.shape != lead + s.shape:
             axis = " (with a leading T axis for extend, K for add_envs)" if lead else ""
             raise ValueError(

@@ -930,12 +930,46 @@ class EpisodeIndex:
             raise ValueError(f"state's next_episode must be an int; got {next_episode!r}")
         if arrays["episode"].size and int(arrays["episode"].max()) >= int(next_episode):
             raise ValueError("state's episode ids reach its next_episode (corrupt state)")
+        episode, step = arrays["episode"].astype(np.int64), arrays["step"].astype(np.int64)
+        if size and (episode.min() < 0 or step.min() < 0):
+            raise ValueError(
+                "state's episode index has a filled slot without an episode or with a negative "
+                "step (corrupt state)"
+            )
+        # an (episode, step) pair is written once: the links are followed by these pairs
+        pairs = episode * (int(step.max(initial=0)) + 1) + step
+        if size and np.unique(pairs).shape[0] != size:
+            raise ValueError(
+                "state's episode index holds one step of an episode in two slots (corrupt state)"
+            )
+        if open_rows.size:
+            streams, ids, steps = open_rows[:, 0], open_rows[:, 1], open_rows[:, 2]
+            if (
+                streams.min() < 0
+                or np.unique(streams).shape[0] != streams.shape[0]
+                or ids.min() < 0
+                or ids.max() >= int(next_episode)
+                or steps.min() < 0
+            ):
+                raise ValueError(
+                    "state's open episodes name a negative or repeated stream, an episode id "
+                    "outside [0, next_episode) or a negative step (corrupt state)"
+                )
         if "complete" in state:  # optional: the order of the complete-episode set
             complete = np.asarray(state["complete"])
             if complete.ndim != 1 or (complete.size and complete.dtype.kind not in "iu"):
                 raise ValueError(
                     f"state's complete episodes have shape {complete.shape}, dtype "
                     f"{complete.dtype}; expected (k,) integers"
+                )
+            if complete.size and (
+                complete.min() < 0
+                or complete.max() >= size
+                or np.unique(complete).shape[0] != complete.shape[0]
+            ):
+                raise ValueError(
+                    "state's complete episodes name slots outside the filled ones, or one twice "
+                    "(corrupt state)"
                 )
 
     def load_state_dict(self, state: Mapping[str, Any], size: int) -> None:

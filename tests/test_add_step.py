@@ -202,3 +202,24 @@ def test_independent_adds_still_warn_about_the_side_table():
             step["obs"] = {a: rng.random(5).astype(np.float32) for a in SPECS}
             buf.add(**step)
     assert [type(w.message) for w in caught] == [NextObsWarning]
+
+
+@pytest.mark.parametrize("field", ["obs", "action", "reward", "next_obs", "done"])
+@pytest.mark.parametrize("next_obs", ["once", "stored"])
+def test_a_ragged_nested_list_is_refused_not_crashed(field: str, next_obs: str) -> None:
+    """A nested list reaches no compiled code (Numba's unboxing of a ragged reflected list
+    crashes the process): the NumPy path refuses it with the field and agent named."""
+    specs = {"ag0": AgentSpec(obs_shape=(3,), action_shape=(1,))}
+    buf = MultiAgentReplayBuffer(specs, 17, next_obs=next_obs)
+    step = {
+        "obs": {"ag0": np.zeros(3)},
+        "action": {"ag0": np.zeros(1)},
+        "reward": {"ag0": 0.0},
+        "next_obs": {"ag0": np.ones(3)},
+        "done": {"ag0": 0.0},
+    }
+    buf.add(**step)
+    step[field] = {"ag0": [[1.0], [2.0, 3.0]]}
+    with pytest.raises(ValueError, match=rf"{field}\['ag0'\]"):
+        buf.add(**step)
+    assert len(buf) == 1
