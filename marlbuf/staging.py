@@ -95,7 +95,6 @@ class StepPlan(NamedTuple):
     lean_gaps: np.ndarray
 
 
-
 def _as_array(name: str, value: Any) -> np.ndarray:
     """``np.asarray(value)``, or a ``ValueError`` naming ``name`` for a value NumPy cannot make
     one array of (a ragged nested list)."""
@@ -106,6 +105,7 @@ def _as_array(name: str, value: Any) -> np.ndarray:
             f"{name} must be an array (or a number) of the field's shape; got "
             f"{type(value).__name__} that is not one array ({exc}); pass a NumPy array"
         ) from None
+
 
 class RowCodec:
     """Interleaved row format of one set of specs: offsets, views and validation."""
