@@ -763,3 +763,44 @@ def test_replace_false_is_uniform_over_stored_slots() -> None:
         assert len(set(drawn.tolist())) == 10
         np.add.at(counts, drawn, 1)
     assert chisquare(counts[: driver.buf.size]).pvalue > 1e-3
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        "episode of a filled slot",
+        "negative step",
+        "repeated pair",
+        "open stream repeated",
+        "open episode id",
+        "complete outside",
+        "complete twice",
+    ],
+)
+def test_crafted_episode_indexes_are_refused(mutate: str) -> None:
+    """The episode index of a state is checked as a whole before anything changes."""
+    driver = Driver(make(30))
+    driver.extend(25)
+    state = driver.buf.state_dict()
+    episodes = {k: np.array(v, copy=True) for k, v in state["episodes"].items()}
+    if mutate == "episode of a filled slot":
+        episodes["episode"][3] = -1
+    elif mutate == "negative step":
+        episodes["step"][3] = -2
+    elif mutate == "repeated pair":
+        episodes["episode"][4] = episodes["episode"][3]
+        episodes["step"][4] = episodes["step"][3]
+    elif mutate == "open stream repeated":
+        episodes["open"] = np.concatenate([episodes["open"], episodes["open"]])
+    elif mutate == "open episode id":
+        episodes["open"][0, 1] = int(state["episodes"]["next_episode"])
+    elif mutate == "complete outside":
+        episodes["complete"] = np.array([0, 99])
+    else:
+        episodes["complete"] = np.array([0, 0])
+    episodes["next_episode"] = state["episodes"]["next_episode"]
+    before = driver.buf.state_dict()
+    with pytest.raises(ValueError, match="corrupt state"):
+        driver.buf.load_state_dict({**state, "episodes": episodes})
+    after = driver.buf.state_dict()
+    np.testing.assert_array_equal(after["episodes"]["episode"], before["episodes"]["episode"])
