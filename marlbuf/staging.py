@@ -316,11 +316,12 @@ class RowCodec:
             return None
         if type(items[0][0]) is not np.ndarray or type(items[3][0]) is not np.ndarray:
             return None  # e.g. lists: the NumPy paths convert them
-        for field_items in items:
-            # a list item would reach Numba as a reflected list, and a ragged nested one
-            # crashes its unboxing: lists take the NumPy paths, which convert and check them
-            if list in map(type, field_items):
-                return None
+        # a list item would reach Numba as a reflected list, and a ragged nested one crashes
+        # its unboxing: lists take the NumPy paths, which convert and check them (one set of the
+        # items' types: the cheapest scan measured, about 4 us at 24 agents)
+        o, a, r, no, d = items
+        if list in {*map(type, o), *map(type, a), *map(type, r), *map(type, no), *map(type, d)}:
+            return None
         return items
 
     def step_failed(self, exc: Exception) -> None:
