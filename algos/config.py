@@ -123,9 +123,10 @@ class TrainConfig:
     ``buffer_device`` is set)."""
     buffer_device: str | None = None
     """``None``: the NumPy buffer in host memory (batches go to ``device`` through pinned,
-    non-blocking copies). ``"cuda"``/``"cpu"``: the torch backend's buffer on that device, which
-    must be ``device``: the whole update round (index draws, gathers, learner, priority
-    updates) then runs there without a host round-trip (batched formulation, interleaved
+    non-blocking copies). ``"cuda"``/``"cpu"``: a buffer whose rows live in a torch tensor on
+    that device (a torch store), which must be ``device``: the whole update round (gathers,
+    learner, priority updates; indices are drawn on the host and sent without waiting) then
+    runs without reading anything back (batched formulation, interleaved
     layout)."""
     obs_dtype: str = "float32"
     """Storage dtype of observations in the replay buffer: ``"float32"``, or ``"float16"`` (half

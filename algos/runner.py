@@ -216,7 +216,7 @@ class Runner:
             layout=config.layout,
             sampler=build_sampler(config),
             seed=config.seed,
-            device=config.buffer_device,  # None: the NumPy buffer; else the torch backend
+            device=config.buffer_device,  # None: NumPy arrays; else a torch store there
         )
         if config.buffer_device is None:
             self.learner: Learner = make_learner(config, self.env.obs_dims, action_dims.pop())
