@@ -962,29 +962,7 @@ class InterleavedStorage(Storage):
                 block,
             )
             return self.batch_codec.views(block), block
-        side = links.side if links is not None else self._no_side
-        kind, src, dst, length, step, from_next = self._plan(n)
-        flat = block.reshape(-1)
-        # every batch block is a whole number of 8-byte words (rows of words, or per-agent
-        # arrays each starting on a cache line), so all three views cover it
-        gather_segments(
-            self.table,
-            side.view(np.uint64),
-            indices,
-            links.next_slot if links is not None else self._no_links,
-            links.side_row if links is not None else self._no_links,
-            kind,
-            src,
-            dst,
-            length,
-            step,
-            from_next,
-            HALF_TO_FLOAT_BITS,
-            flat.view(np.uint64),
-            flat.view(np.uint32),
-            flat.view(np.uint8),
-            self._block_rows,
-        )
+        self._run_segments(indices, self._plan(n), links, block.reshape(-1))
         if rows:
             return self.batch_codec.views(block), block
         return self._carve(block, n), block
@@ -1015,8 +993,9 @@ class InterleavedStorage(Storage):
                 flat.view(np.uint32),
                 flat.view(np.uint8),
             )
-        else:
-            self._gather_selected_staged(indices, select, flat, n)
+        else:  # next observations (looked up only when chosen), float16 conversions
+            links = self.links if "next_obs" in select.names else None
+            self._run_segments(indices, plan, links, flat)
         if rows:
             return select.views(block), block
         out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
@@ -1024,13 +1003,20 @@ class InterleavedStorage(Storage):
             out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
         return out, block
 
-    def _gather_selected_staged(
-        self, indices: np.ndarray, select: FieldSelection, flat: np.ndarray, n: int
+    def _run_segments(
+        self,
+        indices: np.ndarray,
+        plan: np.ndarray,
+        links: NextObsLinks | None,
+        flat: np.ndarray,
     ) -> None:
-        """The plan of ``select`` run by ``gather_segments`` (next observations, float16)."""
-        kind, src, dst, length, step, from_next = self._selected_plan(select, n)[0]
-        links = self.links if "next_obs" in select.names else None
+        """Run the gather ``plan`` (:func:`build_plan`'s rows) for ``indices`` into the flat
+        batch block ``flat`` with the general kernel; ``links``: where next observations live
+        (``None`` when the plan reads none)."""
+        kind, src, dst, length, step, from_next = plan
         side = links.side if links is not None else self._no_side
+        # every batch block is a whole number of 8-byte words (rows of words, or per-agent
+        # arrays each starting on a cache line), so all three views cover it
         gather_segments(
             self.table,
             side.view(np.uint64),
