@@ -1409,19 +1409,45 @@ class MultiAgentReplayBuffer:
         assert sequence is not None and self.episodes is not None
         burn_in = sequence.burn_in
         slots = self.episodes.sequences(starts, burn_in, sequence.length - 1)
+        gathered, mask, drawn, generations = self._gather_matrix(
+            starts, slots, trainer, out_block, select
+        )
+        if self._last_drawn and trainer is not None:
+            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
+        return self.storage.make_sequences(
+            gathered,
+            mask,
+            burn_in,
+            slots,
+            drawn,
+            generations,
+            weights,
+            trainer,
+            self.storage.zero_fills,
+        )
+
+    def _gather_matrix(
+        self,
+        starts: np.ndarray,
+        slots: np.ndarray,
+        trainer: int | None,
+        out_block: np.ndarray | None,
+        select: FieldSelection | None,
+    ) -> tuple[Any, np.ndarray, DrawnIndices, np.ndarray]:
+        """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) of the sequences
+        beginning at ``starts`` (under ``writer.lock``): the flat batch of its B * L rows, the
+        (B, L) mask, ``starts`` as drawn (recorded as ``trainer``'s latest draw) and their
+        write generations."""
         mask = slots >= 0
-        zeroed = self.storage.zero_fills
         # storages whose gather writes zeros for slot -1 skip the masked steps' copies
+        zeroed = self.storage.zero_fills
         flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
         gathered = self._gather(flat, None, None, out_block, select)
         generations = self.writer.write_generation[starts]
         drawn = DrawnIndices.of(starts, generations)
         if self._last_drawn and trainer is not None:
             self._last_drawn[trainer] = drawn
-            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
-        return self.storage.make_sequences(
-            gathered, mask, burn_in, slots, drawn, generations, weights, trainer, zeroed
-        )
+        return gathered, mask, drawn, generations
 
     def _gather_episodes(
         self,
@@ -1452,17 +1478,19 @@ class MultiAgentReplayBuffer:
     ) -> EpisodeBatch:
         """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) starting at
         ``starts``, as an :class:`marlbuf.batch.EpisodeBatch` (under ``writer.lock``)."""
-        mask = slots >= 0
-        zeroed = self.storage.zero_fills
-        # storages whose gather writes zeros for slot -1 skip the masked steps' copies
-        flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
-        gathered = self._gather(flat, None, None, out_block, select)
-        generations = self.writer.write_generation[starts]
-        drawn = DrawnIndices.of(starts, generations)
-        if self._last_drawn and trainer is not None:
-            self._last_drawn[trainer] = drawn
+        gathered, mask, drawn, generations = self._gather_matrix(
+            starts, slots, trainer, out_block, select
+        )
         batch = self.storage.make_sequences(
-            gathered, mask, 0, slots, drawn, generations, weights, trainer, zeroed
+            gathered,
+            mask,
+            0,
+            slots,
+            drawn,
+            generations,
+            weights,
+            trainer,
+            self.storage.zero_fills,
         )
         if type(batch) is SequenceBatch:  # a dataclass: its fields are its instance dict
             return EpisodeBatch(**vars(batch), lengths=lengths)
