@@ -114,6 +114,54 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def _apply_td_errors(
+    trees: PriorityTrees,
+    trainer: int,
+    indices: np.ndarray,
+    td: np.ndarray,
+    stale: np.ndarray,
+    mode: int,
+    eps: float,
+    alpha: float,
+    track_max: bool,
+    setting: str,
+) -> None:
+    """Set trainer ``trainer``'s priorities at ``indices`` (shape (n,), int64) from ``td``
+    (shape (n,), real) in ``mode`` (``MODE_ABS``, ...), skipping ``stale`` entries (shape
+    (n,), bool), and raise the running maximum. One kernel validates every entry first, so
+    bad input writes nothing and raises a ``ValueError`` naming the entry; ``setting`` names
+    the sampler's options in the overflow message."""
+    td = np.ascontiguousarray(td, dtype=np.float64)
+    code, position, largest = apply_td_errors(
+        trees.sums[trainer],
+        trees.maxes[trainer] if track_max else trees.empty,
+        trees.leaf_offset,
+        np.ascontiguousarray(indices, dtype=np.int64),
+        td,
+        np.ascontiguousarray(stale, dtype=np.bool_),
+        mode,
+        eps,
+        alpha,
+        track_max,
+    )
+    if code == TD_NOT_FINITE:
+        raise ValueError(
+            f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
+            "critic's loss for divergence)"
+        )
+    if code == TD_NEGATIVE:
+        raise ValueError(
+            f"priorities must be >= 0 with priority='given'; got "
+            f"td_errors[{position}]={td[position]}"
+        )
+    if code == TD_OVERFLOW:
+        raise ValueError(
+            f"td_errors[{position}]={td[position]} overflows float64 as a priority "
+            f"({setting}); scale the TD errors down"
+        )
+    trees.max_priority[trainer] = max(trees.max_priority[trainer], largest)
+
+
 class Sampler(ABC):
     """Base class: draws ``batch_size`` slot indices out of the ``size`` filled slots.
 
@@ -504,37 +552,18 @@ class Prioritized(Sampler):
             raise ValueError(
                 f"td_errors must have shape {indices.shape}, one per index; got shape {td.shape}"
             )
-        td = np.ascontiguousarray(td, dtype=np.float64)
-        # one kernel validates every entry first (nothing is written on bad input), then sets
-        # the priorities of the rows not overwritten since they were sampled (stale: dropped)
-        code, position, largest = apply_td_errors(
-            self.trees.sums[trainer],
-            self.trees.maxes[trainer] if self._track_max else self.trees.empty,
-            self.trees.leaf_offset,
-            np.ascontiguousarray(indices, dtype=np.int64),
+        _apply_td_errors(
+            self.trees,
+            trainer,
+            indices,
             td,
-            np.ascontiguousarray(stale, dtype=np.bool_),
+            stale,
             _PRIORITY_MODE_CODES[self.priority],
             self.eps,
             self.alpha,
             self._track_max,
+            f"priority={self.priority!r}, alpha={self.alpha}",
         )
-        if code == TD_NOT_FINITE:
-            raise ValueError(
-                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
-                "critic's loss for divergence)"
-            )
-        if code == TD_NEGATIVE:
-            raise ValueError(
-                f"priorities must be >= 0 with priority='given'; got "
-                f"td_errors[{position}]={td[position]}"
-            )
-        if code == TD_OVERFLOW:
-            raise ValueError(
-                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
-                f"(priority={self.priority!r}, alpha={self.alpha}); scale the TD errors down"
-            )
-        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
 
     def config(self) -> dict[str, Any]:
         beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
@@ -1045,30 +1074,18 @@ class Sequence(Sampler):
             )
         if not self.pad:  # a slot that cannot start a sequence never gets a priority
             stale = stale | ~self.startable[indices]
-        td = np.ascontiguousarray(td, dtype=np.float64)
-        code, position, largest = apply_td_errors(
-            self.trees.sums[trainer],
-            self.trees.empty,
-            self.trees.leaf_offset,
-            np.ascontiguousarray(indices, dtype=np.int64),
+        _apply_td_errors(
+            self.trees,
+            trainer,
+            indices,
             td,
-            np.ascontiguousarray(stale, dtype=np.bool_),
+            stale,
             MODE_ABS,
             self.eps,
             self.alpha,
             False,
+            f"alpha={self.alpha}",
         )
-        if code == TD_NOT_FINITE:
-            raise ValueError(
-                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
-                "critic's loss for divergence)"
-            )
-        if code == TD_OVERFLOW:
-            raise ValueError(
-                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
-                f"(alpha={self.alpha}); scale the TD errors down"
-            )
-        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
 
     def _r2d2_mix(self, indices: np.ndarray, td: np.ndarray, trainer: int) -> np.ndarray:
         """``eta * max + (1 - eta) * mean`` of ``|td|`` (shape (n, length)) over each row's
@@ -1388,30 +1405,18 @@ class Episodes(Sampler):
                 f"{td.shape}"
             )
         stale = stale | (self._index().complete_position[indices] < 0)
-        td = np.ascontiguousarray(td, dtype=np.float64)
-        code, position, largest = apply_td_errors(
-            self.trees.sums[trainer],
-            self.trees.empty,
-            self.trees.leaf_offset,
-            np.ascontiguousarray(indices, dtype=np.int64),
+        _apply_td_errors(
+            self.trees,
+            trainer,
+            indices,
             td,
-            np.ascontiguousarray(stale, dtype=np.bool_),
+            stale,
             MODE_ABS,
             self.eps,
             self.alpha,
             False,
+            f"alpha={self.alpha}",
         )
-        if code == TD_NOT_FINITE:
-            raise ValueError(
-                f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
-                "critic's loss for divergence)"
-            )
-        if code == TD_OVERFLOW:
-            raise ValueError(
-                f"td_errors[{position}]={td[position]} overflows float64 as a priority "
-                f"(alpha={self.alpha}); scale the TD errors down"
-            )
-        self.trees.max_priority[trainer] = max(self.trees.max_priority[trainer], largest)
 
     def config(self) -> dict[str, Any]:
         beta = self.beta.to_dict() if isinstance(self.beta, LinearBeta) else self.beta
