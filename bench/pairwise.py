@@ -61,14 +61,21 @@ def _identity(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def _run_suite(suite: str, base: Path | None, quick: bool, out: Path) -> list[dict[str, Any]]:
-    """One run of ``suite`` with the base (``base``) or this version (``None``)."""
+def _environment(base: Path | None) -> dict[str, str]:
+    """The environment of a measured subprocess: passive OpenMP waits, and the marlbuf at
+    ``base`` first on the path (``None``: this one, whatever ``PYTHONPATH`` said)."""
     env = dict(os.environ)
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     if base is not None:
         env["PYTHONPATH"] = str(base)
     else:
         env.pop("PYTHONPATH", None)
+    return env
+
+
+def _run_suite(suite: str, base: Path | None, quick: bool, out: Path) -> list[dict[str, Any]]:
+    """One run of ``suite`` with the base (``base``) or this version (``None``)."""
+    env = _environment(base)
     command = [sys.executable, "-m", "marlbuf", "bench", suite, "--out", str(out)]
     if quick:
         command.append("--quick")
@@ -172,12 +179,7 @@ WORKER = Path(__file__).with_name("pairwise_worker.py")
 
 
 def _start_worker(base: Path | None) -> tuple[subprocess.Popen[str], list[str]]:
-    env = dict(os.environ)
-    env["OMP_WAIT_POLICY"] = "PASSIVE"
-    if base is not None:
-        env["PYTHONPATH"] = str(base)
-    else:
-        env.pop("PYTHONPATH", None)
+    env = _environment(base)
     worker = subprocess.Popen(
         [sys.executable, str(WORKER)],
         stdin=subprocess.PIPE,
