@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -1627,21 +1627,7 @@ class MultiAgentReplayBuffer:
         """:meth:`update_priorities` for every trainer of a round: ``indices[t]`` and
         ``td_errors[t]`` (and ``generations[t]``) go to trainer ``t``. Arrays or tensors of
         shape (T, B) are split along their first axis."""
-        n = len(indices)
-        if len(td_errors) != n or (generations is not None and len(generations) != n):
-            raise ValueError(
-                f"indices, td_errors and generations must hold one entry per trainer; got "
-                f"{n}, {len(td_errors)} and "
-                f"{'None' if generations is None else len(generations)}"
-            )
-        for t in range(n):
-            self.update_priorities(
-                indices[t],
-                td_errors[t],
-                trainer=t,
-                generations=None if generations is None else generations[t],
-                sync=sync,
-            )
+        update_each_trainer(self.update_priorities, indices, td_errors, generations, sync)
 
     def apply_deferred_updates(self) -> None:
         """Apply the updates of ``update_priorities(..., sync=False)`` still waiting, in the
@@ -2069,6 +2055,29 @@ class MultiAgentReplayBuffer:
         self.close()
 
 
+def update_each_trainer(
+    update: Callable[..., None], indices: Any, td_errors: Any, generations: Any, sync: bool
+) -> None:
+    """``update(indices[t], td_errors[t], trainer=t, generations=generations[t], sync=sync)``
+    for every trainer ``t`` of a round (``update_priorities_for_trainers`` of any buffer),
+    after checking that the three hold one entry per trainer."""
+    n = len(indices)
+    if len(td_errors) != n or (generations is not None and len(generations) != n):
+        raise ValueError(
+            f"indices, td_errors and generations must hold one entry per trainer; got "
+            f"{n}, {len(td_errors)} and "
+            f"{'None' if generations is None else len(generations)}"
+        )
+    for t in range(n):
+        update(
+            indices[t],
+            td_errors[t],
+            trainer=t,
+            generations=None if generations is None else generations[t],
+            sync=sync,
+        )
+
+
 def _host_array(value: Any) -> np.ndarray:
     """``value`` as a NumPy array; a torch tensor (any device) is copied to the host."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):
@@ -2348,4 +2357,10 @@ def _check_stream(stream: Any) -> int:
     return int(stream)
 
 
-__all__ = ["MultiAgentReplayBuffer", "NextObsWarning", "make_rng"]
+__all__ = [
+    "MultiAgentReplayBuffer",
+    "NextObsWarning",
+    "StreamBreakWarning",
+    "make_rng",
+    "update_each_trainer",
+]

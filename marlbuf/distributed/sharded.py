@@ -19,7 +19,7 @@ import numpy as np
 import ray
 
 from marlbuf.batch import Batch, DrawnIndices
-from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
+from marlbuf.buffer import MultiAgentReplayBuffer, make_rng, update_each_trainer
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
     code_fingerprint,
@@ -982,21 +982,7 @@ class ShardedReplayBuffer:
         """:meth:`update_priorities` for every trainer of a round: ``indices[t]`` and
         ``td_errors[t]`` (and ``generations[t]``) go to trainer ``t``, as
         :meth:`MultiAgentReplayBuffer.update_priorities_for_trainers`."""
-        n = len(indices)
-        if len(td_errors) != n or (generations is not None and len(generations) != n):
-            raise ValueError(
-                f"indices, td_errors and generations must hold one entry per trainer; got "
-                f"{n}, {len(td_errors)} and "
-                f"{'None' if generations is None else len(generations)}"
-            )
-        for t in range(n):
-            self.update_priorities(
-                indices[t],
-                td_errors[t],
-                trainer=t,
-                generations=None if generations is None else generations[t],
-                sync=sync,
-            )
+        update_each_trainer(self.update_priorities, indices, td_errors, generations, sync)
 
     def _settle_updates(self, block: bool) -> None:
         """Collect finished priority updates (all of them with ``block``): fold the shards'
