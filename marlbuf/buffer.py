@@ -302,6 +302,9 @@ class MultiAgentReplayBuffer:
                 store.abandon()  # a new folder is removed again; an existing one is released
             raise
         self.storage.parallel_gather = bool(parallel_gather)
+        place = getattr(sampler, "place_priorities", None)
+        if place is not None:  # prioritized samplers: trees on the store's device if asked
+            place(self.device)
         self.rng = make_rng(seed)
         self.writer = RingWriter(self.capacity)
         if sampler.needs_episodes:
@@ -1593,17 +1596,32 @@ class MultiAgentReplayBuffer:
         in R2D2 over the steps that were valid when the batch was drawn.
 
         ``indices``, ``td_errors`` and ``generations`` may be torch tensors on any device (a
-        :class:`marlbuf.stores.torch.DeviceBatch`'s ``indices`` are host arrays already). The
-        priorities live in the host sum tree, so TD errors on a GPU are copied to the host.
-        ``sync=True`` waits for that copy here. ``sync=False`` starts the copy without waiting
-        and applies the update at the buffer's next call that reads or changes priorities
-        (``sample``, ``update_priorities``, ``state_dict``, :meth:`check_priority_errors`): the
-        learner does not stall on the device, and the next draw still sees the update. A bad
-        deferred update (non-finite TD errors) raises at that later call.
+        :class:`marlbuf.stores.torch.DeviceBatch`'s ``indices`` are host arrays already). With
+        ``Prioritized(index="device")`` on a torch buffer the priorities live in tensor trees on
+        the device: the update is written there without a copy, ``sync=True`` waits for its
+        check (finite TD errors) and ``sync=False`` leaves that check to the next call that
+        reads or changes priorities. Otherwise the priorities live in the host sum tree, so TD
+        errors on a GPU are copied to the host. ``sync=True`` waits for that copy here.
+        ``sync=False`` starts the copy without waiting and applies the update at the buffer's
+        next call that reads or changes priorities (``sample``, ``update_priorities``,
+        ``state_dict``, :meth:`check_priority_errors`): the learner does not stall on the
+        device, and the next draw still sees the update. A bad deferred update (non-finite TD
+        errors) raises at that later call.
         """
         trainer = self._check_trainer(trainer)
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool; got sync={sync!r}")
+        if getattr(self.sampler, "priorities_on_device", False):
+            # tensor trees (``Prioritized(index="device")``): the update is written on the
+            # device from the TD errors where they are; only its result is checked later
+            with self.writer.lock:
+                idx = self._check_indices(_host_array(indices))
+                gens = self._update_generations(trainer, indices, idx, generations)
+                stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
+                self.sampler.update_priorities(idx, td_errors, trainer, stale)
+                if sync:
+                    self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
+            return
         if not sync and hasattr(td_errors, "detach"):
             with self.writer.lock:
                 idx = self._check_indices(_host_array(indices))
@@ -1633,7 +1651,13 @@ class MultiAgentReplayBuffer:
         """Apply the updates of ``update_priorities(..., sync=False)`` still waiting, in the
         order they were made (each waits for its own copy from the device). Every good update
         is applied; a bad one changes nothing, and the first bad one's error is raised once they
-        have all been tried. Called by every method that reads or changes priorities."""
+        have all been tried. Called by every method that reads or changes priorities. With
+        priorities on the device (``Prioritized(index="device")``) the updates are written
+        already, and this raises the first error among those not yet checked."""
+        check_device = getattr(self.sampler, "raise_pending_errors", None)
+        if check_device is not None:
+            with self.writer.lock:
+                check_device()
         if not self._deferred:
             return
         with self.writer.lock:

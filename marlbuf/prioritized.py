@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf._kernels import fill_new_slots, rebuild, set_leaves
+from marlbuf._kernels.sumtree import TD_NEGATIVE, TD_NOT_FINITE, TD_OVERFLOW
 
 
 def finite_float(name: str, value: Any, low: float, high: float = math.inf) -> float:
@@ -284,6 +285,16 @@ class PriorityTrees:
     def total(self, trainer: int) -> float:
         return float(self.sums[trainer, 1])
 
+    def probabilities(self, trainer: int, slots: np.ndarray) -> np.ndarray:
+        """``P(i) = p_i^alpha / sum_k p_k^alpha`` of one trainer at ``slots`` (int64, any
+        shape): float64 of that shape."""
+        return self.leaves(trainer)[slots] / self.total(trainer)
+
+    def raise_max(self, priorities: np.ndarray) -> None:
+        """Raise every tree's running maximum to at least ``priorities[t]`` (shape
+        (n_trees,), float64, checked by the caller)."""
+        np.maximum(self.max_priority, priorities, out=self.max_priority)
+
     def fill_new(self, slots: np.ndarray) -> None:
         """Every tree gives ``slots`` (shape (T,), int64) its running max priority."""
         fill_new_slots(
@@ -384,3 +395,28 @@ def check_priority_args(
             f"priorities themselves, +eps); got priority={priority!r}"
         )
     return alpha_value, beta_value, eps_value, str(priority)
+
+
+def raise_td_error(code: int, position: int, td: Any, setting: str) -> None:
+    """Raise the ``ValueError`` of a priority update's result ``code`` (``0``: none; else
+    ``TD_NOT_FINITE``, ``TD_NEGATIVE`` or ``TD_OVERFLOW`` of :mod:`marlbuf._kernels.sumtree`)
+    at entry ``position`` of the TD errors ``td`` (any indexable: array or tensor);
+    ``setting`` names the sampler's options in the overflow message."""
+    if code == 0:
+        return
+    value = float(td[position])
+    if code == TD_NOT_FINITE:
+        raise ValueError(
+            f"td_errors must be finite; got td_errors[{position}]={value} (check the "
+            "critic's loss for divergence)"
+        )
+    if code == TD_NEGATIVE:
+        raise ValueError(
+            f"priorities must be >= 0 with priority='given'; got td_errors[{position}]={value}"
+        )
+    if code == TD_OVERFLOW:
+        raise ValueError(
+            f"td_errors[{position}]={value} overflows float64 as a priority "
+            f"({setting}); scale the TD errors down"
+        )
+    raise ValueError(f"unknown priority update result {code} at td_errors[{position}]")

@@ -8,7 +8,7 @@ the buffer gathers the rows. Samplers with per-trainer state (priority trees) al
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -26,14 +26,7 @@ from marlbuf._kernels import (
     sorted_slots,
     sorted_uniforms,
 )
-from marlbuf._kernels.sumtree import (
-    MODE_ABS,
-    MODE_GIVEN,
-    MODE_SQUARED,
-    TD_NEGATIVE,
-    TD_NOT_FINITE,
-    TD_OVERFLOW,
-)
+from marlbuf._kernels.sumtree import MODE_ABS, MODE_GIVEN, MODE_SQUARED
 from marlbuf.prioritized import (
     LinearBeta,
     PriorityTrees,
@@ -41,8 +34,12 @@ from marlbuf.prioritized import (
     ThresholdPredictor,
     check_priority_args,
     finite_float,
+    raise_td_error,
 )
 from marlbuf.writer import EpisodeIndex
+
+if TYPE_CHECKING:
+    from marlbuf.stores.torch_priority import TensorPriorityTrees
 
 #: name -> class, for rebuilding a sampler from ``Sampler.config()`` when a buffer is loaded.
 SAMPLERS: dict[str, type[Sampler]] = {}
@@ -144,21 +141,7 @@ def _apply_td_errors(
         alpha,
         track_max,
     )
-    if code == TD_NOT_FINITE:
-        raise ValueError(
-            f"td_errors must be finite; got td_errors[{position}]={td[position]} (check the "
-            "critic's loss for divergence)"
-        )
-    if code == TD_NEGATIVE:
-        raise ValueError(
-            f"priorities must be >= 0 with priority='given'; got "
-            f"td_errors[{position}]={td[position]}"
-        )
-    if code == TD_OVERFLOW:
-        raise ValueError(
-            f"td_errors[{position}]={td[position]} overflows float64 as a priority "
-            f"({setting}); scale the TD errors down"
-        )
+    raise_td_error(code, position, td, setting)
     trees.max_priority[trainer] = max(trees.max_priority[trainer], largest)
 
 
@@ -261,7 +244,7 @@ def _not_enough_data(batch_size: int, size: int, need: int, what: str) -> ValueE
     )
 
 
-def _raise_max_priority(trees: PriorityTrees, priorities: Any) -> None:
+def _raise_max_priority(trees: PriorityTrees | TensorPriorityTrees, priorities: Any) -> None:
     """Raise every tree's running maximum priority to at least ``priorities[t]`` (checked:
     shape (n_trees,), finite, > 0)."""
     values = np.asarray(priorities, dtype=np.float64)
@@ -270,7 +253,7 @@ def _raise_max_priority(trees: PriorityTrees, priorities: Any) -> None:
             f"priorities must hold one finite priority > 0 per trainer, shape "
             f"({trees.n_trees},); got {priorities!r:.120}"
         )
-    np.maximum(trees.max_priority, values, out=trees.max_priority)
+    trees.raise_max(values)
 
 
 def _batches_drawn(state: dict[str, Any], n_trainers: int) -> np.ndarray:
@@ -406,6 +389,9 @@ class Neighbor(Sampler):
 
 _PRIORITY_MODE_CODES = {"abs": MODE_ABS, "squared": MODE_SQUARED, "given": MODE_GIVEN}
 
+#: where :class:`Prioritized` keeps its priority trees (its ``index`` argument)
+PRIORITY_INDEXES: tuple[str, ...] = ("host", "device")
+
 
 class Prioritized(Sampler):
     """Proportional prioritized experience replay (Schaul et al., 2016), one tree per trainer.
@@ -436,6 +422,17 @@ class Prioritized(Sampler):
         weights and priority updates follow the indices. Not the default: in the measured
         MADDPG rounds the sorted targets cost about 2% more at 3-6 agents and gained nothing
         measurable at more (``docs/training.md``, "Choosing a run length").
+    index : {"host", "device"}, default "host"
+        Where the priority trees live. ``"host"``: float64 Numba sum trees in host memory;
+        a torch buffer's TD errors are copied back to them. ``"device"``: on a torch buffer
+        (``device=...``), float64 sum trees in tensors on that device
+        (:class:`marlbuf.stores.torch_priority.TensorPriorityTrees`): an update is written on
+        the device with work proportional to the batch (no copy of the TD errors, no wait),
+        and a draw descends the trees on the device with the host generator's uniforms, so both
+        indexes give the same batches. A buffer in host memory keeps host trees whatever this
+        says (so a saved device buffer loads anywhere). With ``"device"``, a bad update (a
+        non-finite TD error) changes nothing and raises at the next call that reads or changes
+        priorities, or at once with ``update_priorities(..., sync=True)`` (the default).
 
     Examples
     --------
@@ -462,16 +459,58 @@ class Prioritized(Sampler):
         eps: float = 1e-6,
         priority: str = "abs",
         order: str = "random",
+        index: str = "host",
     ) -> None:
         self.alpha, self.beta, self.eps, self.priority = check_priority_args(
             alpha, beta, eps, priority
         )
         self.order = _check_order(order)
+        if not isinstance(index, str) or index not in PRIORITY_INDEXES:
+            raise ValueError(
+                f"index must be one of {PRIORITY_INDEXES} (where the priority trees live); got "
+                f"index={index!r}"
+            )
+        self.index = index
 
     def bind(self, capacity: int, n_trainers: int) -> None:
         super().bind(capacity, n_trainers)
-        self.trees = PriorityTrees(self.capacity, self.n_trainers, self.alpha, self._track_max)
+        self.trees: PriorityTrees | TensorPriorityTrees = PriorityTrees(
+            self.capacity, self.n_trainers, self.alpha, self._track_max
+        )
         self.batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)  # beta schedule position
+        #: results of device updates not yet checked: (code, position, td errors)
+        self._unchecked: list[tuple[Any, Any, Any]] = []
+
+    def place_priorities(self, device: Any) -> None:
+        """Called by the buffer once bound, with its torch device (``None``: host memory):
+        with ``index="device"`` and a device, the trees move to tensors on it (empty: before
+        any write)."""
+        if self.index != "device" or device is None:
+            return
+        from marlbuf.stores.torch_priority import TensorPriorityTrees
+
+        self.trees = TensorPriorityTrees(
+            self.capacity, self.n_trainers, self.alpha, self._track_max, device
+        )
+
+    @property
+    def priorities_on_device(self) -> bool:
+        """Whether the trees are tensors on a torch device (:meth:`place_priorities`)."""
+        return not isinstance(self.trees, PriorityTrees)
+
+    def raise_pending_errors(self) -> None:
+        """Raise the first error of the device updates made since the last check (each bad
+        update wrote nothing); a no-op for host trees, whose updates raise at once."""
+        if not self._unchecked:
+            return
+        pending, self._unchecked = self._unchecked, []
+        from marlbuf.stores.torch_priority import first_td_error
+
+        code, position, td = first_td_error(pending)
+        raise_td_error(code, position, td, self._setting())
+
+    def _setting(self) -> str:
+        return f"priority={self.priority!r}, alpha={self.alpha}"
 
     def on_write(self, slots: np.ndarray) -> None:
         self.trees.fill_new(slots)
@@ -510,8 +549,7 @@ class Prioritized(Sampler):
         ``P(i) = p_i^alpha / sum_k p_k^alpha``. The importance weights are
         ``(N P(i))^-beta`` over these; a sharded buffer scales them by the shard's share."""
         self._check_sampleable(1, size, trainer)
-        idx = np.asarray(indices, dtype=np.int64)
-        return self.trees.leaves(trainer)[idx] / self.trees.total(trainer)
+        return self.trees.probabilities(trainer, np.asarray(indices, dtype=np.int64))
 
     def _check_sampleable(self, batch_size: int, size: int, trainer: int) -> None:
         if size < 1:
@@ -525,12 +563,10 @@ class Prioritized(Sampler):
     def sample(
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
+        if not isinstance(self.trees, PriorityTrees):
+            return self._sample_on_device(self.trees, batch_size, size, rng, trainer)
         self._check_sampleable(batch_size, size, trainer)
-        if self.order == "memory":
-            uniforms = np.empty(batch_size, dtype=np.float64)
-            sorted_uniforms(rng.standard_exponential(batch_size + 1), uniforms)
-        else:
-            uniforms = rng.random(batch_size)
+        uniforms = self._uniforms(batch_size, rng)
         indices = np.empty(batch_size, dtype=np.int64)
         weights = np.empty(batch_size, dtype=np.float32)
         beta = self.beta_for(trainer)
@@ -540,9 +576,50 @@ class Prioritized(Sampler):
         self.batches_drawn[trainer] += 1
         return indices, weights
 
+    def _uniforms(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """The batch's uniforms in [0, 1) (ascending with ``order="memory"``): shape (B,)."""
+        if self.order == "memory":
+            uniforms = np.empty(batch_size, dtype=np.float64)
+            sorted_uniforms(rng.standard_exponential(batch_size + 1), uniforms)
+            return uniforms
+        return rng.random(batch_size)
+
+    def _sample_on_device(
+        self,
+        trees: TensorPriorityTrees,
+        batch_size: int,
+        size: int,
+        rng: np.random.Generator,
+        trainer: int,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`sample` from tensor trees: the host generator's uniforms, the descents on the
+        device, and the indices, weights and tree total back in one wait."""
+        self.raise_pending_errors()
+        if size < 1:
+            raise _not_enough_data(batch_size, size, 1, "prioritized rows")
+        uniforms = self._uniforms(batch_size, rng)
+        indices, weights, total = trees.draw(trainer, uniforms, self.beta_for(trainer))
+        if not total > 0.0:
+            self._check_sampleable(batch_size, size, trainer)  # raises: every priority is 0
+        self.batches_drawn[trainer] += 1
+        return indices, weights
+
     def update_priorities(
         self, indices: np.ndarray, td_errors: np.ndarray, trainer: int, stale: np.ndarray
     ) -> None:
+        if not isinstance(self.trees, PriorityTrees):
+            self.raise_pending_errors()
+            code, position = self.trees.apply_td_errors(
+                trainer,
+                indices,
+                td_errors,
+                stale,
+                _PRIORITY_MODE_CODES[self.priority],
+                self.eps,
+                self.alpha,
+            )
+            self._unchecked.append((code, position, td_errors))
+            return
         td = np.asarray(td_errors)
         if td.dtype.kind not in "iuf":
             raise TypeError(
@@ -562,7 +639,7 @@ class Prioritized(Sampler):
             self.eps,
             self.alpha,
             self._track_max,
-            f"priority={self.priority!r}, alpha={self.alpha}",
+            self._setting(),
         )
 
     def config(self) -> dict[str, Any]:
@@ -573,9 +650,11 @@ class Prioritized(Sampler):
             "eps": self.eps,
             "priority": self.priority,
             "order": self.order,
+            "index": self.index,
         }
 
     def state_dict(self) -> dict[str, Any]:
+        self.raise_pending_errors()
         return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -627,6 +706,8 @@ class PrioritizedNeighbor(Prioritized):
     """
 
     _track_max: ClassVar[bool] = True
+    #: the runs read leaves and priorities on the host: always host trees (no ``index``)
+    trees: PriorityTrees
     WEIGHT_MODES: ClassVar[tuple[str, ...]] = ("exact", "inherit")
 
     def __init__(
@@ -781,6 +862,7 @@ class PrioritizedNeighbor(Prioritized):
     def config(self) -> dict[str, Any]:
         config = super().config()
         del config["order"]  # always draw order (see the class notes)
+        del config["index"]  # host trees (the runs read the trees' leaves on the host)
         return {
             **config,
             "weights": self.weights,

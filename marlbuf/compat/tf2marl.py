@@ -266,7 +266,8 @@ class PrioritizedReplayBuffer(EfficientReplayBuffer):
         assert batch.weights is not None  # a Prioritized sampler always returns weights
         weights = batch.weights
         if self.weights == "original":
-            leaves = self.sampler.trees.leaves(0)[: len(self)]  # priority ** alpha per slot
+            # priority ** alpha per slot (a host buffer: host trees)
+            leaves = np.asarray(self.sampler.trees.leaves(0)[: len(self)])
             ratio = leaves[batch.indices] / leaves.min()
             weights = (ratio ** -self.sampler.beta_for(0)).astype(np.float32)
         indices: list[int] = batch.indices.tolist()

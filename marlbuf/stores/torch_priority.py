@@ -48,33 +48,13 @@ from marlbuf._kernels.sumtree import (
     TD_OK,
     TD_OVERFLOW,
 )
-from marlbuf.prioritized import checked_tree_state, finite_float
+from marlbuf.prioritized import checked_tree_state, finite_float, raise_td_error
 from marlbuf.stores.torch import check_device
 
 Tensor = torch.Tensor
 #: what the methods accept as indices and values: host arrays, sequences or tensors (on any
 #: device; they are moved to the trees' device)
 ArrayLike = Tensor | np.ndarray | Sequence[Any]
-
-
-def td_error_message(code: int, position: int, value: float, setting: str) -> str:
-    """The message of the ``ValueError`` a priority update with result ``code``
-    (``TD_NOT_FINITE``, ``TD_NEGATIVE`` or ``TD_OVERFLOW`` of :mod:`marlbuf._kernels.sumtree`)
-    raises, naming entry ``position`` of the TD errors and its ``value``; ``setting`` names the
-    sampler's options (``"priority='abs', alpha=0.6"``). The wording is the host index's."""
-    if code == TD_NOT_FINITE:
-        return (
-            f"td_errors must be finite; got td_errors[{position}]={value} (check the "
-            "critic's loss for divergence)"
-        )
-    if code == TD_NEGATIVE:
-        return f"priorities must be >= 0 with priority='given'; got td_errors[{position}]={value}"
-    if code == TD_OVERFLOW:
-        return (
-            f"td_errors[{position}]={value} overflows float64 as a priority "
-            f"({setting}); scale the TD errors down"
-        )
-    return f"unknown priority update result {code} at td_errors[{position}]"
 
 
 def check_td_result(
@@ -94,11 +74,8 @@ def check_td_result(
         The sampler's options, named in the overflow message.
     """
     code_value = int(code)  # waits for the device
-    if code_value == TD_OK:
-        return
-    index = int(position)
-    value = float(torch.as_tensor(td)[index])
-    raise ValueError(td_error_message(code_value, index, value, setting))
+    if code_value != TD_OK:
+        raise_td_error(code_value, int(position), torch.as_tensor(td), setting)
 
 
 def first_td_error(
