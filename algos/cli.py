@@ -58,6 +58,7 @@ CONFIG_FLAGS: dict[str, tuple[str, ...]] = {
     "beta": ("beta",),
     "beta_final": ("beta_final",),
     "beta_anneal_rounds": ("beta_anneal_rounds",),
+    "priority_index": ("priority_index",),
     "seed": ("seed",),
     "threads": ("threads",),
     "device": ("device",),
@@ -158,6 +159,13 @@ def build_parser() -> ArgumentParser:
         "return on cooperative navigation, see docs/training.md 'Choosing a run length')",
     )
     p.add_argument("--alpha", type=float, default=0.6, help="prioritized: priority exponent")
+    p.add_argument(
+        "--priority-index",
+        choices=("host", "device"),
+        default="host",
+        help="prioritized: priority trees on the host, or in tensors on the buffer's device "
+        "(with --buffer-device; updates and draws without copies to the host)",
+    )
     p.add_argument("--beta", type=float, default=0.5, help="prioritized: initial IS exponent")
     p.add_argument("--beta-final", type=float, default=1.0, help="prioritized: final IS exponent")
     p.add_argument(
@@ -298,6 +306,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         beta=args.beta,
         beta_final=args.beta_final,
         beta_anneal_rounds=total_rounds,
+        priority_index=args.priority_index,
         batch_size=args.batch_size,
         buffer_size=args.buffer_size,
         warmup_steps=args.warmup,

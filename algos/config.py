@@ -70,6 +70,9 @@ class TrainConfig:
     """Prioritized samplers: update rounds over which beta goes from ``beta`` to ``beta_final``."""
     priority_eps: float = 1e-6
     """Prioritized samplers: added to |TD error| so no slot gets probability zero."""
+    priority_index: str = "host"
+    """``prioritized``: where the priority trees live, ``"host"`` or ``"device"`` (tensor trees
+    on the buffer's device when ``buffer_device`` is set; a host buffer keeps host trees)."""
     batch_size: int = 1024
     """Rows per trainer per update."""
     buffer_size: int = 1_000_000
@@ -242,6 +245,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0; got {name}={value!r}")
+        if self.priority_index not in ("host", "device"):
+            raise ValueError(
+                "priority_index must be 'host' or 'device'; got "
+                f"priority_index={self.priority_index!r}"
+            )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:k]'; got device={self.device!r}")
         if self.buffer_device is not None:

@@ -115,7 +115,13 @@ def build_sampler(config: TrainConfig) -> Sampler:
 
     beta = LinearBeta(config.beta, config.beta_final, steps=config.beta_anneal_rounds)
     if config.sampler == "prioritized":
-        return Prioritized(alpha=config.alpha, beta=beta, eps=config.priority_eps, **order)
+        return Prioritized(
+            alpha=config.alpha,
+            beta=beta,
+            eps=config.priority_eps,
+            index=config.priority_index,
+            **order,
+        )
     return PrioritizedNeighbor(alpha=config.alpha, beta=beta, eps=config.priority_eps)
 
 

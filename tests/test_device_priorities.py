@@ -181,3 +181,26 @@ def test_index_is_checked_and_the_locality_sampler_keeps_host_trees() -> None:
     # a host buffer keeps host trees whatever index says
     buf = MultiAgentReplayBuffer(make_specs(), 32, sampler=Prioritized(index="device"))
     assert not buf.sampler.priorities_on_device
+
+
+def test_training_with_device_priorities_follows_the_host_index() -> None:
+    """``marlbuf train --sampler prioritized --buffer-device cpu --priority-index device``:
+    tensor trees, and the run of the host index (the same draws; weights within float32
+    rounding, so losses and returns agree closely, not bit for bit)."""
+    pytest.importorskip("mpe2")
+    from marlbuf.algos import TrainConfig
+    from marlbuf.algos.runner import Runner
+
+    config: dict[str, Any] = {"batch_size": 32, "buffer_size": 3000, "warmup_steps": 100}
+    config |= {"buffer_device": "cpu", "sampler": "prioritized"}
+    runs = []
+    for index in ("host", "device"):
+        runner = Runner(TrainConfig(**config, priority_index=index))
+        assert isinstance(runner.buffer.sampler.trees, TensorPriorityTrees) == (index == "device")
+        returns = [r.ret for r in runner.train(16)]  # three update rounds
+        runs.append((returns, runner.buffer.state_dict()["sampler"]["state"]["leaves"]))
+        runner.close()
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-4)
+    np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=1e-3)
+    with pytest.raises(ValueError, match="priority_index must be 'host' or 'device'"):
+        TrainConfig(**config, priority_index="gpu")
