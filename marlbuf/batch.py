@@ -37,10 +37,22 @@ class DrawnIndices(np.ndarray):
         return drawn
 
 
+#: Why a batch of a buffer built with ``next_obs="none"`` holds no ``next_obs`` (the message of
+#: every use of it)
+NEXT_OBS_NOT_STORED = (
+    "'next_obs' is not stored: this buffer was built with next_obs='none', so its rows hold no "
+    "next observations and its batches have none. Read obs[:, t + 1] of a Sequence or "
+    "Episodes batch (the next step of the episode, where mask is True), or build the buffer "
+    "with next_obs='auto' (the default), 'once' or 'stored' and pass next_obs to its writes"
+)
+
+
 class NotGathered:
-    """Stands in a batch for a field that its ``fields=`` left out (``batch.next_obs`` of
-    ``sample(B, fields=("obs", "action"))``): any use of it (indexing, iterating, ``len``,
-    ``values()``) raises a ``ValueError`` that names the field and ``fields=``.
+    """Stands in a batch for a field it does not hold: one that its ``fields=`` left out
+    (``batch.next_obs`` of ``sample(B, fields=("obs", "action"))``), or ``next_obs`` of a
+    buffer built with ``next_obs="none"``. Any use of it (indexing, iterating, ``len``,
+    ``values()``) raises a ``ValueError`` that names the field and why: ``fields=``, or
+    :data:`NEXT_OBS_NOT_STORED`.
 
     Parameters
     ----------
@@ -48,16 +60,22 @@ class NotGathered:
         The field left out.
     chosen : tuple of str
         The fields the batch holds.
+    stored : bool, default True
+        Whether the buffer stores the field (``False``: ``next_obs`` of a ``next_obs="none"``
+        buffer, which no ``fields=`` can bring back).
     """
 
-    __slots__ = ("chosen", "name")
+    __slots__ = ("chosen", "name", "stored")
 
-    def __init__(self, name: str, chosen: tuple[str, ...]) -> None:
+    def __init__(self, name: str, chosen: tuple[str, ...], stored: bool = True) -> None:
         self.name = name
         self.chosen = chosen
+        self.stored = stored
 
     def refuse(self, *args: Any, **kwargs: Any) -> Any:
         """Raise the ``ValueError`` of every use."""
+        if not self.stored:
+            raise ValueError(NEXT_OBS_NOT_STORED)
         raise ValueError(
             f"{self.name!r} was not gathered: this batch was sampled with fields={self.chosen}; "
             f"add {self.name!r} to fields= (or leave fields=None for every field)"
@@ -67,6 +85,8 @@ class NotGathered:
     keys = values = items = get = refuse
 
     def __repr__(self) -> str:
+        if not self.stored:
+            return f"NotGathered({self.name!r}, not stored)"
         return f"NotGathered({self.name!r}, fields={self.chosen})"
 
 
@@ -92,7 +112,9 @@ class Batch:
     Attributes
     ----------
     obs, next_obs : dict[str, ndarray]
-        Per agent, shape ``(B, *obs_shape)``, the agent's obs dtype (float32 by default).
+        Per agent, shape ``(B, *obs_shape)``, the agent's obs dtype (float32 by default). A
+        buffer built with ``next_obs="none"`` stores no next observations: ``next_obs`` is then
+        a :class:`NotGathered` whose every use raises a ``ValueError`` naming that mode.
     action : dict[str, ndarray]
         Per agent, shape ``(B, *action_shape)``.
     reward, done : dict[str, ndarray]
@@ -118,10 +140,11 @@ class Batch:
         ``alive=True``; an absent agent's other fields are zeros unless given). ``None`` when
         the buffer does not track it.
     gathered_fields : tuple of str or None
-        The fields the batch holds when the call chose some (``fields=``), else ``None``
-        (every field). A left-out field of the five (and ``alive``) is a :class:`NotGathered`
-        whose every use raises a ``ValueError`` naming ``fields=``; left-out extras and
-        global fields are missing from ``extras``/``globals``.
+        The fields the batch holds when the call chose some (``fields=``) or the buffer stores
+        no next observations (every field but ``next_obs``), else ``None`` (every field). A
+        left-out field of the five (and ``alive``) is a :class:`NotGathered` whose every use
+        raises a ``ValueError`` naming ``fields=`` (``next_obs="none"`` for ``next_obs`` of such
+        a buffer); left-out extras and global fields are missing from ``extras``/``globals``.
     discrete_agents : tuple of str
         Agents whose specs are discrete (``AgentSpec(n_discrete_actions=K)``, actions stored
         one-hot): see :attr:`action_index`.

@@ -41,8 +41,8 @@ from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 #: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
 _NO_PENDING = (-1, -1)
 #: how next observations are stored: once (from the successor's obs, a side table where they
-#: differ) or as a field of every row
-NEXT_OBS_MODES = ("once", "stored")
+#: differ), as a field of every row, or not at all (learners that never read next_obs)
+NEXT_OBS_MODES = ("once", "stored", "none")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
 
@@ -91,7 +91,7 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
-    next_obs : {"auto", "once", "stored"}, default "auto"
+    next_obs : {"auto", "once", "stored", "none"}, default "auto"
         ``"auto"``: ``"stored"`` where a lean row would take as many bytes as a dense one
         (interleaved rows are padded to cache lines: tiny observations), else ``"once"``,
         unless the buffer's first write is an ``extend`` of
@@ -99,7 +99,10 @@ class MultiAgentReplayBuffer:
         (independent transitions: a dataset, shuffled transitions, or environments written in
         turn): the buffer then stores them ``"stored"`` (it is still empty, so nothing is
         converted; :attr:`next_obs` tells which format was chosen; a memory-mapped buffer, or
-        one where the dense rows would not fit in memory, keeps ``"once"``).
+        one where the dense rows would not fit in memory, keeps ``"once"``). A first write
+        without ``next_obs`` makes it ``"none"`` (not a memory-mapped buffer, whose files are
+        laid out at construction: build it with ``next_obs="none"``); later writes must then
+        leave it out too.
         ``"once"``: observations are stored once; a transition's ``next_obs`` is read from the
         ``obs`` of the next step of the same stream, and where they differ (termination,
         truncation, reset, the newest step) from a side table, detected by comparing values at
@@ -108,7 +111,14 @@ class MultiAgentReplayBuffer:
         are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row. With
         ``"once"`` (chosen or automatic), a buffer in which most stored steps end up in the side
         table warns once (:class:`NextObsWarning`), naming ``stream=``, ``add_envs`` and
-        ``next_obs="stored"``.
+        ``next_obs="stored"``. ``"none"``: no next observations at all, for learners that
+        never read them (episode learners such as QMIX and VDN read the next step's ``obs`` of
+        a :class:`~marlbuf.samplers.Sequence` or :class:`~marlbuf.samplers.Episodes` batch):
+        rows are the lean rows of ``"once"`` without links or side table, writes leave
+        ``next_obs`` out, and batches hold none (``batch.next_obs`` raises a ``ValueError``
+        naming ``next_obs="none"``, as a field left out by ``fields=`` does). Without
+        ``next_obs`` a stream break cannot be seen: a step begins a new episode only after a
+        done or truncated step (or on another stream).
     batch_dtype : {"float32", "storage"}, default "float32"
         Half-precision storage (``AgentSpec(obs_dtype=np.float16)``, per agent and field)
         halves the bytes stored and read; by default the gather kernel converts such fields to
@@ -183,6 +193,9 @@ class MultiAgentReplayBuffer:
     #: warning was given (class defaults for backends with their own ``__init__``)
     _choose_format = False
     _format_warned = False
+    #: ``next_obs="auto"`` in RAM or on a device: a first write without next_obs (while nothing
+    #: was written yet) makes the buffer ``next_obs="none"``
+    _auto_none = False
     #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
     _breaks_warned = False
     #: environments of the latest ``add_envs`` call (0: none yet)
@@ -221,6 +234,7 @@ class MultiAgentReplayBuffer:
             )
         #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
         self._choose_format = next_obs == "auto" and path is None and _store is None
+        self._auto_none = self._choose_format
         next_obs = "once" if next_obs == "auto" else next_obs
         self._format_warned = False
         #: fields stored once per step for all agents (``global_fields=``), and whether each
@@ -296,6 +310,7 @@ class MultiAgentReplayBuffer:
                 batch_dtype,
                 None if store is None else store.allocate,
                 self.device,
+                stores_next_obs=next_obs != "none",
             )
         except BaseException:
             if store is not None:
@@ -309,8 +324,11 @@ class MultiAgentReplayBuffer:
         self.writer = RingWriter(self.capacity)
         if sampler.needs_episodes:
             # staged rows carry obs and next_obs: the index compares them for stream breaks
+            # (not without next observations, whose staged rows carry obs in their place)
             self.episodes = EpisodeIndex(
-                self.capacity, self._codec.obs_bytes, self._codec.next_obs_start
+                self.capacity,
+                self._codec.obs_bytes if next_obs != "none" else 0,
+                self._codec.next_obs_start,
             )
             if isinstance(sampler, SequenceSampler):
                 self._sequence = sampler
@@ -400,8 +418,8 @@ class MultiAgentReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: Any = 0,
         truncated: Any = False,
         **fields: Any,
@@ -433,7 +451,14 @@ class MultiAgentReplayBuffer:
         is stored absent (its fields zero-filled where not given, alive False), and ``alive=
         {agent: bool}`` may set the flags explicitly (an agent given as not alive keeps the
         values given for it). An unknown keyword is a ``TypeError``.
+
+        ``next_obs`` is left out (``None``) with ``next_obs="none"`` (pass ``done`` by keyword:
+        ``add(obs, action, reward, done=done)``) and required otherwise; ``done`` is always
+        required. A buffer with ``next_obs="auto"`` whose first write leaves it out becomes
+        ``next_obs="none"``.
         """
+        if next_obs is None or done is None or self.next_obs == "none":
+            next_obs = self._stand_in(obs, next_obs, done, "add")
         codec = self._codec
         values = (obs, action, reward, next_obs, done)
         if fields or codec.more:
@@ -471,8 +496,8 @@ class MultiAgentReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: Any = 0,
         truncated: Any = False,
         **fields: Any,
@@ -487,8 +512,11 @@ class MultiAgentReplayBuffer:
         ``T > capacity`` only the last ``capacity`` timesteps remain, as if added one by one.
         ``truncated`` marks truncated steps (see :meth:`add`): ``False`` (none), an array of
         shape (T,), or per agent a dict or sequence of (T,) arrays. Nothing is written unless
-        every value is valid.
+        every value is valid. ``next_obs`` as in :meth:`add`: left out with
+        ``next_obs="none"``, required otherwise.
         """
+        if next_obs is None or done is None or self.next_obs == "none":
+            next_obs = self._stand_in(obs, next_obs, done, "extend")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "extend")
@@ -499,8 +527,8 @@ class MultiAgentReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         first_stream: Any = 0,
         truncated: Any = False,
         **fields: Any,
@@ -514,11 +542,88 @@ class MultiAgentReplayBuffer:
         with this step's ``next_obs`` (observations stored once). ``truncated`` marks truncated
         environments (see :meth:`add`): a bool for all, an array of shape (K,), or per agent a
         dict or sequence of (K,) arrays. Nothing is written unless every value is valid.
+        ``next_obs`` as in :meth:`add`: left out with ``next_obs="none"``, required otherwise.
         """
+        if next_obs is None or done is None or self.next_obs == "none":
+            next_obs = self._stand_in(obs, next_obs, done, "add_envs")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "add_envs")
         self._extend(values, None, _check_stream(first_stream), truncated)
+
+    def _stand_in(self, obs: Any, next_obs: Any, done: Any, call: str) -> Any:
+        """What a write passes as ``next_obs`` when it leaves it out or the buffer stores none
+        (``next_obs="none"``): ``obs`` itself, staged in the next_obs section of the staging
+        rows and dropped by the lean row (so the staging paths stay those of every format);
+        else a clear error. An ``"auto"`` buffer that nothing was written to yet becomes
+        ``next_obs="none"`` here. Called only when ``next_obs`` or ``done`` is missing, or the
+        buffer stores no next observations: one check per call, none per row."""
+        if done is None:
+            if self.next_obs == "none" and next_obs is not None:
+                raise TypeError(
+                    f"{call}() missing the required argument done; a buffer with "
+                    f"next_obs='none' takes no next_obs, so pass done by keyword: "
+                    f"{call}(obs, action, reward, done=done)"
+                )
+            raise TypeError(f"{call}() missing the required argument done")
+        if next_obs is None:
+            if self.next_obs != "none" and self._auto_none and self.writer.total_writes == 0:
+                self._drop_next_obs()
+            if self.next_obs == "none":
+                return obs
+            if self._auto_none:
+                how = (
+                    f"next_obs='auto' chose {self.next_obs!r} at this buffer's first write, "
+                    "which passed next_obs"
+                )
+            elif self._mapped is not None:
+                how = (
+                    f"this memory-mapped buffer was built with next_obs={self.next_obs!r} (its "
+                    "files are laid out when it is built, so next_obs='auto' cannot drop "
+                    "next_obs at the first write)"
+                )
+            else:
+                how = f"this buffer was built with next_obs={self.next_obs!r}"
+            raise ValueError(
+                f"{call}() got no next_obs, but {how} and keeps next observations: pass "
+                "next_obs=..., or build the buffer with next_obs='none' to store none (for "
+                "learners that never read next_obs)"
+            )
+        chosen = ", chosen by its first write, which had none" if self._auto_none else ""
+        raise ValueError(
+            f"{call}() got next_obs, but this buffer stores no next observations "
+            f"(next_obs='none'{chosen}): leave next_obs out ({call}(obs, action, reward, "
+            "done=done)), or build the buffer with next_obs='auto', 'once' or 'stored' to keep "
+            "them"
+        )
+
+    def _drop_next_obs(self) -> None:
+        """Make this ``next_obs="auto"`` buffer, still empty, ``next_obs="none"`` (its first
+        write has no next observations): a store of lean rows without links takes the place of
+        the one built for the format ``"auto"`` assumed, and the episode index stops looking
+        for stream breaks (which it finds by comparing obs with the previous next_obs)."""
+        with self.writer.write_lock, self.writer.lock:
+            if self.writer.total_writes or self.next_obs == "none":
+                return  # another thread wrote (or decided) first
+            storage = self.storage
+            lean = make_store(
+                storage.layout,
+                self._codec,
+                self.capacity,
+                storage.pool.max_blocks,
+                storage.batch_layout,
+                None,
+                storage.batch_dtype,
+                device=self.device,
+                stores_next_obs=False,
+            )
+            lean.parallel_gather = storage.parallel_gather
+            self.storage = lean
+            self.links = None
+            self.next_obs = "none"
+            self._choose_format = False
+            if self.episodes is not None:
+                self.episodes.obs_bytes = 0
 
     def _extend(
         self,
@@ -612,7 +717,10 @@ class MultiAgentReplayBuffer:
         """Refuse an ``extend`` of as many steps as ``add_envs`` had environments when every
         step breaks the stream (its obs differs from the next_obs of the previous step, which
         no agent ended and which was not truncated): one step of every environment given as
-        consecutive steps of one stream."""
+        consecutive steps of one stream. Without next observations (``next_obs="none"``) no
+        step can be told to break its stream: nothing is refused."""
+        if self.next_obs == "none":
+            return
         codec = self._codec
         raw = rows.view(np.uint8)
         obs = raw[1:, : codec.obs_bytes]
@@ -727,6 +835,7 @@ class MultiAgentReplayBuffer:
         table = getattr(storage, "table", None)
         kernel = (
             type(self)._commit is MultiAgentReplayBuffer._commit
+            and storage.stores_next_obs  # the kernels store dense rows or rows with links
             and storage.layout == "interleaved"
             and type(table) is np.ndarray
             and table.dtype == np.uint64
@@ -1023,9 +1132,22 @@ class MultiAgentReplayBuffer:
             return self._gather(indices, weights, trainer, out_block, select)
 
     def _selection(self, fields: Any) -> FieldSelection | None:
-        """The storage's selection of ``fields`` (checked), ``None`` for every field."""
-        names = check_fields(fields, self._codec.field_names)
-        return None if names is None else self.storage.selection(names)
+        """The storage's selection of ``fields`` (checked), ``None`` for every stored field
+        (the storage's default gather)."""
+        storage = self.storage
+        if (
+            not storage.stores_next_obs
+            and isinstance(fields, (tuple, list))
+            and "next_obs" in fields
+        ):
+            raise ValueError(
+                f"fields={tuple(fields)!r} names 'next_obs', but this buffer stores no next "
+                "observations (next_obs='none'); choose among its fields "
+                f"{storage.field_names}, or build the buffer with next_obs='auto', 'once' or "
+                "'stored' to keep them"
+            )
+        names = check_fields(fields, storage.field_names)
+        return None if names is None else storage.selection(names)
 
     def _check_enough(self, batch_size: int) -> None:
         size = self.writer.size
@@ -1330,7 +1452,8 @@ class MultiAgentReplayBuffer:
         (slot 0 first, not oldest first: see :attr:`cursor`). The views see later writes; copy
         them to keep a snapshot. With the interleaved layout they are strided (one joint row
         apart). ``next_obs`` of a buffer with observations stored once is not stored as such:
-        it is assembled by a gather of every filled slot (a read-only copy, O(len(self))).
+        it is assembled by a gather of every filled slot (a read-only copy, O(len(self)));
+        a buffer with ``next_obs="none"`` has none (a ``ValueError``).
         Extra fields and ``"alive"`` (bool) are per agent like the five fields; a global field
         is one array of shape ``(len(self), *shape)``.
         """
@@ -1820,9 +1943,14 @@ class MultiAgentReplayBuffer:
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
         global_fields, alive = row_options_of(state)
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
-        # chose "stored" from its first write loads into a new default buffer)
-        adopt_dense = (
-            self._choose_format and self.size == 0 and state.get("next_obs", "stored") == "stored"
+        # chose "stored" or "none" from its first write loads into a new default buffer)
+        saved_format = state.get("next_obs", "stored")
+        adopt_dense = self._choose_format and self.size == 0 and saved_format == "stored"
+        adopt_none = (
+            self._auto_none
+            and self.writer.total_writes == 0
+            and self.next_obs != "none"
+            and saved_format == "none"
         )
         mismatch = [
             (k, mine, theirs)
@@ -1841,17 +1969,22 @@ class MultiAgentReplayBuffer:
                 f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
                 "the state; build the buffer with MultiAgentReplayBuffer.load instead"
             )
-        if not adopt_dense:  # another layout or next_obs format is converted first
+        if not (adopt_dense or adopt_none):  # another layout or format is converted first
             self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
             return
-        before = (self.storage, self.links, self.next_obs)
-        self._choose_format = False
-        self._store_next_obs()
+        before = (self.storage, self.links, self.next_obs, self._choose_format)
+        obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
+        if adopt_none:
+            self._drop_next_obs()
+        else:
+            self._choose_format = False
+            self._store_next_obs()
         try:
-            self._load_checked(convert_state(state, self._codec, self.layout, "stored"), adopt)
+            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
         except BaseException:  # a rejected state leaves the buffer as it was
-            self.storage, self.links, self.next_obs = before
-            self._choose_format = True
+            self.storage, self.links, self.next_obs, self._choose_format = before
+            if self.episodes is not None and obs_bytes is not None:
+                self.episodes.obs_bytes = obs_bytes
             raise
 
     def _load_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
@@ -2150,7 +2283,15 @@ def _check_memory(
         raise MemoryError(
             f"this buffer (next_obs={next_obs!r}, capacity={needed.capacity:,}) needs {needed} "
             f"but only {available / gib:.2f} GiB is available; "
-            + advice(needed, available, specs, layout, global_fields=global_fields, alive=alive)
+            + advice(
+                needed,
+                available,
+                specs,
+                layout,
+                global_fields=global_fields,
+                alive=alive,
+                next_obs=next_obs,
+            )
             + " (marlbuf.memory.format_options lists every format's size)"
         )
     if needed.total_bytes > _config.MEMORY_WARN_FRACTION * available:

@@ -1,11 +1,12 @@
-"""Saved states converted between row formats (``next_obs`` stored or once) and layouts
-(``interleaved`` or ``agent_major``), so that a state loads into a buffer of any store.
+"""Saved states converted between row formats (``next_obs`` stored, once or not at all) and
+layouts (``interleaved`` or ``agent_major``), so that a state loads into a buffer of any store.
 
 The conversion goes through the stores themselves: a host storage of the state's format
 gathers every filled slot (in the stored dtypes), and a host storage of the target format
 stores those rows again. Observations stored once get their links from the writer's own
 comparison over the transitions in write order (as one stream), so every batch stays the same,
-bit for bit.
+bit for bit. A state converted to ``next_obs="none"`` drops its next observations; a state
+without them (``"none"``) converts only to another layout, since no format can make them up.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def convert_state(
     source = (state["layout"], state.get("next_obs", "stored"))
     if source == (layout, next_obs):
         return state
+    if source[1] == "none" and next_obs != "none":
+        raise ValueError(
+            "this state holds no next observations (saved with next_obs='none'), so it cannot "
+            f"load into a buffer that keeps them (next_obs={next_obs!r}): build the buffer with "
+            "next_obs='none' (MultiAgentReplayBuffer.load(path) does), or leave next_obs='auto' "
+            "and load the state before the first write"
+        )
     capacity = int(state["capacity"])
     size = int(state["size"])
     old_links = None
@@ -41,7 +49,16 @@ def convert_state(
         old_links.check_state(state["links"])
         old_links.load_state_dict(state["links"])
     old = make_storage(
-        source[0], codec.specs, capacity, 2, codec, "rows", old_links, "storage", _zeros
+        source[0],
+        codec.specs,
+        capacity,
+        2,
+        codec,
+        "rows",
+        old_links,
+        "storage",
+        _zeros,
+        stores_next_obs=source[1] != "none",
     )
     old.check_saved(state["storage"], size)
     for key, dst in old.arrays().items():
@@ -51,10 +68,22 @@ def convert_state(
     rows = np.zeros((size, codec.row_words), dtype=np.uint64)
     views = codec.views(rows)
     for name, per_agent in views.items():
-        for agent, view in per_agent.items():
-            view[...] = fields[name][agent]
+        if name in fields:  # every field but next_obs of a state without it (left zero)
+            for agent, view in per_agent.items():
+                view[...] = fields[name][agent]
     links = NextObsLinks(capacity, codec.obs_bytes) if next_obs == "once" else None
-    new = make_storage(layout, codec.specs, capacity, 2, codec, "rows", links, "storage", _zeros)
+    new = make_storage(
+        layout,
+        codec.specs,
+        capacity,
+        2,
+        codec,
+        "rows",
+        links,
+        "storage",
+        _zeros,
+        stores_next_obs=next_obs != "none",
+    )
     if size:
         generations = np.asarray(state["write_generation"], dtype=np.int64)[:size]
         order = np.argsort(generations, kind="stable")  # oldest first: write order

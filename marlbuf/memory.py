@@ -38,7 +38,8 @@ class MemoryEstimate:
         Stored bytes per transition in the storage arrays (padded row or per-agent arrays).
     side_table_bytes : int
         Expected bytes of the next-observation side table (observations stored once): one row
-        per episode end still stored plus one per stream; 0 with ``next_obs="stored"``.
+        per episode end still stored plus one per stream; 0 with ``next_obs="stored"`` or
+        ``"none"``.
     metadata_bytes : int
         Per-slot bookkeeping: write generations, next-observation links and priority trees.
     """
@@ -88,7 +89,8 @@ def estimate(
     Parameters
     ----------
     specs, capacity, layout, next_obs
-        As for the buffer.
+        As for the buffer (``next_obs``: ``"once"``, ``"stored"`` or ``"none"``; ``"none"``
+        stores the lean row of ``"once"`` without links or side table).
     prioritized : bool
         Whether the sampler keeps priority trees (``Prioritized``/``PrioritizedNeighbor``).
     n_trainers : int, optional
@@ -112,7 +114,7 @@ def estimate(
     """
     n_trainers = len(specs) if n_trainers is None else int(n_trainers)
     once = next_obs == "once"
-    fields = row_fields(specs, lean=once)
+    fields = row_fields(specs, lean=once or next_obs == "none")
     slots, row_bytes = interleaved_row_layout(
         specs, _config.ROW_ALIGN_BYTES, fields, global_fields=global_fields, alive=alive
     )
@@ -156,12 +158,16 @@ class FormatOption:
         Everything the format stores (RAM and, for ``path=``, files).
     ram_bytes : int
         The part of it held in RAM: all of it, except the storage arrays with ``path=``.
+    keeps_next_obs : bool
+        Whether batches hold ``next_obs`` (``False``: ``next_obs='none'``, for learners that
+        never read it).
     """
 
     name: str
     setting: str
     estimate: MemoryEstimate
     ram_bytes: int
+    keeps_next_obs: bool = True
 
 
 def _half(specs: Mapping[str, AgentSpec]) -> dict[str, AgentSpec]:
@@ -183,8 +189,10 @@ def format_options(
     The formats: next observations stored in every row (``next_obs='stored'``) or stored once
     (``next_obs='once'``; ``'auto'``, the default, picks it for streams of environment steps),
     each with float32 and float16 observations (``AgentSpec(obs_dtype=np.float16)``: batches
-    are still float32), and the storage arrays of the stored-once format in memory-mapped files
-    (``path=``: only the side table and metadata stay in RAM).
+    are still float32), the storage arrays of the stored-once format in memory-mapped files
+    (``path=``: only the side table and metadata stay in RAM), then no next observations at
+    all (``next_obs='none'``, for learners that never read them: episode learners read the
+    next step's ``obs``), with float32 and float16 observations.
 
     Parameters
     ----------
@@ -202,12 +210,16 @@ def format_options(
         already.
     """
     half = _half(specs)
+    halves = any(half[a].obs_dtype != s.obs_dtype for a, s in specs.items())
+    f16 = "AgentSpec(obs_dtype=np.float16)"
     variants = [("dense", "next_obs='stored'", specs, "stored")]
     variants.append(("stored once", "next_obs='once'", specs, "once"))
-    if any(half[a].obs_dtype != s.obs_dtype for a, s in specs.items()):
-        f16 = "AgentSpec(obs_dtype=np.float16)"
+    if halves:
         variants.append(("dense, float16 obs", f"next_obs='stored' + {f16}", half, "stored"))
         variants.append(("stored once, float16 obs", f"next_obs='once' + {f16}", half, "once"))
+    variants.append(("no next_obs", "next_obs='none'", specs, "none"))
+    if halves:
+        variants.append(("no next_obs, float16 obs", f"next_obs='none' + {f16}", half, "none"))
     options = []
     for name, setting, fmt_specs, next_obs in variants:
         est = estimate(
@@ -220,17 +232,16 @@ def format_options(
             alive=alive,
         )
         est = replace(est, metadata_bytes=est.metadata_bytes + extra_metadata_bytes)
-        options.append(FormatOption(name, setting, est, est.total_bytes))
+        options.append(FormatOption(name, setting, est, est.total_bytes, next_obs != "none"))
     once = options[1].estimate
-    options.append(
-        FormatOption(
-            "stored once, in mapped files",
-            "next_obs='once' + path='DIR'",
-            once,
-            once.total_bytes - once.storage_bytes,
-        )
+    mapped = FormatOption(
+        "stored once, in mapped files",
+        "next_obs='once' + path='DIR'",
+        once,
+        once.total_bytes - once.storage_bytes,
     )
-    return options
+    at = next(k for k, o in enumerate(options) if not o.keeps_next_obs)
+    return [*options[:at], mapped, *options[at:]]
 
 
 def largest_capacity(bytes_per_transition: float, budget_bytes: float) -> int:
@@ -251,10 +262,14 @@ def advice(
     *,
     global_fields: Mapping[str, FieldSpec] | None = None,
     alive: bool = False,
+    next_obs: str = "once",
 ) -> str:
     """What fits instead of a buffer that needs ``needed`` of RAM: every storage format of
     :func:`format_options` that fits in ``available`` bytes, with its size, and the largest
-    capacity of this format that fits (one sentence each, for a ``MemoryError``)."""
+    capacity of this format that fits (one sentence each, for a ``MemoryError``). Formats whose
+    batches hold next observations are listed for a buffer that keeps them (``next_obs`` other
+    than ``"none"``), formats without them for one that does not: never a format that changes
+    what the buffer's batches hold."""
     if needed.table_row_bytes == 0:  # storage in mapped files already: RAM holds metadata
         fitting = []
     else:
@@ -271,8 +286,13 @@ def advice(
             global_fields=global_fields,
             alive=alive,
         )
+        keeps = next_obs != "none"
         fitting = [
-            o for o in options if o.ram_bytes <= available and o.ram_bytes < needed.total_bytes
+            o
+            for o in options
+            if o.ram_bytes <= available
+            and o.ram_bytes < needed.total_bytes
+            and o.keeps_next_obs == keeps
         ]
     parts = []
     for o in fitting:

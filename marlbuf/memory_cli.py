@@ -15,6 +15,7 @@ from marlbuf.spec import FieldSpec
 HOW_TO_SELECT = (
     ("dense", 'MultiAgentReplayBuffer(..., next_obs="stored")'),
     ("stored once", 'the default for streams of env steps (next_obs="auto"); next_obs="once"'),
+    ("no next_obs", 'next_obs="none": for learners that never read next_obs (QMIX, VDN)'),
     ("float16 obs", "AgentSpec(..., obs_dtype=np.float16); marlbuf train --obs-dtype float16"),
     ("in mapped files", 'MultiAgentReplayBuffer(..., path="DIR"): the rows live in files'),
     ("capacity", "MultiAgentReplayBuffer(specs, capacity); marlbuf train --buffer-size"),

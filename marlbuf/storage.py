@@ -268,18 +268,35 @@ class FieldSelection:
     ``batch_layout="rows"`` batches are rows of this format, ``"per_agent"`` batches carve the
     chosen arrays only, each on a cache line.
 
+    A storage that keeps no next observations (``next_obs="none"``) gathers every batch as a
+    selection: its default one holds every field but ``next_obs``, padded like a table row.
+
     Parameters
     ----------
     codec : RowCodec
         The row format of full batches (the storage's ``batch_codec``).
     names : tuple of str
         The chosen field names, in ``codec.field_names`` order, not all of them.
+    not_stored : tuple of str, default ()
+        Fields of ``codec`` the storage does not keep (``("next_obs",)`` for
+        ``next_obs="none"``): left out of every selection, and named as not stored (not as
+        left out by ``fields=``) when a batch's user reaches for them.
+    row_align : int, default 8
+        A row's width is padded to a multiple of this many bytes (a multiple of 8).
     """
 
-    def __init__(self, codec: RowCodec, names: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        codec: RowCodec,
+        names: tuple[str, ...],
+        not_stored: tuple[str, ...] = (),
+        row_align: int = 8,
+    ) -> None:
         self.names = names
         #: the names of ``codec`` that batches of this selection leave out
         self.left_out = tuple(f for f in codec.field_names if f not in names)
+        #: the left-out names the storage does not keep at all
+        self.not_stored = tuple(f for f in not_stored if f in self.left_out)
         self.agents = list(codec.agents)
         self.field_names = names
         self.extra_names = tuple(n for n in codec.extra_names if n in names)
@@ -293,7 +310,8 @@ class FieldSelection:
                 offset += (fs.offset - offset) % unit  # the full row's phase within a word
                 self.slots.append(dataclasses.replace(fs, offset=offset))
                 offset += fs.nbytes
-        self.row_bytes = max(8, -(-offset // 8) * 8)  # whole words: the block is uint64 rows
+        # whole words (the block is uint64 rows), or whole cache lines as a table row is padded
+        self.row_bytes = max(row_align, -(-offset // row_align) * row_align)
         self.row_words = self.row_bytes // 8
         # a selection's rows are never lean (duck-typed for the torch store's RowLayout)
         self.lean_slots, self.lean_row_bytes = self.slots, self.row_bytes
@@ -302,6 +320,10 @@ class FieldSelection:
             (fs.field, fs.agent, fs.offset, fs.shape, fs.dtype, _item_strides(fs))
             for fs in self.slots
         ]
+
+    def not_gathered(self, name: str) -> NotGathered:
+        """What stands in a batch of this selection for the left-out field ``name``."""
+        return NotGathered(name, self.names, name not in self.not_stored)
 
     def views(self, rows: np.ndarray) -> RowViews:
         """Per chosen field, per agent, strided views of ``rows`` (shape (n, row_words),
@@ -377,6 +399,11 @@ class Storage(ABC):
     * ``"per_agent"``: each agent's field is its own C-contiguous ``(B, *shape)`` array inside
       the block, written by the gather kernel in the same pass (what per-agent networks want).
       The ``agent_major`` layout always gathers this way.
+
+    ``stores_next_obs=False`` (``next_obs="none"``): the rows hold no next observations (the
+    lean row of observations stored once, without links or side table), and every batch is
+    gathered as :attr:`default_select`, the :class:`FieldSelection` of every other field: its
+    ``next_obs`` is a :class:`marlbuf.batch.NotGathered` that names ``next_obs="none"``.
     """
 
     #: whether ``gather`` accepts the index -1 and writes zeros there (else every index must be
@@ -395,12 +422,20 @@ class Storage(ABC):
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
         allocate: Allocator | None = None,
+        *,
+        stores_next_obs: bool = True,
     ) -> None:
         self.specs = dict(specs)
         #: makes the storage arrays (in memory, or mapped files: see :mod:`marlbuf.mapped`)
         self.allocate = allocate if allocate is not None else allocate_in_memory
         #: observations stored once when set (see :class:`marlbuf.writer.NextObsLinks`)
         self.links = links
+        if links is not None and not stores_next_obs:
+            raise ValueError("a storage without next observations has no next-observation links")
+        #: whether rows hold next observations (or their links); ``False``: ``next_obs="none"``
+        self.stores_next_obs = bool(stores_next_obs)
+        #: whether stored rows are lean (no next_obs section): stored once, or not at all
+        self.lean = links is not None or not stores_next_obs
         if batch_dtype not in BATCH_DTYPES:
             raise ValueError(
                 f"batch_dtype must be one of {BATCH_DTYPES}; got batch_dtype={batch_dtype!r}"
@@ -437,6 +472,32 @@ class Storage(ABC):
         self.batch_layout = batch_layout
         self._carvings: dict[int, tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]] = {}
         self._selections: dict[tuple[str, ...], FieldSelection] = {}
+        self._not_stored: tuple[str, ...] = () if stores_next_obs else ("next_obs",)
+        #: the fields batches can hold (``fields=`` chooses among them): every field of a row,
+        #: ``next_obs`` only where it is stored
+        self.field_names = tuple(
+            f for f in self.batch_codec.field_names if f not in self._not_stored
+        )
+        #: what a batch gathers without ``fields=``: ``None`` (every field, the default
+        #: gathers) or, without next observations, the selection of every stored field, padded
+        #: like a table row
+        self.default_select = (
+            None
+            if stores_next_obs
+            else FieldSelection(
+                self.batch_codec, self.field_names, self._not_stored, _config.ROW_ALIGN_BYTES
+            )
+        )
+        #: whether a batch row is a table row, byte for byte (one word copy per row)
+        self.rows_are_batch_rows = not self.converts and (
+            not self.lean
+            or (
+                self.default_select is not None
+                and self.default_select.row_bytes == self.codec.lean_row_bytes
+                and [(fs.field, fs.agent, fs.offset) for fs in self.default_select.slots]
+                == [(fs.field, fs.agent, fs.offset) for fs in self.codec.lean_slots]
+            )
+        )
         #: agents whose actions are one-hot (``AgentSpec(n_discrete_actions=K)``): their
         #: batches offer ``action_index``
         self.discrete_agents = tuple(
@@ -450,7 +511,9 @@ class Storage(ABC):
         if found is None:
             if len(self._selections) >= _config.MAX_FIELD_SELECTIONS:
                 self._selections.clear()  # a learner uses a few choices; bound the cache
-            found = self._selections[names] = FieldSelection(self.batch_codec, names)
+            found = self._selections[names] = FieldSelection(
+                self.batch_codec, names, self._not_stored
+            )
         return found
 
     def _gather_kernel(self, out_nbytes: int) -> Any:
@@ -484,7 +547,9 @@ class Storage(ABC):
         self, n: int, select: FieldSelection | None = None
     ) -> tuple[np.dtype, tuple[int, ...]]:
         """dtype and shape of the memory block that holds an ``n``-row batch (of the fields of
-        ``select``, or every field)."""
+        ``select``, or every field: :attr:`default_select`'s)."""
+        if select is None:
+            select = self.default_select
         if self.layout == "interleaved" and self.batch_layout == "rows":
             words = self.batch_codec.row_words if select is None else select.row_words
             return np.dtype(np.uint64), (n, words)
@@ -537,9 +602,23 @@ class Storage(ABC):
                 f"block must be a C-contiguous array of shape {shape} dtype {dtype} (a batch of "
                 f"{n} rows of this storage); got {got}"
             )
+        if self.default_select is not None:
+            return self._select_views(block, n, self.default_select)
         if self.layout == "interleaved" and self.batch_layout == "rows":
             return self.batch_codec.views(block)
         return self._carve(block, n)
+
+    def _select_views(
+        self, block: np.ndarray, n: int, select: FieldSelection
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """The per-field, per-agent arrays of an ``n``-row batch of ``select``'s fields held in
+        ``block``: strided views of its rows, or the arrays carved from it."""
+        if self.layout == "interleaved" and self.batch_layout == "rows":
+            return select.views(block)
+        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
+        for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
+            out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
+        return out
 
     def _new_block(self, n: int, select: FieldSelection | None = None) -> np.ndarray:
         dtype, shape = self.block_spec(n, select)
@@ -626,11 +705,11 @@ class Storage(ABC):
         ``select`` as given to the gather (left-out fields are :class:`NotGathered`)."""
         codec = self.batch_codec
         more: dict[str, Any] = {}
+        if select is None:
+            select = self.default_select
         if select is not None:
             absent = {
-                name: NotGathered(name, select.names)
-                for name in (*FIELDS, ALIVE)
-                if name not in fields
+                name: select.not_gathered(name) for name in (*FIELDS, ALIVE) if name not in fields
             }
             more = {
                 "extras": {name: fields[name] for name in select.extra_names},
@@ -714,13 +793,24 @@ class AgentMajorStorage(Storage):
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
         allocate: Allocator | None = None,
+        *,
+        stores_next_obs: bool = True,
     ) -> None:
         super().__init__(
-            specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+            specs,
+            capacity,
+            pool_blocks,
+            codec,
+            batch_layout,
+            links,
+            batch_dtype,
+            allocate,
+            stores_next_obs=stores_next_obs,
         )
         self.batch_layout = "per_agent"  # the only way this layout gathers
+        # no next_obs arrays when observations are stored once (or not at all)
         self.fields = tuple(
-            f for f in self.codec.field_names if not (links is not None and f == "next_obs")
+            f for f in self.codec.field_names if not (self.lean and f == "next_obs")
         )
         # one array per (field, agent): "obs/agent_0", ...; a global field's is its name
         self._data: dict[str, dict[str, np.ndarray]] = {f: {} for f in self.fields}
@@ -771,15 +861,15 @@ class AgentMajorStorage(Storage):
         select: FieldSelection | None = None,
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
         n = indices.shape[0]
+        if select is None:
+            select = self.default_select
         block = self._new_block(n, select) if out_block is None else out_block
         if select is None:
             out = self._carve(block, n)
             flat = self._flat
             next_fields = self._next
         else:  # the chosen fields only, carved from a block of their own
-            out = {f: {} for f in select.field_names}
-            for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
-                out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
+            out = self._select_views(block, n, select)
             flat = [x for x in self._flat if x[0] in out]
             next_fields = self._next if "next_obs" in out else []
         for field_name, agent, src in flat:
@@ -819,6 +909,8 @@ class AgentMajorStorage(Storage):
         }
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
+        if field_name in self._not_stored:
+            NotGathered(field_name, self.field_names, False).refuse()
         if field_name not in self._data:  # next_obs stored once: assembled by a gather
             fields, _ = self.gather(np.arange(count, dtype=np.int64))
             view = fields[field_name][agent]
@@ -851,14 +943,25 @@ class InterleavedStorage(Storage):
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
         allocate: Allocator | None = None,
+        *,
+        stores_next_obs: bool = True,
     ) -> None:
         super().__init__(
-            specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+            specs,
+            capacity,
+            pool_blocks,
+            codec,
+            batch_layout,
+            links,
+            batch_dtype,
+            allocate,
+            stores_next_obs=stores_next_obs,
         )
         self.row_bytes = self.codec.row_bytes  # a gathered (dense) row
         self.row_words = self.codec.row_words
-        # a stored row: dense, or lean (no next_obs) when observations are stored once
-        self.table_row_bytes = self.row_bytes if links is None else self.codec.lean_row_bytes
+        # a stored row: dense, or lean (no next_obs) when observations are stored once or not
+        # at all
+        self.table_row_bytes = self.codec.lean_row_bytes if self.lean else self.row_bytes
         self.table = self.allocate(
             "table", (capacity, self.table_row_bytes // 8), np.dtype(np.uint64)
         )
@@ -902,7 +1005,7 @@ class InterleavedStorage(Storage):
         """The gather plan for ``n``-row batches (rows batches: the same for every ``n``)."""
         key = 0 if self.batch_layout == "rows" else n
         if key not in self._plans:
-            stored = self.codec.slots if self.links is None else self.codec.lean_slots
+            stored = self.codec.lean_slots if self.lean else self.codec.slots
             obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
             if self.batch_layout == "rows":
                 step = self.batch_codec.row_bytes
@@ -922,7 +1025,7 @@ class InterleavedStorage(Storage):
         return int(self.table.nbytes) + (self.links.nbytes if self.links is not None else 0)
 
     def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews | None) -> None:
-        if self.links is None:
+        if not self.lean:
             scatter_rows(self.table, slots, rows)
         else:
             scatter_lean(self.table, slots, rows, *self._lean_args)
@@ -933,6 +1036,8 @@ class InterleavedStorage(Storage):
         out_block: np.ndarray | None = None,
         select: FieldSelection | None = None,
     ) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
+        if select is None:
+            select = self.default_select  # None unless next observations are not stored
         if select is not None:
             return self._gather_selected(indices, out_block, select)
         n = indices.shape[0]
@@ -976,6 +1081,10 @@ class InterleavedStorage(Storage):
         n = indices.shape[0]
         block = self._new_block(n, select) if out_block is None else out_block
         rows = self.batch_layout == "rows"
+        if rows and select is self.default_select and self.rows_are_batch_rows:
+            # next_obs="none", rows batch: stored rows are batch rows, one word copy per row
+            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            return select.views(block), block
         plan, direct = self._selected_plan(select, n)
         kind, src, dst, length, step, _ = plan
         flat = block.reshape(-1)
@@ -996,12 +1105,7 @@ class InterleavedStorage(Storage):
         else:  # next observations (looked up only when chosen), float16 conversions
             links = self.links if "next_obs" in select.names else None
             self._run_segments(indices, plan, links, flat)
-        if rows:
-            return select.views(block), block
-        out: dict[str, dict[str, np.ndarray]] = {f: {} for f in select.field_names}
-        for field_name, agent, offset, nbytes, dtype, shape in select.carving(n)[0]:
-            out[field_name][agent] = block[offset : offset + nbytes].view(dtype).reshape(shape)
-        return out, block
+        return self._select_views(block, n, select), block
 
     def _run_segments(
         self,
@@ -1043,7 +1147,7 @@ class InterleavedStorage(Storage):
         plans = self._selected_plans.setdefault(select.names, {})
         key = 0 if self.batch_layout == "rows" else n
         if key not in plans:
-            stored = self.codec.slots if self.links is None else self.codec.lean_slots
+            stored = self.codec.lean_slots if self.lean else self.codec.slots
             obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
             if self.batch_layout == "rows":
                 targets = [
@@ -1065,7 +1169,9 @@ class InterleavedStorage(Storage):
         return {"table": self.table}
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
-        if self.links is None:
+        if field_name in self._not_stored:
+            NotGathered(field_name, self.field_names, False).refuse()
+        if not self.lean:
             view = self.codec.views(self.table[:count])[field_name][agent]
         elif field_name == "next_obs":  # stored once: assembled by a gather
             fields, _ = self.gather(np.arange(count, dtype=np.int64))
@@ -1096,11 +1202,22 @@ def make_storage(
     links: NextObsLinks | None = None,
     batch_dtype: str = "float32",
     allocate: Allocator | None = None,
+    *,
+    stores_next_obs: bool = True,
 ) -> Storage:
     """Build the storage for ``layout`` (``"interleaved"`` or ``"agent_major"``); ``allocate``
-    makes its arrays (default: page-aligned memory)."""
+    makes its arrays (default: page-aligned memory); ``stores_next_obs=False``: rows without
+    next observations (``next_obs="none"``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}; got layout={layout!r}")
     return LAYOUTS[layout](
-        specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, allocate
+        specs,
+        capacity,
+        pool_blocks,
+        codec,
+        batch_layout,
+        links,
+        batch_dtype,
+        allocate,
+        stores_next_obs=stores_next_obs,
     )

@@ -186,7 +186,7 @@ def test_batches_equal_the_padded_ring_field_by_field(size: int) -> None:
 
 def test_a_sample_gathers_the_scheme_fields_only() -> None:
     """The marlbuf batch behind a sample holds the scheme's fields, not the buffer's own
-    one-byte transition fields (next_obs is never read)."""
+    one-byte transition fields (and the buffer stores no next_obs: next_obs="none")."""
     buf = make(10)
     fill((buf, PaddedRing(10)), 3)
     seen = []
@@ -201,8 +201,11 @@ def test_a_sample_gathers_the_scheme_fields_only() -> None:
     buf.sample(2)
     (batch,) = seen
     assert batch.gathered_fields is not None and "next_obs" not in batch.gathered_fields
-    with pytest.raises(ValueError, match="fields="):
+    assert buf.buffer.next_obs == "none"
+    with pytest.raises(ValueError, match="next_obs='none'"):
         batch.next_obs["member_0"]
+    with pytest.raises(ValueError, match="fields="):
+        batch.reward["member_0"]
     assert set(batch.extras) | set(batch.globals) == set(batch.gathered_fields)
 
 

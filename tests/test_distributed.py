@@ -433,15 +433,17 @@ def chunk(data, lo, hi):
     }
 
 
-def assert_rows_equal(batch, singles, buf, rows=None):
+def assert_rows_equal(
+    batch, singles, buf, rows=None, names=("obs", "action", "reward", "next_obs", "done", "alive")
+):
     """Every row of a sharded ``batch`` equals what the single buffer holding that shard's
-    writes gathers at the row's slot: the five fields, extras, globals and alive."""
+    writes gathers at the row's slot: the five fields (``names``), extras, globals and alive."""
     shard, slot = buf.locate(batch.indices)
     rows = np.arange(len(shard)) if rows is None else rows
     for k in np.unique(shard):
         mine = rows[shard == k]
         want = singles[k].gather(slot[shard == k])
-        for name in ("obs", "action", "reward", "next_obs", "done", "alive"):
+        for name in names:
             for agent, value in getattr(want, name).items():
                 np.testing.assert_array_equal(getattr(batch, name)[agent][mine], value)
         for agent, value in want.extras["hidden"].items():
@@ -484,6 +486,49 @@ def test_extras_globals_alive_and_truncated_through_writers_match_one_buffer(bat
             assert batch.state.shape == (64, 5) and batch.alive["agent_1"].dtype == bool
             assert_rows_equal(batch, singles, buf)
             assert batch.indices.generations is batch.generations  # DrawnIndices, as one buffer
+
+
+@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+def test_shards_without_next_obs_match_one_buffer(batch_layout, tmp_path):
+    """next_obs="none": writes leave it out (checked at the call), batches hold every other
+    field as one buffer per shard would, and refuse next_obs; save/load keeps the format."""
+    options = {**RICH_OPTIONS, "next_obs": "none"}
+    kept = ("obs", "action", "reward", "done", "alive")
+    singles = [
+        MultiAgentReplayBuffer(RICH, 40, batch_layout=batch_layout, **options) for _ in range(2)
+    ]
+    with ShardedReplayBuffer(
+        RICH, 40, 2, seed=11, prefetch=False, batch_layout=batch_layout, **options
+    ) as buf:
+        writer = buf.writer(stream=1)
+        streams = [rich_steps(50, k, k) for k in range(2)]
+        for data in streams:
+            del data["next_obs"]
+        buf.extend(**streams[0], stream=0)
+        writer.extend(**streams[1])
+        for k in range(2):
+            singles[k].extend(**streams[k])
+        with pytest.raises(ValueError, match=r"got next_obs.*next_obs='none'"):
+            buf.extend(**rich_steps(2, 0, 5), stream=0)
+        with pytest.raises(ValueError, match=r"got next_obs.*next_obs='none'"):
+            writer.extend(**rich_steps(2, 1, 5))
+        writer.flush()
+        buf.flush()
+        assert buf.refresh().tolist() == [40, 40]
+        for batch in buf.sample_for_trainers(32):
+            assert_rows_equal(batch, singles, buf, names=kept)
+            with pytest.raises(ValueError, match="next_obs='none'"):
+                batch.next_obs["agent_0"]
+        buf.save(tmp_path / "ckpt")
+    loaded = ShardedReplayBuffer.load(tmp_path / "ckpt", prefetch=False)
+    try:
+        assert loaded.config()["next_obs"] == "none"
+        assert_rows_equal(loaded.sample(24), singles, loaded, names=kept)
+    finally:
+        loaded.close()
+    with ShardedReplayBuffer(RICH, 8, 2, prefetch=False, **{**options, "next_obs": "auto"}) as auto:
+        with pytest.raises(ValueError, match=r"got no next_obs.*never from a first write"):
+            auto.extend(**streams[0], stream=0)
 
 
 def test_add_envs_splits_every_field_and_flag_across_shards():

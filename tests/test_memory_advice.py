@@ -57,8 +57,10 @@ def test_format_options_and_capacity() -> None:
         "dense, float16 obs",
         "stored once, float16 obs",
         "stored once, in mapped files",
+        "no next_obs",
+        "no next_obs, float16 obs",
     ]
-    mapped = format_options(SPECS, 1000)[-1]
+    mapped = format_options(SPECS, 1000)[4]
     assert mapped.ram_bytes == mapped.estimate.total_bytes - mapped.estimate.storage_bytes
     assert largest_capacity(1000.0, 1_234_567_000) == 1_200_000
     assert largest_capacity(1000.0, 50_000) == 50

@@ -69,9 +69,10 @@ def build_sampler(kind: str, capacity: int, run_length: int):
     return PrioritizedNeighbor(alpha=ALPHA, beta=beta, eps=EPS, run_lengths=lengths)
 
 
-#: storage formats: the default (observations stored once, float32 batches), and next_obs in
-#: every row with agent a0's observations stored in float16 (converted to float32 batches)
-STORAGES = {"once": ("once", False), "stored+half": ("stored", True)}
+#: storage formats: the default (observations stored once, float32 batches), next_obs in
+#: every row with agent a0's observations stored in float16 (converted to float32 batches), and
+#: no next_obs at all (writes leave it out, batches refuse it)
+STORAGES = {"once": ("once", False), "stored+half": ("stored", True), "none": ("none", False)}
 
 
 def half_obs(specs: dict) -> dict:
@@ -93,6 +94,8 @@ def make_machine(
     ``"mapped"`` (``path=``) or ``"torch"`` (``device="cpu"``)."""
     weighted = sampler_kind.startswith("prioritized")
     next_obs, half = STORAGES[storage]
+    #: the fields batches hold (and writes pass)
+    fields = tuple(f for f in FIELDS if not (next_obs == "none" and f == "next_obs"))
 
     class BufferMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -227,7 +230,10 @@ def make_machine(
             assert idx.min() >= 0 and idx.max() < size, (idx, size)
             expected_gens = np.array([self.generation_of(int(i)) for i in idx], dtype=np.int64)
             np.testing.assert_array_equal(batch.generations, expected_gens)
-            for f in FIELDS:
+            if next_obs == "none":
+                with pytest.raises(ValueError, match="next_obs='none'"):
+                    batch.field("next_obs")
+            for f in fields:
                 for agent, spec in self.specs.items():
                     got = batch.field(f)[agent]
                     assert got.shape == (batch_size, *spec.shape(f)), (f, agent, got.shape)
@@ -272,7 +278,7 @@ def make_machine(
                     assert other.weights is None
                 else:
                     assert other.weights.tobytes() == first.weights.tobytes()
-                for f in FIELDS:
+                for f in fields:
                     for agent in self.specs:
                         a = np.ascontiguousarray(first.field(f)[agent])
                         b = np.ascontiguousarray(other.field(f)[agent])
@@ -298,6 +304,8 @@ def make_machine(
                         step["action"][agent] = int(step["action"][agent])
             if as_list:
                 step = {f: [per[a] for a in self.specs] for f, per in step.items()}
+            if next_obs == "none":
+                del step["next_obs"]
             for buf in self.bufs:
                 buf.add(**step)
             self.model_write(transitions)
@@ -310,6 +318,8 @@ def make_machine(
         def extend(self, steps, seed, style):
             steps = min(steps, 2 * self.capacity + 3)  # also longer than the capacity
             args, transitions = self.make_steps(steps, seed, style)
+            if next_obs == "none":
+                del args["next_obs"]
             for buf in self.bufs:
                 buf.extend(**args)
             self.model_write(transitions)
@@ -504,6 +514,23 @@ def test_buffer_state_machine(layout, sampler_kind):
 def test_buffer_state_machine_dense_half(layout, sampler_kind):
     """next_obs stored in every row, float16 observations converted in the gather."""
     run_state_machine_as_test(make_machine(layout, sampler_kind, "stored+half"), settings=SETTINGS)
+
+
+@pytest.mark.parametrize("sampler_kind", ["uniform", "prioritized"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_buffer_state_machine_without_next_obs(layout, sampler_kind):
+    """next_obs="none": writes leave next_obs out, batches hold every other field (and refuse
+    next_obs), state files round-trip."""
+    run_state_machine_as_test(make_machine(layout, sampler_kind, "none"), settings=SETTINGS)
+
+
+@pytest.mark.parametrize("store", ["mapped", "torch"])
+def test_buffer_state_machine_without_next_obs_on_every_store(store):
+    """next_obs="none" on the memory-mapped store and the torch store (on the CPU)."""
+    if store == "torch":
+        pytest.importorskip("torch")
+    machine = make_machine("interleaved", "neighbor", "none", store=store)
+    run_state_machine_as_test(machine, settings=SETTINGS)
 
 
 @pytest.mark.parametrize("sampler_kind", ["uniform", "neighbor", "prioritized_neighbor"])

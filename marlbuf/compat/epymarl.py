@@ -6,8 +6,9 @@ learners on ``buffer.sample(batch_size)``: ``batch_size`` distinct episodes draw
 module gives the same interface over a :class:`~marlbuf.MultiAgentReplayBuffer`, which stores
 only the filled steps of each episode (variable-length episodes take the memory of their real
 steps) and gathers a batch with one :meth:`~marlbuf.MultiAgentReplayBuffer.gather_sequences`
-call of the scheme's fields only (``fields=``: the buffer's own transition fields, next_obs
-among them, are neither copied nor read). EPyMARL is not imported: the buffer reads any episode
+call of the scheme's fields only (``fields=``: the buffer's own transition fields are neither
+copied nor read, and next observations are not stored at all: ``next_obs="none"``; EPyMARL's
+learners read the next step's ``obs``). EPyMARL is not imported: the buffer reads any episode
 batch that has ``batch_size``, ``max_seq_length`` and ``data.transition_data`` /
 ``data.episode_data`` dicts of tensors (what
 EPyMARL's runners build), and returns :class:`EpisodeBatch` objects that its learners use
@@ -335,8 +336,9 @@ class ReplayBuffer:
             if not members or members != self._members
         }
         extras = {n: s for n, s in extras.items() if n not in globals_}
-        # the five transition fields are not EPyMARL's: one byte each (episodes end by
-        # truncation; observations equal to next observations never break a stream)
+        # the transition fields are not EPyMARL's: one byte each, and no next_obs at all
+        # (next_obs="none"; episodes end by truncation, and without next observations no step
+        # is taken for a stream break)
         spec = AgentSpec(
             (1,), (1,), np.uint8, np.uint8, None, np.uint8, np.uint8, extras=extras or None
         )
@@ -347,13 +349,13 @@ class ReplayBuffer:
             {a: spec for a in agents},
             capacity,
             sampler=Episodes(),
-            next_obs="stored",
+            next_obs="none",
             global_fields=globals_ or None,
             seed=0,
         )
         self._agents = agents
-        #: the scheme's fields: a batch gathers these only (the five one-byte transition
-        #: fields, next_obs among them, are never read)
+        #: the scheme's fields: a batch gathers these only (the one-byte transition fields
+        #: are never read)
         self._gathered = tuple(name for name, *_ in self._fields.values())
         #: per ring position: the first slot of its episode, that slot's write generation
         self._first = np.zeros(self.buffer_size, dtype=np.int64)
@@ -419,8 +421,7 @@ class ReplayBuffer:
             per_agent,
             per_agent,
             per_agent_scalar,
-            per_agent,
-            per_agent_scalar,
+            done=per_agent_scalar,
             truncated=truncated,
             **extras,
         )

@@ -80,6 +80,9 @@ class ShardWriter:
 
     Streams of one shard are the ids ``s`` with ``s % n_shards == shard``; the shard's buffer
     keeps stream ``s`` as its own stream ``s // n_shards`` (consecutive on each shard).
+
+    ``next_obs`` (the sharded buffer's option) is checked here, at the call: writes leave
+    ``next_obs`` out exactly when it is ``"none"``.
     """
 
     def __init__(
@@ -91,8 +94,10 @@ class ShardWriter:
         max_inflight: int = 8,
         stream: int | None = None,
         n_shards: int = 1,
+        next_obs: str = "auto",
     ) -> None:
         self.actor = actor
+        self.next_obs = next_obs
         self.shard = int(shard)
         self.timeout = float(timeout)
         self.limiter = limiter
@@ -133,14 +138,15 @@ class ShardWriter:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: int | None = None,
         truncated: Any = False,
         **fields: Any,
     ) -> None:
         """One timestep of ``stream`` (default: this writer's), as
         :meth:`MultiAgentReplayBuffer.add`."""
+        _check_next_obs(self.next_obs, next_obs, done, "add")
         options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
         self._send("add", (obs, action, reward, next_obs, done), options)
 
@@ -149,14 +155,15 @@ class ShardWriter:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: int | None = None,
         truncated: Any = False,
         **fields: Any,
     ) -> None:
         """``T`` consecutive timesteps of ``stream`` (default: this writer's), as
         :meth:`MultiAgentReplayBuffer.extend`."""
+        _check_next_obs(self.next_obs, next_obs, done, "extend")
         options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
         self._send("extend", (obs, action, reward, next_obs, done), options)
 
@@ -165,8 +172,8 @@ class ShardWriter:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         first_stream: int | None = None,
         truncated: Any = False,
         **fields: Any,
@@ -176,6 +183,7 @@ class ShardWriter:
         Environment ``e`` is stream ``first_stream + e * n_shards`` (``first_stream`` defaults
         to this writer's stream): the streams of this shard, in order.
         """
+        _check_next_obs(self.next_obs, next_obs, done, "add_envs")
         local = self._local(first_stream, "first_stream")
         options = {"first_stream": local, "truncated": truncated, **fields}
         self._send("add_envs", (obs, action, reward, next_obs, done), options)
@@ -272,6 +280,9 @@ class ShardedReplayBuffer:
     next_obs, batch_dtype, global_fields, alive, parallel_gather
         As for ``MultiAgentReplayBuffer``: every shard's buffer is built with them (each shard
         chooses its own format with ``next_obs="auto"``; batches are the same either way).
+        ``next_obs="none"`` (no next observations: writes leave ``next_obs`` out, batches hold
+        none) is chosen here, not by a first write: the learner assembles every shard's rows,
+        so it must know the batches' format before any write.
         Writes take extra fields (declared in the specs), global fields and ``alive`` as
         keyword arguments, and batches carry ``extras``, ``globals`` and ``alive``.
 
@@ -522,12 +533,18 @@ class ShardedReplayBuffer:
             self.rate_limiter,
             stream=stream,
             n_shards=self.n_shards,
+            next_obs=self._config["next_obs"],
         )
 
     def _local_writer(self, k: int) -> ShardWriter:
         if k not in self._writers:
             self._writers[k] = ShardWriter(
-                self._actors[k], k, self.timeout, self.rate_limiter, n_shards=self.n_shards
+                self._actors[k],
+                k,
+                self.timeout,
+                self.rate_limiter,
+                n_shards=self.n_shards,
+                next_obs=self._config["next_obs"],
             )
         return self._writers[k]
 
@@ -536,8 +553,8 @@ class ShardedReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: int = 0,
         truncated: Any = False,
         **fields: Any,
@@ -554,8 +571,8 @@ class ShardedReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         stream: int = 0,
         truncated: Any = False,
         **fields: Any,
@@ -571,8 +588,8 @@ class ShardedReplayBuffer:
         obs: Any,
         action: Any,
         reward: Any,
-        next_obs: Any,
-        done: Any,
+        next_obs: Any = None,
+        done: Any = None,
         streams: Sequence[int] | None = None,
         truncated: Any = False,
         first_stream: int | None = None,
@@ -587,6 +604,7 @@ class ShardedReplayBuffer:
         consecutive streams (``s, s + n_shards, s + 2 n_shards, ...``), which consecutive
         stream ids always give.
         """
+        _check_next_obs(self._config["next_obs"], next_obs, done, "add_envs")
         values = (obs, action, reward, next_obs, done)
         count = _steps("add_envs", values)
         if streams is not None and first_stream is not None:
@@ -622,7 +640,9 @@ class ShardedReplayBuffer:
             parts.append((int(k), sel))
         for k, sel in parts:
             whole = len(parts) == 1  # one shard takes every environment: sent as given
-            o, a, r, n, d = (v if whole else _select(v, sel, self._n_agents) for v in values)
+            o, a, r, n, d = (
+                v if whole or v is None else _select(v, sel, self._n_agents) for v in values
+            )
             self._local_writer(k).add_envs(
                 o,
                 a,
@@ -1058,10 +1078,11 @@ class ShardedReplayBuffer:
         loading its file; the learner's RNG, β schedule and maximum priorities restored).
 
         The shards get the saved options (layout, sampler, ``global_fields``, ...);
-        ``next_obs`` (``"once"``, ``"stored"`` or ``"auto"``) replaces the saved format, and
-        every shard converts its file on load as :meth:`MultiAgentReplayBuffer.load_state_dict`
-        does (the same batches either way).
-        """
+        ``next_obs`` (``"once"``, ``"stored"``, ``"auto"`` or ``"none"``) replaces the saved
+        format, and every shard converts its file on load as
+        :meth:`MultiAgentReplayBuffer.load_state_dict` does (the same batches either way;
+        ``"none"`` drops the next observations, and a folder saved with ``"none"`` loads only
+        as ``"none"``)."""
         folder = Path(folder).resolve()
         manifest = _read_manifest(folder)
         config = dict(manifest["config"])
@@ -1158,6 +1179,28 @@ class ShardedReplayBuffer:
             f"ShardedReplayBuffer(agents={len(self.specs)}, n_shards={self.n_shards}, "
             f"shard_capacity={self.shard_capacity}, sizes={self._sizes.tolist()}, "
             f"layout={self._template.layout!r}, sampler={self.sampler!r})"
+        )
+
+
+def _check_next_obs(mode: str, next_obs: Any, done: Any, call: str) -> None:
+    """A write's ``next_obs`` and ``done`` checked at the call against the sharded buffer's
+    ``next_obs`` option ``mode`` (the shards would refuse it too, but only later)."""
+    if done is None:
+        raise TypeError(
+            f"{call}() missing the required argument done"
+            + (" (next_obs='none': pass done by keyword)" if mode == "none" else "")
+        )
+    if mode == "none" and next_obs is not None:
+        raise ValueError(
+            f"{call}() got next_obs, but this sharded buffer stores no next observations "
+            f"(next_obs='none'): leave next_obs out ({call}(obs, action, reward, done=done)), "
+            "or build it with next_obs='auto', 'once' or 'stored' to keep them"
+        )
+    if mode != "none" and next_obs is None:
+        raise ValueError(
+            f"{call}() got no next_obs, but this sharded buffer keeps next observations "
+            f"(next_obs={mode!r}): pass next_obs=..., or build it with next_obs='none' (a "
+            "sharded buffer takes that format at construction, never from a first write)"
         )
 
 

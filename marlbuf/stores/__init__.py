@@ -33,10 +33,13 @@ def make_store(
     batch_dtype: str,
     allocate: Allocator | None = None,
     device: Any = None,
+    *,
+    stores_next_obs: bool = True,
 ) -> Storage:
     """The store of a buffer: host NumPy arrays (``allocate`` makes them: in memory, or mapped
     files), or with a ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:k"``, a ``torch.device``) one
-    torch tensor there (interleaved rows; torch is imported only then)."""
+    torch tensor there (interleaved rows; torch is imported only then).
+    ``stores_next_obs=False``: rows without next observations (``next_obs="none"``)."""
     if device is None:
         return make_storage(
             layout,
@@ -48,9 +51,18 @@ def make_store(
             links,
             batch_dtype,
             allocate,
+            stores_next_obs=stores_next_obs,
         )
     from marlbuf.stores.torch import TorchStorage
 
     return TorchStorage(
-        codec.specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype, device
+        codec.specs,
+        capacity,
+        pool_blocks,
+        codec,
+        batch_layout,
+        links,
+        batch_dtype,
+        device,
+        stores_next_obs=stores_next_obs,
     )

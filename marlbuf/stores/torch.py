@@ -245,6 +245,14 @@ class RowLayout:
                 first = stop
 
 
+def _not_gathered(codec: RowCodec | FieldSelection, name: str) -> NotGathered:
+    """What stands for the field ``name`` that batches of rows ``codec`` do not hold (left
+    out by ``fields=``, or not stored: ``next_obs`` of ``next_obs="none"``)."""
+    if isinstance(codec, FieldSelection):
+        return codec.not_gathered(name)
+    return NotGathered(name, codec.field_names)
+
+
 def _itemsize(dt: torch.dtype) -> int:
     return torch.empty(0, dtype=dt).element_size()
 
@@ -348,7 +356,8 @@ class DeviceBatch:
     ----------
     obs, next_obs : dict[str, Tensor]
         Per agent, shape ``(B, *obs_shape)``, the spec's dtype (float16 as float32 unless
-        ``batch_dtype="storage"``).
+        ``batch_dtype="storage"``). A buffer built with ``next_obs="none"`` has no next
+        observations: reading ``next_obs`` raises a ``ValueError`` naming that mode.
     action : dict[str, Tensor]
         Per agent, shape ``(B, *action_shape)``.
     reward, done : dict[str, Tensor]
@@ -430,7 +439,7 @@ class DeviceBatch:
         ``fields=``."""
         part = self._views().get(name)
         if part is None:
-            NotGathered(name, self.layout.codec.field_names).refuse()
+            _not_gathered(self.layout.codec, name).refuse()
         return part  # type: ignore[return-value]
 
     @property
@@ -475,7 +484,7 @@ class DeviceBatch:
         if self.layout.codec.alive:
             return self._views()[ALIVE]
         if ALIVE in getattr(self.layout.codec, "left_out", ()):
-            NotGathered(ALIVE, self.layout.codec.field_names).refuse()
+            _not_gathered(self.layout.codec, ALIVE).refuse()
         return None
 
     def __getattr__(self, name: str) -> Any:
@@ -520,7 +529,7 @@ class DeviceBatch:
         name, or ``"alive"``)."""
         codec = self.layout.codec
         if name in getattr(codec, "left_out", ()):
-            NotGathered(name, codec.field_names).refuse()
+            _not_gathered(codec, name).refuse()
         names = (*FIELDS, *codec.extra_names) + ((ALIVE,) if codec.alive else ())
         if name not in names:
             raise ValueError(f"name must be one of {names}; got name={name!r}")
@@ -569,7 +578,7 @@ class DeviceBatch:
         fields: dict[str, Any] = {
             name: {a: host(x) for a, x in self.field(name).items()}
             if chosen is None or name in chosen
-            else NotGathered(name, chosen)
+            else _not_gathered(codec, name)
             for name in FIELDS
         }
         return Batch(
@@ -584,7 +593,7 @@ class DeviceBatch:
             trainer=self.trainer,
             extras={n: {a: host(x) for a, x in d.items()} for n, d in self.extras.items()},
             globals={n: host(x) for n, x in self.globals.items()},
-            alive=NotGathered(ALIVE, codec.field_names)  # type: ignore[arg-type]
+            alive=_not_gathered(codec, ALIVE)  # type: ignore[arg-type]
             if alive_left_out
             else (None if alive is None else {a: host(x) for a, x in alive.items()}),
             gathered_fields=chosen,
@@ -700,17 +709,30 @@ class TorchStorage(Storage):
         links: NextObsLinks | None = None,
         batch_dtype: str = "float32",
         device: torch.device | None = None,
+        *,
+        stores_next_obs: bool = True,
     ) -> None:
-        super().__init__(specs, capacity, pool_blocks, codec, batch_layout, links, batch_dtype)
+        super().__init__(
+            specs,
+            capacity,
+            pool_blocks,
+            codec,
+            batch_layout,
+            links,
+            batch_dtype,
+            stores_next_obs=stores_next_obs,
+        )
         self.device = check_device("cpu" if device is None else device)
         for fs in self.codec.slots:
             torch_dtype(fs.dtype)  # a dtype torch has, or a clear error
-        lean = links is not None
-        #: the rows of the table (lean when observations are stored once) and of batches
+        lean = self.lean
+        #: the rows of the table (lean when observations are stored once or not at all) and of
+        #: batches (without next_obs when it is not stored: the default selection's rows)
         self.table_layout = RowLayout(self.codec, lean=lean)
-        self.row_layout = RowLayout(self.batch_codec)
+        batch_format = self.batch_codec if self.default_select is None else self.default_select
+        self.row_layout = RowLayout(batch_format)
         self.table_row_bytes = self.table_layout.row_bytes
-        self.row_words = self.batch_codec.row_words
+        self.row_words = batch_format.row_words
         self._segments = self._plan_segments(lean)
         self._selections_built: dict[
             tuple[str, ...],
@@ -741,13 +763,15 @@ class TorchStorage(Storage):
         dtype, source offset, destination offset, length, from_next)`` in units of their
         dtypes, from the NumPy gather plan; ``from_next`` segments read the row holding the
         next observation, at the obs offsets."""
-        if not lean and not self.converts:
+        if self.rows_are_batch_rows:
             return None
         stored = self.codec.lean_slots if lean else self.codec.slots
         obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
-        step = self.batch_codec.row_bytes
-        targets = [(fs.field, fs.agent, fs.offset, step, fs.dtype) for fs in self.batch_codec.slots]
-        kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, lean)
+        batch_format = self.batch_codec if self.default_select is None else self.default_select
+        step = batch_format.row_bytes
+        targets = [(fs.field, fs.agent, fs.offset, step, fs.dtype) for fs in batch_format.slots]
+        once = self.links is not None
+        kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, once)
         return [
             (*_UNIT_DTYPES[int(k)], int(s), int(d), int(n), bool(x))
             for k, s, d, n, x in zip(kind, src, dst, length, from_next)
@@ -774,7 +798,7 @@ class TorchStorage(Storage):
 
     # ------------------------------------------------------------------------- writes
     def write(self, slots: np.ndarray, rows: np.ndarray, views: RowViews | None) -> None:
-        if self.links is not None:  # lean rows, compacted on the host
+        if self.lean:  # lean rows (no next_obs section), compacted on the host
             lean = np.zeros((rows.shape[0], self.table_layout.row_words), dtype=np.uint64)
             scatter_lean(lean, np.arange(rows.shape[0], dtype=np.int64), rows, *self._lean_args)
             rows = lean
@@ -804,13 +828,13 @@ class TorchStorage(Storage):
         """The row views and gather segments of ``select``'s rows (built once per selection)."""
         found = self._selections_built.get(select.names)
         if found is None:
-            lean = self.links is not None
-            stored = self.codec.lean_slots if lean else self.codec.slots
+            stored = self.codec.lean_slots if self.lean else self.codec.slots
             obs_slots = {fs.agent: fs for fs in self.codec.slots if fs.field == "obs"}
             targets = [
                 (fs.field, fs.agent, fs.offset, select.row_bytes, fs.dtype) for fs in select.slots
             ]
-            kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, lean)
+            once = self.links is not None
+            kind, src, dst, length, _, from_next = build_plan(stored, obs_slots, targets, once)
             segments = [
                 (*_UNIT_DTYPES[int(k)], int(s), int(d), int(n), bool(x))
                 for k, s, d, n, x in zip(kind, src, dst, length, from_next)
@@ -843,7 +867,8 @@ class TorchStorage(Storage):
     def gather(
         self, indices: np.ndarray, out_block: Any = None, select: FieldSelection | None = None
     ) -> tuple[dict[str, dict[str, Any]], Tensor]:
-        if select is not None:
+        # the default selection (next_obs="none") is this store's batch format already
+        if select is not None and select is not self.default_select:
             return self._gather_selected(indices, out_block, select)
         n = int(indices.shape[0])
         per_agent = self.batch_layout == "per_agent"
@@ -908,6 +933,8 @@ class TorchStorage(Storage):
         """``block`` (of a batch passed as ``out=``) if this store can gather ``n`` rows (of
         the fields of ``select``) into it, else a ``ValueError`` that says what differs."""
         shape: tuple[int, ...]
+        if select is self.default_select:
+            select = None  # the store's batch format (rows without next_obs where not stored)
         layout = self.row_layout if select is None else self._selected(select)[0]
         if self.batch_layout == "rows":
             words = self.row_words if select is None else select.row_words
@@ -975,7 +1002,9 @@ class TorchStorage(Storage):
         select: FieldSelection | None = None,
     ) -> DeviceBatch:
         return DeviceBatch(
-            self.row_layout if select is None else self._selected(select)[0],
+            self.row_layout
+            if select is None or select is self.default_select
+            else self._selected(select)[0],
             block,
             self.batch_layout == "per_agent",
             indices,
@@ -1077,6 +1106,8 @@ class TorchStorage(Storage):
             self._uploader.upload(self.table[:size], src[:size])
 
     def read_field(self, field_name: str, agent: str, count: int) -> np.ndarray:
+        if field_name in self._not_stored:
+            NotGathered(field_name, self.field_names, False).refuse()
         if self.links is not None and field_name == "next_obs":  # stored once: a gather
             rows = torch.empty((count, self.row_words), dtype=torch.int64, device=self.device)
             self.gather_rows(np.arange(count, dtype=np.int64), rows)
