@@ -6,9 +6,23 @@ Usage::
     marlbuf bench sampling --out results   # results into ./results (default ./bench-results)
     marlbuf bench guard --quick            # the default path's same-run checks, in seconds
     marlbuf bench sampling prioritized     # named suites at full size
-    marlbuf bench --list                   # suites and whether they can run here
+    marlbuf bench --list                   # suites, whether they can run here, their options
     marlbuf bench compare A.json B.json    # time ratio table between two result files
     marlbuf bench report [--quick]         # rebuild REPORT.md and figures from the result files
+    marlbuf bench dropin --device cuda     # a suite option (see below)
+    marlbuf bench distributed --actors 1 2 4 8
+
+Suite options (``SUITE_OPTIONS``): ``--device DEVICE`` and ``--actors K [K ...]`` are handed to
+a suite's ``run()`` under their own name (``run(quick, device="cuda")``) when given, and only
+then. A suite takes an option when its ``run()`` has a parameter of that name (``--list`` shows
+which); naming an option that a chosen suite does not take is an error that names the suites
+that do, before anything runs (so ``marlbuf bench --device cuda``, every suite, is refused:
+name the suites). Options follow the suite names (``--actors`` takes every number after it).
+What a suite does with an option is in its module docstring: with ``--device`` the ``device``
+suite measures its GPU cases on that device and ``dropin`` runs the consumers' networks there;
+with ``--actors`` the ``distributed`` suite measures each number of rollout actors (and shards)
+listed. The result file is the suite's usual one; the payload's ``options`` records what was
+given.
 
 A suite whose payload lists ``failed_checks`` (the ``guard`` suite: ratios past their limits)
 makes the command exit with status 1 after writing its results, except with ``--quick``, where
@@ -18,6 +32,7 @@ the failures are printed but the status stays 0 (small sizes on a noisy machine)
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import sys
 import time
@@ -62,6 +77,50 @@ SUITES: dict[str, str] = {
 #: where identical), the precision check 6 (float16 storage); name them to run them
 #: (``marlbuf bench rewards locality precision``)
 LONG_SUITES = ("rewards", "locality", "precision", "recurrent")
+
+
+#: Suite options: name -> argparse settings of ``--<name>``. A given option is passed to the
+#: ``run()`` of every chosen suite, all of which must take it (a parameter of that name).
+SUITE_OPTIONS: dict[str, dict[str, Any]] = {
+    "device": {
+        "metavar": "DEVICE",
+        "help": "torch device of a suite's device cases, e.g. cuda or cuda:1 (suites device, "
+        "dropin; not given: each suite's default)",
+    },
+    "actors": {
+        "metavar": "K",
+        "type": int,
+        "nargs": "+",
+        "help": "numbers of rollout actors (and shards) to measure, e.g. 1 2 4 8 (suite "
+        "distributed; not given: the suite's default)",
+    },
+}
+
+
+def suite_options(module: Any) -> list[str]:
+    """The :data:`SUITE_OPTIONS` a suite module's ``run()`` takes."""
+    parameters = inspect.signature(module.run).parameters
+    return [name for name in SUITE_OPTIONS if name in parameters]
+
+
+def options_error(names: list[str], given: dict[str, Any]) -> str | None:
+    """Why the given suite options do not fit the chosen suites (``None``: they do). A suite
+    that cannot be imported here is skipped when it runs, so it refuses nothing."""
+
+    def takes(name: str, option: str) -> bool | None:
+        module = _load(name)
+        return None if isinstance(module, str) else option in suite_options(module)
+
+    problems = []
+    for option in given:
+        refusing = [name for name in names if takes(name, option) is False]
+        if refusing:
+            taking = [name for name in SUITES if takes(name, option)]
+            problems.append(
+                f"--{option} is not an option of suite(s) {', '.join(refusing)}; the suites "
+                f"that take it: {', '.join(taking) or 'none'} (name only those)"
+            )
+    return "; ".join(problems) or None
 
 
 def _load(name: str) -> Any:
@@ -149,6 +208,27 @@ def quiet_third_party_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING if name != "ray" else logging.ERROR)
 
 
+def build_parser() -> ArgumentParser:
+    """The parser of ``marlbuf bench [SUITE ...] [options]`` (suite options included)."""
+    parser = ArgumentParser("marlbuf bench", (__doc__ or "").replace("``", ""))
+    parser.add_argument(
+        "suites",
+        nargs="*",
+        help=f"suites to run, any of: {', '.join(SUITES)} (default: all but "
+        f"{', '.join(LONG_SUITES)}; with --quick: all)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, one seed (minutes, not hours): figures that indicate, not decide",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
+    parser.add_argument("--list", action="store_true", help="list suites and exit")
+    for option, settings in SUITE_OPTIONS.items():
+        parser.add_argument(f"--{option}", default=None, **settings)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "report":
@@ -179,20 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         return 0
 
-    parser = ArgumentParser("marlbuf bench", (__doc__ or "").replace("``", ""))
-    parser.add_argument(
-        "suites",
-        nargs="*",
-        help=f"suites to run, any of: {', '.join(SUITES)} (default: all but "
-        f"{', '.join(LONG_SUITES)}; with --quick: all)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small sizes, one seed (minutes, not hours): figures that indicate, not decide",
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
-    parser.add_argument("--list", action="store_true", help="list suites and exit")
+    parser = build_parser()
     ns = parser.parse_args(args_list)
     unknown = [s for s in ns.suites if s not in SUITES]
     if unknown:
@@ -200,10 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     if ns.list:
         for name in SUITES:
             mod = _load(name)
-            print(f"{name:<12} {'ok' if not isinstance(mod, str) else mod}")
+            if isinstance(mod, str):
+                print(f"{name:<12} {mod}")
+                continue
+            options = " ".join(f"--{o}" for o in suite_options(mod))
+            print(f"{name:<12} ok" + (f" (options: {options})" if options else ""))
         return 0
 
     names = ns.suites or [s for s in SUITES if ns.quick or s not in LONG_SUITES]
+    given = {o: getattr(ns, o) for o in SUITE_OPTIONS if getattr(ns, o) is not None}
+    problem = options_error(names, given) if given else None
+    if problem:
+        parser.error(problem)
     if not ns.suites and not ns.quick:
         print(f"full run: leaving out {', '.join(LONG_SUITES)} (name them to run them)", flush=True)
     if ns.quick:
@@ -226,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         start = time.perf_counter()
         try:
-            payload = mod.run(quick=ns.quick)
+            payload = mod.run(quick=ns.quick, **given)
+            if given:
+                payload = {**payload, "options": given}
         except Exception as exc:  # report and continue with the other suites
             failed.append(name)
             print(f"[{name}] FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -16,11 +16,28 @@ round ends with ``torch.cuda.synchronize()``:
   (``agents/<agent>/<field>``), one ``sample()`` per trainer; ``torchrl prioritized`` - its
   ``TensorDictPrioritizedReplayBuffer`` on the same storage, where its sampler loads.
 
-Prioritized part (same device): one trainer's ``sample(B)`` + ``update_priorities`` at a large
-capacity (1e6 transitions of CN-3 rows in the full run), against TorchRL's
-``TensorDictPrioritizedReplayBuffer`` on a ``LazyTensorStorage`` on the same device
-(``sample()`` + ``update_priority``). The device buffer draws from its host priority trees and
-defers each update (``sync=False``) until the next draw.
+Prioritized part (same device): the MADDPG pattern of prioritized replay, ``per_trainers``
+(8) trainers per round, each drawing ``B`` = 1024 rows with its own priority tree and feeding
+``B`` TD errors (on the device) back, at capacities 1e5, 1e6 and 1e7 of CN-3 rows (next_obs
+stored in every row). Two operations per case: ``sample + update`` (the round's draws and
+gathers, then its updates) and ``update alone`` (the round's updates of fixed indices, applied):
+
+* ``marlbuf index=host`` - ``Prioritized()`` (float64 Numba trees on the host),
+  ``sample_for_trainers`` + ``update_priorities_for_trainers(..., sync=False)``: the TD errors
+  are copied back without waiting and applied before the next draw (``update alone`` applies
+  them at once with ``check_priority_errors()``);
+* ``marlbuf index=device`` - ``Prioritized(index="device")`` (float64 sum trees in tensors on
+  the device, updated there); recorded as not available where this marlbuf has no such option;
+* ``torchrl`` - TorchRL's best prioritized sampler in the installed version: one
+  ``LazyTensorStorage(device=...)`` holding a nested TensorDict and one ``PrioritizedSampler``
+  per trainer over it (its components directly, no ``ReplayBuffer`` wrapper), with
+  ``device=...`` (its CUDA segment trees) where that version has them, else its host trees;
+  a round is ``sampler.sample(storage, B)`` + ``storage.get(index)`` per trainer, then
+  ``update_priority``. The payload records the sampler, its tree class and TorchRL's version.
+
+A capacity whose buffers (all cases are alive at once) would not fit in 90% of the device's
+free memory (``torch.cuda.mem_get_info``), or whose host part (on a CPU run: everything) would
+not fit in a quarter of the available RAM, is recorded as not measured with the bytes it needs.
 
 End-to-end part (same device, needs mpe2): seconds per 100 env steps of MADDPG at CN-24, the
 environment, action selection, buffer writes and the one update round that falls in every 100
@@ -36,6 +53,11 @@ memory recycling and with ``out=`` reuse). The target is a ratio of at most 1.3.
 buffer stores observations once (its default); ``torch backend (cpu)`` keeps next_obs in every
 row, ``torch backend (cpu) lean`` stores observations once as well.
 
+Targets (``targets`` in the payload: PASS, FAIL or not measured, with the reason):
+``marlbuf index=device`` sample + update at least 3x faster than TorchRL at capacity 1e6 and 5x
+at 1e7; the CN-24 device round (uniform, B = 1024) at most 1.2 ms (an absolute time on the GPU
+it ran on, the one target that is not a same-run ratio).
+
 Times are medians of interleaved repeats (``bench/common.py``); only ratios measured in the same
 process are compared.
 """
@@ -43,15 +65,19 @@ process are compared.
 from __future__ import annotations
 
 import gc
+import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
-from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
+from marlbuf.bench.common import check, markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.workloads import Workload, random_steps
+from marlbuf.memory import estimate
 from marlbuf.samplers import Prioritized, Uniform
+from marlbuf.storage import available_memory_bytes
 
 SUITE = "device"
 BATCH = 1024
@@ -65,7 +91,9 @@ QUICK: dict[str, Any] = {
     "capacity": 20_000,
     "repeats": 3,
     "per_workload": Workload("cooperative_navigation", 3),
-    "per_capacity": 20_000,
+    "per_capacities": (20_000, 100_000),
+    "per_trainers": 8,
+    "per_repeats": 5,
     "e2e_workload": Workload("cooperative_navigation", 3),
     "e2e_capacity": 3_000,
     "e2e_batch": 256,
@@ -77,7 +105,9 @@ FULL: dict[str, Any] = {
     "capacity": 100_000,
     "repeats": 5,
     "per_workload": Workload("cooperative_navigation", 3),
-    "per_capacity": 1_000_000,
+    "per_capacities": (100_000, 1_000_000, 10_000_000),
+    "per_trainers": 8,
+    "per_repeats": 20,
     "e2e_workload": Workload("cooperative_navigation", 24),
     "e2e_capacity": 20_000,
     "e2e_batch": BATCH,
@@ -90,13 +120,26 @@ E2E_CONFIGS: dict[str, dict[str, Any]] = {
     "marlbuf host buffer": {"formulation": "batched", "layout": "interleaved"},
     "marlbuf device buffer": {"formulation": "batched", "layout": "interleaved", "on_device": 1},
 }
-PER_CASES = ("device buffer prioritized", "torchrl prioritized")
+#: the prioritized part's cases and operations (module docstring)
+PER_CASES = ("marlbuf index=host", "marlbuf index=device", "torchrl")
+PER_OPS = ("sample + update", "update alone")
+PER_CHUNK = 50_000  # rows per write while filling the prioritized part's buffers
+PER_DISTINCT_CHUNKS = 4  # distinct chunks of random rows, written in turn (filling 1e7 rows)
+#: targets: TorchRL's sample + update time over marlbuf index="device"'s, by capacity
+PER_TARGETS = {1_000_000: 3.0, 10_000_000: 5.0}
+#: target: the device round of this workload (uniform, B = 1024), at most this many ms
+ROUND_TARGET = ("CN-24", 1.2)
+#: a capacity is measured when it fits in these shares of the free device memory and of the
+#: available host RAM
+DEVICE_MEMORY_SHARE = 0.9
+HOST_MEMORY_SHARE = 0.25
 E2E_STEPS = 100
 
 GPU_CASES = (
     "device buffer",
     "device buffer+out",
     "device buffer+prioritized",
+    "device buffer+prioritized index=device",
     "device buffer+obs once",
     "host buffer + to_torch(pinned, non_blocking)",
     "torchrl LazyTensorStorage(device)",
@@ -153,22 +196,16 @@ def _nested_tensordict(data: dict[str, dict[str, np.ndarray]]) -> Any:
     return TensorDict({"agents": TensorDict(per_agent, batch_size=[steps])}, batch_size=[steps])
 
 
-def _torchrl_buffers(
-    capacity: int, device: Any, uniform: bool = True
-) -> tuple[dict[str, Any], dict[str, str]]:
+def _torchrl_buffers(capacity: int, device: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """TorchRL's replay buffers on ``device`` (those that load) and why others do not."""
     made: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     try:
-        if not uniform:
-            raise LookupError("not used")
         from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
         made["torchrl LazyTensorStorage(device)"] = TensorDictReplayBuffer(
             storage=LazyTensorStorage(capacity, device=device), batch_size=BATCH
         )
-    except LookupError:
-        pass
     except Exception as exc:  # not installed or does not load: record and go on
         skipped["torchrl LazyTensorStorage(device)"] = f"{type(exc).__name__}: {exc}"
     try:
@@ -200,10 +237,19 @@ def _gpu_rounds(
     per = MultiAgentReplayBuffer(
         specs, capacity, sampler=Prioritized(), seed=0, device=where, next_obs="stored"
     )
+    device_index, why_not = prioritized_sampler("device")
+    per_device = None
+    if device_index is not None:
+        per_device = MultiAgentReplayBuffer(
+            specs, capacity, sampler=device_index, seed=0, device=where, next_obs="stored"
+        )
     lean = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0, device=where)
     host = MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(), seed=0)
     peers, skipped = _torchrl_buffers(capacity, device)
-    _fill([uniform, per, lean, host], list(peers.values()), workload, capacity)
+    if why_not is not None:
+        skipped["device buffer+prioritized index=device"] = why_not
+    ours = [b for b in (uniform, per, per_device, lean, host) if b is not None]
+    _fill(ours, list(peers.values()), workload, capacity)
     sync = _sync(where)
     previous: list[Any] = []
 
@@ -220,6 +266,11 @@ def _gpu_rounds(
         per.sample_for_trainers(BATCH)
         sync()
 
+    def prioritized_device_round() -> None:
+        assert per_device is not None
+        per_device.sample_for_trainers(BATCH)
+        sync()
+
     def lean_round() -> None:
         lean.sample_for_trainers(BATCH)
         sync()
@@ -233,9 +284,12 @@ def _gpu_rounds(
         "device buffer": device_round,
         "device buffer+out": device_round_out,
         "device buffer+prioritized": prioritized_round,
+        "device buffer+prioritized index=device": prioritized_device_round,
         "device buffer+obs once": lean_round,
         "host buffer + to_torch(pinned, non_blocking)": host_round,
     }
+    if per_device is None:
+        del fns["device buffer+prioritized index=device"]
     for name, rb in peers.items():
 
         def peer_round(rb: Any = rb) -> None:
@@ -244,45 +298,388 @@ def _gpu_rounds(
             sync()
 
         fns[name] = peer_round
+    fns = _working(fns, skipped, lambda name: name)
     return time_interleaved(fns, repeats=cfg["repeats"], warmup=1), skipped
 
 
-def _per_rounds(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """One trainer's prioritized ``sample`` + ``update_priorities`` at ``per_capacity``."""
+def prioritized_sampler(index: str) -> tuple[Prioritized | None, str | None]:
+    """``Prioritized(index=index)``, or ``None`` and why this marlbuf has none (a version
+    without the ``index`` option keeps its trees on the host: ``"host"`` is then the default)."""
+    options: dict[str, Any] = {"index": index}
+    try:
+        return Prioritized(**options), None
+    except TypeError as exc:
+        if index == "host":
+            return Prioritized(), None
+        return None, f"not available: this marlbuf's Prioritized has no index option ({exc})"
+
+
+def torchrl_per_samplers(
+    capacity: int, count: int, device: Any, storage: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    """``count`` TorchRL ``PrioritizedSampler``s over ``storage`` (filled), every slot at the
+    default priority, on ``device`` where this TorchRL can keep its trees there (else on the
+    host), and what they are (``sampler``, ``trees``, ``torchrl`` version, ``tried``)."""
+    import torch
+    import torchrl
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    base: dict[str, Any] = {"max_capacity": capacity, "alpha": 0.6, "beta": 0.5, "eps": 1e-6}
+    attempts: list[dict[str, Any]] = [{}]  # the sampler's own choice for this storage
+    if "device" in inspect.signature(PrioritizedSampler.__init__).parameters:
+        attempts = [{"device": torch.device(device)}]
+        if attempts[0]["device"].type != "cpu":  # CUDA trees first, then the host trees
+            attempts.append({"device": torch.device("cpu")})
+    tried: list[str] = []
+    everything = torch.arange(len(storage))
+    for extra in attempts:
+        try:
+            samplers = [PrioritizedSampler(**base, **extra) for _ in range(count)]
+            for sampler in samplers:  # what TorchRL's writer does for written slots
+                sampler.extend(everything)
+                sampler.mark_update(everything)  # the default (maximum) priority
+            samplers[0].sample(storage, 2)  # the first draw picks (and builds) the trees
+        except Exception as exc:  # no CUDA trees in this build: record and try the next
+            tried.append(f"PrioritizedSampler({extra}): {type(exc).__name__}: {exc}")
+            continue
+        shown = {k: v for k, v in {**base, **extra}.items() if k != "max_capacity"}
+        settings = ", ".join(f"{k}={v!r}" for k, v in shown.items())
+        return samplers, {
+            "sampler": f"PrioritizedSampler({settings})",
+            "trees": type(getattr(samplers[0], "_sum_tree", None)).__name__,
+            "torchrl": torchrl.__version__,
+            "tried": tried,
+        }
+    raise RuntimeError("; ".join(tried))
+
+
+def per_bytes_needed(
+    workload: Workload, capacity: int, trainers: int, torchrl_trees_on_device: bool
+) -> dict[str, int]:
+    """Bytes the prioritized part holds at ``capacity`` (every case alive at once), on the
+    device and on the host: marlbuf's rows and priority trees (``marlbuf.memory.estimate``),
+    TorchRL's unpadded rows and its float32 sum and min trees."""
+    specs = workload.specs()
+    est = estimate(specs, capacity, next_obs="stored", prioritized=True, n_trainers=trainers)
+    trees = est.metadata_bytes - capacity * 8  # the write generations stay on the host
+    leaves = 1 << max(0, (capacity - 1).bit_length())
+    peer_trees = trainers * 2 * 2 * leaves * 4
+    peer_rows = capacity * sum(
+        4 * (2 * math.prod(s.obs_shape) + math.prod(s.action_shape) + 2) for s in specs.values()
+    )
+    device = 2 * est.storage_bytes + trees + peer_rows  # index="device": its trees too
+    host = 2 * capacity * 8 + trees  # index="host": its trees
+    if torchrl_trees_on_device:
+        device += peer_trees
+    else:
+        host += peer_trees
+    return {"device": device, "host": host}
+
+
+def memory_shortfall(needed: dict[str, int], where: str) -> str | None:
+    """``None`` when ``needed`` fits in this machine's memory shares, else why not."""
+    gib = 2**30
+    ram = available_memory_bytes()
+    if where.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(where))
+        if needed["device"] > DEVICE_MEMORY_SHARE * free:
+            return (
+                f"not measured: needs {needed['device'] / gib:.1f} GiB on {where}, "
+                f"{free / gib:.1f} GiB free (torch.cuda.mem_get_info)"
+            )
+        host = needed["host"]
+    else:
+        host = needed["device"] + needed["host"]  # the device is this host
+    if ram is not None and host > HOST_MEMORY_SHARE * ram:
+        return (
+            f"not measured: needs {host / gib:.1f} GiB of host memory, more than a quarter of "
+            f"the {ram / gib:.1f} GiB available"
+        )
+    return None
+
+
+def _per_fill(
+    buffers: list[Any], storage_writer: Any, workload: Workload, capacity: int, where: str
+) -> None:
+    """Write ``capacity`` random rows into every marlbuf buffer and into TorchRL's storage on
+    ``where`` (through ``storage_writer``, a TorchRL ``ReplayBuffer``): ``PER_DISTINCT_CHUNKS``
+    distinct chunks written in turn (the rows' values do not matter to prioritized sampling)."""
+    specs = workload.specs()
+    rng = np.random.default_rng(0)
+    chunk = min(PER_CHUNK, capacity)
+    chunks = [random_steps(specs, chunk, rng) for _ in range(PER_DISTINCT_CHUNKS)]
+    peer_chunks: list[Any] = []
+    if storage_writer is not None:
+        peer_chunks = [_nested_tensordict(c).to(where) for c in chunks]
+    for number, start in enumerate(range(0, capacity, chunk)):
+        steps = min(chunk, capacity - start)
+        data = chunks[number % len(chunks)]
+        if steps < chunk:
+            data = {f: {a: v[:steps] for a, v in per.items()} for f, per in data.items()}
+        for buf in buffers:
+            buf.extend(**data)
+        if peer_chunks:
+            storage_writer.extend(peer_chunks[number % len(chunks)][:steps])
+
+
+def _per_capacity(
+    cfg: dict[str, Any], capacity: int, where: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, Any]]:
+    """Time every case of the prioritized part at ``capacity``: ``{"op/case": timing}``, the
+    cases not measured with their reasons, and TorchRL's sampler description."""
     import torch
 
     workload: Workload = cfg["per_workload"]
-    capacity = cfg["per_capacity"]
-    ours = MultiAgentReplayBuffer(
-        workload.specs(), capacity, sampler=Prioritized(), seed=0, device=where
-    )
-    peers, skipped = _torchrl_buffers(capacity, torch.device(where), uniform=False)
-    _fill([ours], list(peers.values()), workload, capacity)
+    trainers = cfg["per_trainers"]
+    specs = workload.specs()
+    skipped: dict[str, str] = {}
+    peer_info: dict[str, Any] = {}
+    storage, writer = None, None
+    try:
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+        storage = LazyTensorStorage(capacity, device=torch.device(where))
+        writer = ReplayBuffer(storage=storage)
+    except Exception as exc:  # TorchRL not installed, or it does not load with this torch
+        skipped["torchrl"] = f"not measured: {type(exc).__name__}: {exc}"
+    ours: dict[str, MultiAgentReplayBuffer] = {}
+    for case, index in (("marlbuf index=host", "host"), ("marlbuf index=device", "device")):
+        sampler, why_not = prioritized_sampler(index)
+        if sampler is None:
+            skipped[case] = str(why_not)
+            continue
+        try:
+            ours[case] = MultiAgentReplayBuffer(
+                specs,
+                capacity,
+                sampler=sampler,
+                n_trainers=trainers,
+                seed=0,
+                device=where,
+                next_obs="stored",
+            )
+        except Exception as exc:  # recorded in the rows, the other cases go on
+            skipped[case] = f"not measured: failed: {type(exc).__name__}: {exc}"
+    _per_fill(list(ours.values()), writer, workload, capacity, where)
+    samplers: list[Any] = []
+    if storage is not None:
+        try:
+            samplers, peer_info = torchrl_per_samplers(capacity, trainers, where, storage)
+        except Exception as exc:  # no sampler of this TorchRL loads: record and go on
+            skipped["torchrl"] = f"not measured: {type(exc).__name__}: {exc}"
     sync = _sync(where)
     gen = torch.Generator(device=where).manual_seed(0)
-    td = torch.rand(BATCH, generator=gen, device=where) + 0.01  # |TD| > 0, on the device
-    td_host = td.cpu()
+    td = torch.rand(trainers, BATCH, generator=gen, device=where) + 0.01  # |TD| > 0, device
 
-    def op(buf: Any) -> Callable[[], None]:
-        def run() -> None:
-            batch = buf.sample(BATCH)
-            buf.update_priorities(batch.indices, td, sync=False)
+    def marlbuf_ops(buf: MultiAgentReplayBuffer) -> dict[str, Callable[[], None]]:
+        fixed = buf.sample_for_trainers(BATCH)
+        indices, gens = [b.indices for b in fixed], [b.generations for b in fixed]
+        del fixed
+
+        def sample_update() -> None:
+            batches = buf.sample_for_trainers(BATCH)
+            buf.update_priorities_for_trainers(
+                [b.indices for b in batches], td, [b.generations for b in batches], sync=False
+            )
             sync()
 
-        return run
-
-    fns: dict[str, Callable[[], Any]] = {"device buffer prioritized": op(ours)}
-    for name, rb in peers.items():
-
-        def peer_op(rb: Any = rb) -> None:
-            sample = rb.sample()
-            rb.update_priority(sample["index"], td_host)
+        def update() -> None:
+            buf.update_priorities_for_trainers(indices, td, gens, sync=False)
+            buf.check_priority_errors()  # applied (host trees: after the copy to the host)
             sync()
 
-        fns[name] = peer_op
-    timings = time_interleaved(fns, repeats=cfg["repeats"] * 4, warmup=2)
-    ours.check_priority_errors()
-    return timings, skipped
+        return {"sample + update": sample_update, "update alone": update}
+
+    def torchrl_ops() -> dict[str, Callable[[], None]]:
+        assert storage is not None
+        fixed = [s.sample(storage, BATCH)[0] for s in samplers]
+        errors = td
+        try:  # TD errors as the learner has them, on the device
+            samplers[0].update_priority(fixed[0], td[0])
+            peer_info["td_errors"] = "passed on the device"
+        except Exception as exc:  # a sampler that takes host tensors only: copied here
+            errors = td.cpu()
+            peer_info["td_errors"] = f"copied to the host first ({type(exc).__name__}: {exc})"
+
+        def sample_update() -> None:
+            drawn = []
+            for s in samplers:
+                index, _ = s.sample(storage, BATCH)
+                storage.get(index)  # the batch: every agent's fields at those slots
+                drawn.append(index)
+            for s, index, err in zip(samplers, drawn, errors):
+                s.update_priority(index, err)
+            sync()
+
+        def update() -> None:
+            for s, index, err in zip(samplers, fixed, errors):
+                s.update_priority(index, err)
+            sync()
+
+        return {"sample + update": sample_update, "update alone": update}
+
+    fns: dict[str, Callable[[], None]] = {}
+    for case, buf in ours.items():
+        fns.update({f"{op}/{case}": fn for op, fn in marlbuf_ops(buf).items()})
+    if samplers:
+        fns.update({f"{op}/torchrl": fn for op, fn in torchrl_ops().items()})
+    fns = _working(fns, skipped, lambda name: name.split("/", 1)[1])
+    timings = time_interleaved(fns, repeats=cfg["per_repeats"], warmup=2)
+    for buf in ours.values():
+        buf.check_priority_errors()
+    return timings, skipped, peer_info
+
+
+def _working(
+    fns: dict[str, Callable[[], Any]], skipped: dict[str, str], case_of: Callable[[str], str]
+) -> dict[str, Callable[[], Any]]:
+    """``fns`` without those of a case whose first call raised (recorded in ``skipped`` with
+    the error): one failing case must not cost the run every other case's figures."""
+    failed: dict[str, str] = {}
+    for name, fn in fns.items():
+        if case_of(name) in failed:
+            continue
+        try:
+            fn()
+        except Exception as exc:  # recorded in the rows, the other cases go on
+            failed[case_of(name)] = f"not measured: failed: {type(exc).__name__}: {exc}"
+    skipped.update(failed)
+    return {name: fn for name, fn in fns.items() if case_of(name) not in failed}
+
+
+def _per_part(
+    cfg: dict[str, Any], where: str, say: Callable[..., None]
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Rows of the prioritized part at every capacity, its summary (TorchRL's time over each
+    marlbuf case's, per capacity and operation) and TorchRL's sampler description."""
+    workload: Workload = cfg["per_workload"]
+    trainers = cfg["per_trainers"]
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    peer: dict[str, Any] = {}
+    try:
+        import torchrl._torchrl as extension
+
+        cuda_trees = hasattr(extension, "CudaSumSegmentTreeFp32") and where.startswith("cuda")
+    except Exception:  # no TorchRL (its cases say so) or no extension: host trees
+        cuda_trees = False
+    for capacity in cfg["per_capacities"]:
+        label = f"{workload.label} capacity {capacity:,}"
+        needed = per_bytes_needed(workload, capacity, trainers, cuda_trees)
+        reason = memory_shortfall(needed, where)
+        ident = {"part": "per", "workload": label, "capacity": capacity}
+        if reason is not None:
+            say(f"[device] prioritized at {label}: {reason}", flush=True)
+            rows += [
+                {**ident, "case": case, "op": op, "status": reason}
+                for op in PER_OPS
+                for case in PER_CASES
+            ]
+            summary[str(capacity)] = reason
+            continue
+        say(f"[device] prioritized at {label}, {trainers} trainers ...", flush=True)
+        timings, skipped, info = _per_capacity(cfg, capacity, where)
+        _release_gpu_memory()
+        peer = peer or info
+        summary[str(capacity)] = {}
+        for op in PER_OPS:
+            theirs = timings.get(f"{op}/torchrl", {}).get("median")
+            ratios: dict[str, Any] = {}
+            for case in PER_CASES:
+                t = timings.get(f"{op}/{case}")
+                if t is None:
+                    status = skipped.get(case, "not measured")
+                    rows.append({**ident, "case": case, "op": op, "status": status})
+                    continue
+                extra = {"torchrl_time_vs_this": theirs / t["median"]} if theirs else {}
+                row = _measured("per", label, case, t, op=op, capacity=capacity, **extra)
+                rows.append(row)
+                ratios[f"{case} ms"] = round(1e3 * t["median"], 4)
+                if theirs and case != "torchrl":
+                    ratios[f"torchrl / {case}"] = round(theirs / t["median"], 3)
+            summary[str(capacity)][op] = ratios
+        say(
+            f"[device] prioritized at {label}: "
+            + ", ".join(f"{k} {1e3 * v['median']:.3f} ms" for k, v in timings.items()),
+            flush=True,
+        )
+    return rows, summary, peer
+
+
+def targets(rows: list[dict[str, Any]], status: str | None) -> list[dict[str, Any]]:
+    """PASS/FAIL of the targets (module docstring) from the rows, or not measured and why."""
+    out = []
+    per = {
+        (r["capacity"], r["case"]): r
+        for r in rows
+        if r["part"] == "per" and r.get("op") == "sample + update"
+    }
+    for capacity, limit in PER_TARGETS.items():
+        name = "PER sample + update: TorchRL / marlbuf index=device"
+        ident: dict[str, Any] = {"workload": f"capacity {capacity:,}", "kind": "", "note": ""}
+        row = per.get((capacity, "marlbuf index=device"))
+        if row is not None and "torchrl_time_vs_this" in row:
+            out.append(check(name, row["torchrl_time_vs_this"], limit, at_most=False, **ident))
+            continue
+        if row is None:
+            why = status or "not measured: capacity not in this run (quick sizes)"
+        elif row["status"] != "measured":
+            why = row["status"]
+        else:  # ours measured, TorchRL's case not
+            why = per.get((capacity, "torchrl"), {}).get("status", "not measured")
+        out.append(_unmeasured(name, limit, False, ident, why))
+    workload, limit_ms = ROUND_TARGET
+    name = "device round (uniform, B = 1024), ms"
+    ident = {
+        "workload": workload,
+        "kind": "",
+        "note": "an absolute time, not a ratio",
+    }
+    found = [
+        r
+        for r in rows
+        if r["part"] == "gpu" and r["workload"] == workload and r["case"] == "device buffer"
+    ]
+    if found and found[0]["status"] == "measured":
+        out.append(check(name, found[0]["ms_median"], limit_ms, **ident))
+    else:
+        why = found[0]["status"] if found else "not measured: workload not in this run"
+        out.append(_unmeasured(name, limit_ms, True, ident, why))
+    return out
+
+
+def _unmeasured(
+    name: str, limit: float, at_most: bool, ident: dict[str, Any], why: str
+) -> dict[str, Any]:
+    """A target row that was not measured, with the reason as its note."""
+    why = why.removeprefix("not measured: ")
+    return {
+        "check": name,
+        **ident,
+        "ratio": float("nan"),
+        "limit": float(limit),
+        "bound": "at most" if at_most else "at least",
+        "status": "not measured",
+        "note": why,
+    }
+
+
+def targets_markdown(checks: list[dict[str, Any]]) -> str:
+    """The targets as a table: check, where, value, limit, result, note."""
+    rows = [
+        {
+            "check": c["check"],
+            "where": c["workload"],
+            "value": f"{c['ratio']:.3g}" if c["status"] in ("PASS", "FAIL") else "—",
+            "limit": f"{'≤' if c['bound'] == 'at most' else '≥'} {c['limit']:g}",
+            "result": c["status"],
+            "note": c.get("note", ""),
+        }
+        for c in checks
+    ]
+    return markdown_table(rows, ["check", "where", "value", "limit", "result", "note"])
 
 
 def _end_to_end(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -459,28 +856,20 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             + ", ".join(f"{k} {1e3 * v['median']:.2f} ms" for k, v in timings.items()),
             flush=True,
         )
-    # prioritized sample + update at a large capacity
-    per_label = f"{cfg['per_workload'].label} capacity {cfg['per_capacity']}"
+    # prioritized sample + update (and update alone) of a round of trainers, by capacity
     per: dict[str, Any] | str = status if status is not None else {}
+    peer: dict[str, Any] = {}
     if status is None:
-        say(f"[device] prioritized at {per_label} ...", flush=True)
-        per_t, skip = _per_rounds(cfg, device)
-        _release_gpu_memory()
-        skipped.update(skip)
-        ours = per_t["device buffer prioritized"]["median"]
-        rows += _part_rows(
-            "per", per_label, PER_CASES, per_t, skip, lambda t: {"time_vs_ours": t["median"] / ours}
-        )
-        assert isinstance(per, dict)
-        if "torchrl prioritized" in per_t:
-            per["torchrl_vs_ours"] = round(per_t["torchrl prioritized"]["median"] / ours, 3)
-        say(
-            "[device] prioritized: "
-            + ", ".join(f"{k} {1e3 * v['median']:.3f} ms" for k, v in per_t.items()),
-            flush=True,
-        )
+        per_rows, per, peer = _per_part(cfg, device, say)
+        rows += per_rows
     else:
-        rows += _not_measured("per", per_label, PER_CASES, status)
+        for capacity in cfg["per_capacities"]:
+            label = f"{cfg['per_workload'].label} capacity {capacity:,}"
+            for op in PER_OPS:
+                rows += [
+                    {**r, "op": op, "capacity": capacity}
+                    for r in _not_measured("per", label, PER_CASES, status)
+                ]
     # end to end: seconds per 100 env steps
     e2e_label = cfg["e2e_workload"].label
     e2e: dict[str, Any] | str = status if status is not None else {}
@@ -518,9 +907,15 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             "meets_target": bool(ratio <= CPU_TARGET),
         },
         "gpu_time_vs_host_to_torch": gpu if status is None else status,
-        "per_time_torchrl_vs_ours": per,
+        "per_round": per,
         "e2e_speedup_vs_faithful": e2e,
         "skipped": skipped,
+    }
+    checks = targets(rows, status)
+    summary["targets"] = {
+        f"{c['check']} ({c['workload']})": c["status"]
+        + (f" ({c['ratio']:.3g})" if c["status"] in ("PASS", "FAIL") else f": {c['note']}")
+        for c in checks
     }
     import torch
 
@@ -530,7 +925,15 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         "repeats": cfg["repeats"],
         "workloads": [w.label for w in cfg["workloads"]],
         "cpu_workload": cfg["cpu_workload"].label,
-        "per": {"workload": cfg["per_workload"].label, "capacity": cfg["per_capacity"]},
+        "per": {
+            "workload": cfg["per_workload"].label,
+            "capacities": list(cfg["per_capacities"]),
+            "trainers": cfg["per_trainers"],
+            "batch_size": BATCH,
+            "repeats": cfg["per_repeats"],
+            "next_obs": "stored",
+            "torchrl": peer or "not measured",
+        },
         "e2e": {
             "workload": e2e_label,
             "capacity": cfg["e2e_capacity"],
@@ -541,6 +944,7 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
         },
         "threads": threads,
         "torch": torch.__version__,
+        "torchrl": _version("torchrl"),
         "device": device,
         "gpu": (
             torch.cuda.get_device_name(0)
@@ -548,11 +952,23 @@ def run(quick: bool = False, progress: bool = True, device: str = "cuda") -> dic
             else status or "the CPU (a test of the suite, not a GPU figure)"
         ),
     }
-    columns = ["part", "workload", "case", "status", "ms_median", "time_vs_numpy"]
-    columns += ["time_vs_host_to_torch", "time_vs_ours", "speedup_vs_faithful"]
+    columns = ["part", "workload", "case", "op", "status", "ms_median", "time_vs_numpy"]
+    columns += ["time_vs_host_to_torch", "torchrl_time_vs_this", "speedup_vs_faithful"]
     return {
         "config": config,
         "rows": rows,
         "summary": summary,
-        "markdown": markdown_table(rows, columns),
+        "targets": checks,
+        "markdown": markdown_table(rows, columns)
+        + "\n\nTargets (a miss is reported, not an error):\n\n"
+        + targets_markdown(checks),
     }
+
+
+def _version(name: str) -> str:
+    """An optional package's version, or why it cannot be imported here."""
+    try:
+        module = __import__(name)
+    except Exception as exc:  # not installed, or it does not load with this torch
+        return f"not available: {type(exc).__name__}: {exc}"
+    return str(getattr(module, "__version__", "?"))

@@ -59,6 +59,27 @@ A write-path micro-benchmark completes it: one step from PettingZoo-style dicts 
 (discrete) actions through a default ``MultiAgentReplayBuffer``'s ``add`` (stored one-hot)
 against a minimal per-agent NumPy row write (one-hot, then five row assignments per agent), on
 both data kinds.
+
+**On a device** (``run(device="cuda")``, ``marlbuf bench dropin --device cuda``) the suite
+measures this instead: both consumers with their networks on the device, in two cases each,
+
+* ``own+copy`` — the consumer's own host buffers, every sampled array copied to the device
+  (``torch.tensor(..., device=...)``, as these codebases' ``.cuda()`` casts);
+* ``marlbuf device`` — marlbuf on the device, changed as a user would change it: the joint
+  consumer builds its buffer with ``device=...``
+  (:class:`~marlbuf.bench.consumers.joint.MarlbufJointBuffer`); the per-agent consumer's
+  buffers become one ``MultiAgentReplayBuffer(..., device=...)`` with ``store`` and ``sample``
+  rewritten for it (:class:`~marlbuf.bench.consumers.per_agent.DeviceBufferMADDPG`);
+
+at 3, 12 and 24 agents (B = 1024, MPE-like ``streams`` data), prefilled as above (after the
+same check that both hold the same data). Per case: ``per100_s``, whole runs of 100
+environment steps (action selection on the device, env step, write, the one update round),
+and ``update_ms``, one update round; each timed call ends with ``torch.cuda.synchronize()``.
+``speedup_per100`` is ``own+copy``'s window over the case's, paired within each round (median).
+Targets, PASS/FAIL per consumer: at least 3x at 24 agents, 1.5x at 12, never slower at 3. Where
+the device cannot be used (no CUDA) or mpe2 is missing, every case and target is recorded as
+not measured, with the reason. ``device="cpu"`` runs the same code on the host (a test of the
+suite, not a GPU figure).
 """
 
 from __future__ import annotations
@@ -108,6 +129,29 @@ QUICK: dict[str, Any] = {
     "write_steps": 50,
     "write_repeats": 5,
 }
+
+#: Sizes of the device run (``run(device=...)``), full and quick.
+DEVICE_FULL: dict[str, Any] = {
+    "agents": (3, 12, 24),
+    "capacity": None,  # as FULL
+    "batch_size": 1024,
+    "repeats": 5,
+    "kind": "streams",
+}
+DEVICE_QUICK: dict[str, Any] = {
+    "agents": (3, 12),
+    "capacity": 2_000,
+    "batch_size": 128,
+    "repeats": 3,
+    "kind": "streams",
+}
+#: the device run's cases: what each one's buffer is
+DEVICE_BUFFERS = {
+    "own+copy": "the consumer's own host buffers, each sampled array copied to the device",
+    "marlbuf device": "marlbuf on the device (MultiAgentReplayBuffer(..., device=...))",
+}
+#: the device run's targets: own+copy's 100-step window over marlbuf device's, at least
+DEVICE_TARGETS = {3: 1.0, 12: 1.5, 24: 3.0}
 
 METRICS = ("write_us", "sample_ms", "update_ms", "per100_s")
 #: the prefill data's keys (the consumers' field names) and the buffer's fields they hold
@@ -470,8 +514,245 @@ def measure_write(
     ]
 
 
+# ------------------------------------------------------------------------------ on a device
+def build_device_cases(
+    consumer: str,
+    n: int,
+    capacity: int,
+    batch_size: int,
+    data: dict[str, list[np.ndarray]],
+    device: str,
+) -> dict[str, Any]:
+    """The consumer's training loops with their networks on ``device``: ``own+copy`` and
+    ``marlbuf device``, each with its own env (same seed) and buffer prefilled with ``data``."""
+    from marlbuf.bench.consumers import joint, per_agent
+    from marlbuf.envs import make
+
+    def env() -> Any:
+        return make("cooperative_navigation", n, seed=0)
+
+    settings: dict[str, Any] = {"batch_size": batch_size, "update_every": STEPS, "seed": 0}
+    settings["device"] = device
+    obs_dims = env().obs_dims
+    loops: dict[str, Any] = {}
+    if consumer == "per_agent":
+        own = per_agent.own_buffers(capacity, obs_dims, ACTION_DIM)
+        fill_own_per_agent(own, data)
+        loops["own+copy"] = per_agent.PerAgentMADDPG(env(), own, **settings)
+        ours = per_agent.device_buffer(capacity, obs_dims, ACTION_DIM, device, seed=0)
+        _filled(fill_marlbuf_device, ours, data)
+        loops["marlbuf device"] = per_agent.DeviceBufferMADDPG(env(), ours, **settings)
+        return loops
+    act_dims = [ACTION_DIM] * n
+    own_joint = joint.JointReplayBuffer(capacity, obs_dims, act_dims)
+    fill_own_joint(own_joint, data)
+    loops["own+copy"] = joint.JointMADDPG(env(), own_joint, **settings)
+    swapped = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, seed=0, device=device)
+    _filled(fill_marlbuf_joint, swapped, data)
+    loops["marlbuf device"] = joint.JointMADDPG(env(), swapped, **settings)
+    return loops
+
+
+def fill_marlbuf_device(buf: Any, data: dict[str, list[np.ndarray]]) -> None:
+    for chunk in _chunks(data, 0):
+        buf.extend(*chunk)
+
+
+def check_same_data_on_device(consumer: str, loops: dict[str, Any], capacity: int) -> None:
+    """The device buffer returns the own buffer's arrays at the same indices (else the run
+    is void)."""
+    idx = np.random.default_rng(1).choice(capacity, 64, replace=False)
+    own, ours = loops["own+copy"], loops["marlbuf device"]
+    if consumer == "per_agent":
+        own_fields = [[b.sample_index(idx)[f] for b in own.buffers] for f in range(5)]
+        device_buf = ours.buffer
+    else:
+        b = own.buffer
+        own_fields = [
+            [x[idx] for x in field]
+            for field in (b.obs_buffs, b.ac_buffs, b.rew_buffs, b.next_obs_buffs, b.done_buffs)
+        ]
+        device_buf = ours.buffer.buffer
+    got = device_buf.gather(idx).to_numpy().as_lists()
+    for mine, theirs in zip(got, own_fields):
+        if not all(np.array_equal(x, y) for x, y in zip(mine, theirs)):
+            raise AssertionError("the device buffer and the own buffers disagree; void run")
+
+
+def measure_on_device(
+    consumer: str, n: int, sizes: dict[str, Any], device: str
+) -> list[dict[str, Any]]:
+    """Rows (one per case) of ``per100_s`` and ``update_ms`` for one consumer at ``n`` agents,
+    networks on ``device``."""
+    import torch
+
+    capacity = sizes["capacity"] or capacity_for(n)[0]
+    repeats, kind = sizes["repeats"], sizes["kind"]
+    data = make_data([6 * n] * n, capacity, seed=n, kind=kind)
+    loops = build_device_cases(consumer, n, capacity, sizes["batch_size"], data, device)
+    del data
+    check_same_data_on_device(consumer, loops, capacity)
+    wait = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def synced(fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            fn()
+            wait()
+
+        return run
+
+    update = time_interleaved(
+        {c: synced(loop.update_round) for c, loop in loops.items()}, repeats=repeats, warmup=1
+    )
+    windows = time_interleaved(
+        {c: synced(partial(loop.run_steps, STEPS)) for c, loop in loops.items()},
+        repeats=repeats,
+        warmup=1,
+        rotate=True,
+        keep_samples=True,
+    )
+    for case, loop in loops.items():
+        expected = 2 * (repeats + 1)  # the update_ms rounds, then one per 100-step window
+        if loop.updates != expected:
+            raise AssertionError(f"{case}: {loop.updates} update rounds, expected {expected}")
+    own = np.array(windows["own+copy"]["samples"])
+    rows = []
+    for case in loops:
+        rows.append(
+            {
+                "consumer": consumer,
+                "kind": kind,
+                "agents": n,
+                "case": case,
+                "buffer": DEVICE_BUFFERS[case],
+                "device": device,
+                "capacity": capacity,
+                "status": "measured",
+                "per100_s": windows[case]["median"],
+                "per100_s_min": windows[case]["min"],
+                "update_ms": 1e3 * update[case]["median"],
+                "speedup_per100": float(np.median(own / np.array(windows[case]["samples"]))),
+                "speedup_update": update["own+copy"]["median"] / update[case]["median"],
+                "repeats": repeats,
+            }
+        )
+    del loops
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return rows
+
+
+def device_targets(rows: list[dict[str, Any]], why_not: str | None) -> list[dict[str, Any]]:
+    """PASS/FAIL of the device run's targets, or not measured with the reason."""
+    out = []
+    for consumer in ("per_agent", "joint"):
+        for n, limit in DEVICE_TARGETS.items():
+            ident = {"workload": f"{consumer} N={n}", "kind": "streams"}
+            name = "100 env steps on the device: own+copy / marlbuf device"
+            found = [
+                r
+                for r in rows
+                if (r["consumer"], r["agents"], r["case"]) == (consumer, n, "marlbuf device")
+            ]
+            if found and found[0]["status"] == "measured":
+                out.append(check(name, found[0]["speedup_per100"], limit, at_most=False, **ident))
+                continue
+            why = found[0]["status"] if found else why_not or "agent count not in this run"
+            out.append(
+                {
+                    "check": name,
+                    **ident,
+                    "ratio": float("nan"),
+                    "limit": limit,
+                    "bound": "at least",
+                    "status": "not measured",
+                    "note": why.removeprefix("not measured: "),
+                }
+            )
+    return out
+
+
+def run_on_device(quick: bool, device: str) -> dict[str, Any]:
+    """The device run (module docstring): rows, targets, summary, markdown, configuration."""
+    from marlbuf.bench.device import gpu_status, targets_markdown
+
+    threads = quiet_threads()
+    sizes = DEVICE_QUICK if quick else DEVICE_FULL
+    why_not = gpu_status(device)
+    if why_not is None:
+        try:
+            import mpe2  # noqa: F401 - marlbuf.envs' environments
+        except ImportError as exc:
+            why_not = f"not measured: mpe2 is not installed ({exc})"
+    rows: list[dict[str, Any]] = []
+    for n in sizes["agents"]:
+        for consumer in ("per_agent", "joint"):
+            if why_not is not None:
+                rows += [
+                    {"consumer": consumer, "kind": sizes["kind"], "agents": n, "case": case}
+                    | {"buffer": what, "device": device, "status": why_not}
+                    for case, what in DEVICE_BUFFERS.items()
+                ]
+                continue
+            print(f"[dropin] {consumer} consumer on {device}, N={n}", flush=True)
+            rows += measure_on_device(consumer, n, sizes, device)
+    checks = device_targets(rows, why_not)
+    summary: dict[str, Any] = {
+        f"{r['consumer']}/N={r['agents']}": {
+            "speedup_per100": round(r["speedup_per100"], 3),
+            "speedup_update": round(r["speedup_update"], 3),
+        }
+        for r in rows
+        if r["case"] == "marlbuf device" and r["status"] == "measured"
+    }
+    if why_not is not None:
+        summary["not_measured"] = why_not
+    summary["targets_missed"] = [
+        f"{c['check']} ({c['workload']}): {c['ratio']:.3g}" for c in checks if c["status"] == "FAIL"
+    ]
+    columns = ["consumer", "agents", "case", "status", "per100_s", "update_ms"]
+    columns += ["speedup_per100", "speedup_update"]
+    markdown = (
+        f"Networks on {device}. Cases: "
+        + "; ".join(f"`{case}`: {what}" for case, what in DEVICE_BUFFERS.items())
+        + ".\n\n"
+        + markdown_table(rows, columns)
+        + "\n\nTargets (a miss is reported, not an error):\n\n"
+        + targets_markdown(checks)
+    )
+    import torch
+
+    return {
+        "rows": rows,
+        "targets": checks,
+        "markdown": markdown,
+        "summary": summary,
+        "config": {
+            **{k: v for k, v in sizes.items() if k != "capacity"},
+            "capacity": sizes["capacity"] or "1e5, lowered to fit 384 MiB per table",
+            "device": device,
+            "gpu": torch.cuda.get_device_name(device)
+            if why_not is None and device.startswith("cuda")
+            else why_not or "the CPU (a test of the suite, not a GPU figure)",
+            "torch": torch.__version__,
+            "steps_per_window": STEPS,
+            "env": "marlbuf.envs cooperative_navigation, continuous actions, seed 0",
+            "threads": threads,
+            "what": "medians of interleaved repeats, each timed call synchronised with the "
+            "device; speedup_* = own+copy / case (per100: paired within each round)",
+        },
+    }
+
+
 # ------------------------------------------------------------------------------ suite
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, device: str | None = None) -> dict[str, Any]:
+    """The suite (module docstring); with ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``),
+    the device run instead."""
+    if device is not None:
+        if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:k]'; got device={device!r}")
+        return run_on_device(quick, device)
     threads = quiet_threads()
     sizes = QUICK if quick else FULL
     rows: list[dict[str, Any]] = []

@@ -153,6 +153,43 @@ def test_failed_checks_set_the_exit_status_except_in_quick(monkeypatch, tmp_path
     assert cli.main(["fake", "--out", str(tmp_path)]) == 1
 
 
+def test_suite_options_reach_only_suites_that_take_them(monkeypatch, tmp_path, capsys):
+    import sys
+    import types
+
+    got = {}
+    fake = types.ModuleType("fake_option_suite")
+    fake.SUITE = "fake"
+
+    def run(quick=False, device=None, actors=None):
+        got.update(device=device, actors=actors)
+        return {"rows": [{"case": "x", "ms_median": 1.0}], "summary": {}}
+
+    fake.run = run
+    monkeypatch.setitem(sys.modules, "fake_option_suite", fake)
+    monkeypatch.setitem(cli.SUITES, "fake", "fake_option_suite")
+    out = tmp_path / "out"
+    argv = ["fake", "--quick", "--out", str(out), "--device", "cuda:1", "--actors", "1", "4"]
+    assert cli.main(argv) == 0
+    assert got == {"device": "cuda:1", "actors": [1, 4]}
+    record = json.loads((out / "fake-quick.json").read_text())
+    assert record["options"] == {"device": "cuda:1", "actors": [1, 4]}
+    got.clear()
+    assert cli.main(["fake", "--quick", "--out", str(out)]) == 0
+    assert got == {"device": None, "actors": None}  # not given: the suite's defaults
+    assert "options" not in json.loads((out / "fake-quick.json").read_text())
+    capsys.readouterr()
+    # a chosen suite that does not take an option: refused before anything runs
+    with pytest.raises(SystemExit) as info:
+        cli.main(["fake", "sampling", "--quick", "--out", str(out), "--actors", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--actors is not an option of suite(s) sampling" in err and "fake" in err
+    assert cli.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "(options: --device --actors)" in listed and "sampling     ok\n" in listed
+
+
 def test_time_interleaved_counts_calls():
     calls = {"a": 0, "b": 0}
 

@@ -340,12 +340,38 @@ def test_distributed_bench_suite_runs_tiny(monkeypatch):
     payload = suite.run(quick=True, progress=False)
     assert ray.is_initialized()  # it used this module's instance and left it running
     parts = {row["part"] for row in payload["rows"]}
-    assert parts == {"round", "collect", "train", "model"}
+    assert parts == {"round", "per", "collect", "train", "model"}
+    assert payload["config"]["actors"] == [1, 2]  # the default
+    per = [(r["case"], r["ratio_vs_local"] > 0) for r in payload["rows"] if r["part"] == "per"]
+    assert per == [("local", True), ("sharded_K1", True), ("sharded_K2", True)]
+    train = [r["case"] for r in payload["rows"] if r["part"] == "train"]
+    assert train == ["single", "actors_2"]
     assert [p["actors"] for p in payload["model"]["predictions"]] == [1, 2, 8, 64]
     assert payload["model"]["assumptions"] and payload["summary"]
+    assert set(payload["model"]["check_here"]) == {"2 actors", "note"}
+    # the 8-actor targets need --actors 8; the prefetch target is checked for 1 and 2 shards
+    status = {(t["check"].split(":")[0], t["workload"]): t["status"] for t in payload["targets"]}
+    assert status["collection", "8 actors"] == status["training", "8 actors"] == "not measured"
+    assert {status["prefetched round's exposed wait / local round", f"{k} shard(s)"]
+            for k in (1, 2)} <= {"PASS", "FAIL"}  # fmt: skip
     import json
 
     json.dumps(payload, default=common._json_default)
+
+
+def test_distributed_suite_actor_counts_and_contention_fit():
+    from marlbuf.bench import distributed as suite
+
+    assert suite.actor_counts(None) == (1, 2)
+    assert suite.actor_counts([8, 2, 4, 2]) == (1, 2, 4, 8)  # 1 is always measured
+    for bad in ([0], [1.5], [], [True]):
+        with pytest.raises(ValueError, match="actors must be"):
+            suite.actor_counts(bad)
+    # rates of K * 100 / (1 + 0.25 (K - 1)) are fitted back exactly; one count: no contention
+    rates = {k: k * 100 / (1 + 0.25 * (k - 1)) for k in (1, 2, 4, 8)}
+    assert suite.contention_fit(rates) == pytest.approx(0.25)
+    assert suite.contention_fit({1: 100.0}) == 0.0
+    assert suite.contention_fit({1: 100.0, 2: 250.0}) == 0.0  # super-linear: clipped at 0
 
 
 def test_add_envs_routes_streams_and_bad_writes_surface_at_flush():

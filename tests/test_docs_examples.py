@@ -216,13 +216,16 @@ def test_inline_command_parses(words: list[str]) -> None:
     """Inline commands name options and suites that exist (parsed, not run)."""
     import importlib
 
-    from marlbuf.bench.cli import SUITES
+    from marlbuf.bench import cli as bench_cli
 
     command, args = words[0], words[1:]
     if command == "bench":
-        suites = [a for a in args if not a.startswith("-")]
-        assert set(suites) <= set(SUITES), f"unknown suites {set(suites) - set(SUITES)}"
-        assert set(a for a in args if a.startswith("-")) <= {"--quick", "--list"}
+        ns = bench_cli.build_parser().parse_args(args)
+        unknown = set(ns.suites) - set(bench_cli.SUITES)
+        assert not unknown, f"unknown suites {unknown}"
+        given = {o: getattr(ns, o) for o in bench_cli.SUITE_OPTIONS if getattr(ns, o) is not None}
+        names = ns.suites or list(bench_cli.SUITES)
+        assert bench_cli.options_error(names, given) is None  # options their suites take
         return
     if command not in ("train", "profile"):
         assert not args, f"marlbuf {command} takes its options from --help: {args}"

@@ -138,6 +138,64 @@ def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
     assert "numpy_rows" in report and ("PASS" in report or "FAIL" in report)
 
 
+class _ConsumerIndicesDevice(per_agent.DeviceBufferMADDPG):
+    """The device swap of the per-agent loop gathering the consumer's own indices."""
+
+    def sample(self, i):
+        idx = np.random.choice(len(self.buffer), self.batch_size, replace=False)  # noqa: NPY002
+        obs_n, act_n, rew_n, next_obs_n, done_n = self.buffer.gather(idx).as_lists()
+        return obs_n, act_n, next_obs_n, rew_n[i], done_n[i]
+
+
+@pytest.mark.parametrize("consumer", ["per_agent", "joint"])
+def test_consumers_with_a_device_buffer_learn_the_same(consumer):
+    # the device swaps on device="cpu" (the code a GPU runs): the same data, the same learning
+    settings = {**SETTINGS, "device": "cpu"}
+    env = _env()  # each loop seeds the global generators when built: build, run, then the next
+    if consumer == "per_agent":
+        own = per_agent.PerAgentMADDPG(
+            env, per_agent.own_buffers(CAPACITY, env.obs_dims, 5), **settings
+        )
+        own.run_steps(STEPS)
+        buffer = per_agent.device_buffer(CAPACITY, env.obs_dims, 5, "cpu")
+        ours = _ConsumerIndicesDevice(_env(), buffer, **settings)
+    else:
+        own = joint.JointMADDPG(
+            env, joint.JointReplayBuffer(CAPACITY, env.obs_dims, env.action_dims), **settings
+        )
+        own.run_steps(STEPS)
+        swapped = _ConsumerIndicesJoint(CAPACITY, env.obs_dims, env.action_dims, device="cpu")
+        ours = joint.JointMADDPG(_env(), swapped, **settings)
+    ours.run_steps(STEPS)
+    _assert_same_run(own, ours)
+
+
+def test_dropin_on_a_device_runs_tiny(monkeypatch):
+    # the device run's code on the CPU; on "cuda" without CUDA every case is not measured
+    tiny = {"agents": (2,), "capacity": 300, "batch_size": 32, "repeats": 1, "kind": "streams"}
+    monkeypatch.setattr(dropin, "DEVICE_QUICK", tiny)
+    payload = dropin.run(quick=True, device="cpu")
+    rows = payload["rows"]
+    assert [(r["consumer"], r["case"]) for r in rows] == [
+        (consumer, case) for consumer in ("per_agent", "joint") for case in dropin.DEVICE_BUFFERS
+    ]
+    for row in rows:
+        assert row["status"] == "measured" and row["per100_s"] > 0 and row["update_ms"] > 0
+        assert row["speedup_per100"] > 0 and row["device"] == "cpu"
+    assert set(payload["summary"]) >= {"per_agent/N=2", "joint/N=2", "targets_missed"}
+    # targets at 3, 12 and 24 agents: not in this run
+    assert len(payload["targets"]) == 2 * len(dropin.DEVICE_TARGETS)
+    assert all(t["status"] == "not measured" for t in payload["targets"])
+    assert "not a GPU figure" in payload["config"]["gpu"]
+    json.dumps(payload, default=common._json_default)
+    if not torch.cuda.is_available():
+        payload = dropin.run(quick=True, device="cuda")
+        assert all(r["status"].startswith("not measured: no CUDA") for r in payload["rows"])
+        assert all("no CUDA" in t["note"] for t in payload["targets"])
+    with pytest.raises(ValueError, match="device must be"):
+        dropin.run(quick=True, device="tpu")
+
+
 def test_write_path_streams_link_next_obs_to_the_following_obs():
     transitions = dropin.env_transitions([4, 4], 60, seed=0, kind="streams")
     for t, (_, _, _, nxt, _) in enumerate(transitions[:-1]):

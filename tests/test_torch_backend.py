@@ -1023,7 +1023,9 @@ def _tiny_device_suite(monkeypatch):
         "cpu_workload": Workload("cooperative_navigation", 3),
         "capacity": 2_000,
         "repeats": 1,
-        "per_capacity": 3_000,
+        "per_capacities": (3_000, 5_000),
+        "per_trainers": 3,
+        "per_repeats": 1,
         "e2e_capacity": 1_000,
         "e2e_batch": 64,
         "e2e_repeats": 1,
@@ -1047,12 +1049,20 @@ def test_device_suite_runs_tiny(monkeypatch):
     assert payload["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
     gpu = [r for r in payload["rows"] if r["part"] == "gpu"]
     assert {r["case"] for r in gpu} == set(suite.GPU_CASES)
-    per = {r["case"] for r in payload["rows"] if r["part"] == "per"}
+    per = {(r["capacity"], r["case"], r["op"]) for r in payload["rows"] if r["part"] == "per"}
     e2e = {r["case"] for r in payload["rows"] if r["part"] == "e2e"}
-    assert per == set(suite.PER_CASES) and e2e == set(suite.E2E_CONFIGS)
+    assert per == {(c, case, op) for c in (3_000, 5_000) for case in suite.PER_CASES
+                   for op in suite.PER_OPS}  # fmt: skip
+    assert e2e == set(suite.E2E_CONFIGS)
+    # every target is reported; these sizes reach none of them
+    assert [t["workload"] for t in payload["targets"]] == [
+        "capacity 1,000,000", "capacity 10,000,000", "CN-24"
+    ]  # fmt: skip
+    assert all(t["status"] == "not measured" and t["note"] for t in payload["targets"])
     if not HAS_CUDA:
         parts = [r for r in payload["rows"] if r["part"] != "cpu"]
         assert all(r["status"].startswith("not measured: no CUDA device") for r in parts)
+        assert all("no CUDA device" in t["note"] for t in payload["targets"][:2])
     json_text = common.json.dumps(payload, default=common._json_default)
     assert "torch_cpu_vs_numpy" in json_text
 
@@ -1062,11 +1072,19 @@ def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
     pytest.importorskip("mpe2")  # the end-to-end part's environments
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False, device="cpu")
-    rows = {(r["part"], r["case"]): r for r in payload["rows"]}
+    rows = {(r["part"], r["case"], r.get("op"), r.get("capacity")): r for r in payload["rows"]}
     for case in ("device buffer", "device buffer+out", "device buffer+prioritized",
-                 "device buffer+obs once"):  # fmt: skip
-        assert rows["gpu", case]["status"] == "measured" and rows["gpu", case]["ms_median"] > 0
-    assert rows["per", "device buffer prioritized"]["status"] == "measured"
+                 "device buffer+prioritized index=device", "device buffer+obs once"):  # fmt: skip
+        row = rows["gpu", case, None, None]
+        assert row["status"] == "measured" and row["ms_median"] > 0
+    for capacity in (3_000, 5_000):
+        for case in ("marlbuf index=host", "marlbuf index=device"):
+            for op in suite.PER_OPS:
+                row = rows["per", case, op, capacity]
+                assert row["status"] == "measured" and row["ms_median"] > 0, row
+        summary = payload["summary"]["per_round"][str(capacity)]["sample + update"]
+        assert summary["marlbuf index=device ms"] > 0
+    rows = {(r["part"], r["case"]): r for r in payload["rows"]}
     for case in suite.E2E_CONFIGS:
         assert rows["e2e", case]["status"] == "measured", rows["e2e", case]
         assert rows["e2e", case]["ms_median"] > 0
@@ -1074,10 +1092,24 @@ def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
     assert "not a GPU figure" in payload["config"]["gpu"]
 
 
-def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
+def test_device_suite_skips_a_capacity_that_does_not_fit(monkeypatch):
+    from marlbuf.bench import device as suite
+    from marlbuf.bench.workloads import Workload
+
+    needed = suite.per_bytes_needed(Workload("cooperative_navigation", 3), 10_000_000, 8, False)
+    # two marlbuf tables of 1e7 CN-3 rows (576 bytes each) and TorchRL's, on the device; the
+    # host index's 8 float64 sum and max trees of 2**24 leaves on the host
+    assert needed["device"] > 16 * 2**30 and needed["host"] > 4 * 2**30
+    monkeypatch.setattr(suite, "available_memory_bytes", lambda: 24 * 2**30)
+    assert "more than a quarter of the 24.0 GiB available" in suite.memory_shortfall(needed, "cpu")
+    small = suite.per_bytes_needed(Workload("cooperative_navigation", 3), 100_000, 8, False)
+    assert suite.memory_shortfall(small, "cpu") is None
+
+
+def test_device_check_script_needs_no_mpe2_pettingzoo_matplotlib_or_ray(tmp_path):
     # stand-ins that fail to import, ahead of the real packages on the path
     blocked = tmp_path / "blocked"
-    for name in ("mpe2", "pettingzoo", "matplotlib"):
+    for name in ("mpe2", "pettingzoo", "matplotlib", "ray"):
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(
             f"raise ModuleNotFoundError('{name} is blocked')\n"
@@ -1111,6 +1143,17 @@ def test_device_check_script_needs_no_mpe2_pettingzoo_or_matplotlib(tmp_path):
 
     record = json.loads((out / "device-quick.json").read_text())
     assert record["summary"]["cpu"]["torch_cpu_vs_numpy"] > 0
+    # the dropin suite with the networks on the GPU: without CUDA (or mpe2) not measured
+    dropin = json.loads((out / "dropin-quick.json").read_text())
+    assert dropin["options"] == {"device": "cuda"} and dropin["rows"]
+    if not HAS_CUDA:
+        assert all("no CUDA device" in r["status"] for r in dropin["rows"])
+    assert {t["status"] for t in dropin["targets"]} == {"not measured"}
+    log = (out / "suites.txt").read_text()
+    assert "[distributed] skipped" in log and "Ray" in log  # Ray blocked: skipped, said why
+    for step in ("tests", "device", "dropin", "distributed"):
+        assert f"device_check: step {step}: exit status" in log
+    assert len(list(out.iterdir())) <= 8  # what a device run can carry back
 
 
 # --------------------------------------------------------------------------- stored once

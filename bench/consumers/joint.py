@@ -17,6 +17,12 @@ consumer's own buffer makes that pass over every stored reward at every sample c
 per update round although nothing is written during the round. The buffer is built with the
 library's defaults; the tuning option ``batch_layout="per_agent"`` makes every per-agent array
 contiguous, which the per-agent networks here may read faster than strided views.
+
+On a GPU (``JointMADDPG(..., device="cuda")``) the networks live on the device and ``sample``
+is asked for tensors there: the own buffer copies each sampled array with ``torch.tensor(...,
+device=device)`` (these codebases' ``to_gpu`` cast); the swap builds its buffer with
+``device=device`` (``MarlbufJointBuffer(..., device="cuda")``), whose batches are tensors on the
+device already, normalised there.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import torch
 from torch import nn
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
-from marlbuf.batch import Batch
 from marlbuf.samplers import Uniform
 
 Tensor = torch.Tensor
@@ -81,13 +86,13 @@ class JointReplayBuffer:
         self.curr_i = (self.curr_i + 1) % self.max_steps
         self.filled_i = min(self.filled_i + 1, self.max_steps)
 
-    def sample(self, n: int, norm_rews: bool = True) -> Sample:
-        """``n`` distinct stored steps as lists of per-agent tensors."""
+    def sample(self, n: int, norm_rews: bool = True, device: Any = None) -> Sample:
+        """``n`` distinct stored steps as lists of per-agent tensors (copied to ``device``)."""
         # the global legacy generator, as these codebases use it
         inds = np.random.choice(np.arange(self.filled_i), size=n, replace=False)  # noqa: NPY002
 
         def cast(x: np.ndarray) -> Tensor:
-            return torch.tensor(x, dtype=torch.float32)
+            return torch.tensor(x, dtype=torch.float32, device=device)
 
         if norm_rews:
             rews = [
@@ -122,6 +127,9 @@ class MarlbufJointBuffer:
         ``"per_agent"``: contiguous per-agent arrays (a tuning option for per-agent networks).
     seed : int, optional
         Seeds the buffer's sampler.
+    device : str or torch.device, optional
+        Keep the buffer on this torch device (its batches are tensors there); ``None``: NumPy
+        arrays in host memory.
     """
 
     def __init__(
@@ -131,12 +139,15 @@ class MarlbufJointBuffer:
         act_dims: Sequence[int],
         batch_layout: str | None = None,
         seed: int | None = None,
+        device: Any = None,
     ) -> None:
         specs = {
             f"agent_{i}": AgentSpec(obs_shape=(o,), action_shape=(a,))
             for i, (o, a) in enumerate(zip(obs_dims, act_dims))
         }
         options: dict[str, Any] = {} if batch_layout is None else {"batch_layout": batch_layout}
+        if device is not None:
+            options["device"] = device
         self.buffer = MultiAgentReplayBuffer(
             specs, max_steps, sampler=Uniform(replace=False), seed=seed, **options
         )
@@ -157,8 +168,9 @@ class MarlbufJointBuffer:
         """Store one step of every agent."""
         self.buffer.add(observations, actions, rewards, next_observations, dones)
 
-    def draw(self, n: int) -> Batch:
-        """The batch of ``n`` distinct steps (the sampler draws without replacement)."""
+    def draw(self, n: int) -> Any:
+        """The batch of ``n`` distinct steps (the sampler draws without replacement): a
+        :class:`~marlbuf.batch.Batch`, or a ``DeviceBatch`` of a buffer on a device."""
         return self.buffer.sample(n)
 
     def reward_stats(self) -> list[tuple[np.float32, np.float32]]:
@@ -170,12 +182,22 @@ class MarlbufJointBuffer:
             self._stats_at = self.buffer.total_writes
         return self._stats
 
-    def sample(self, n: int, norm_rews: bool = True) -> Sample:
-        """As :meth:`JointReplayBuffer.sample`, zero-copy tensors over the batch's arrays."""
+    def sample(self, n: int, norm_rews: bool = True, device: Any = None) -> Sample:
+        """As :meth:`JointReplayBuffer.sample`: zero-copy tensors over the batch's arrays
+        (copied to ``device`` when the buffer is in host memory), or the device batch's own."""
         obs, acs, rews, next_obs, dones = self.draw(n).as_lists()
+        if self.buffer.device is not None:  # tensors on the buffer's device already
+            if norm_rews:
+                stats = self.reward_stats()
+                rews = [(r - float(mean)) / float(std) for r, (mean, std) in zip(rews, stats)]
+            return obs, acs, rews, next_obs, dones
         if norm_rews:
             rews = [(r - mean) / std for r, (mean, std) in zip(rews, self.reward_stats())]
-        t = torch.from_numpy
+
+        def t(x: np.ndarray) -> Tensor:
+            tensor = torch.from_numpy(x)
+            return tensor if device is None else tensor.to(device)
+
         return (
             [t(x) for x in obs],
             [t(x) for x in acs],
@@ -199,9 +221,14 @@ def mlp(in_dim: int, out_dim: int, hidden: int = 64) -> nn.Sequential:
 class DDPGAgent:
     """A policy (sigmoid outputs), a centralized critic and their targets."""
 
-    def __init__(self, obs_dim: int, act_dim: int, critic_in: int, lr: float) -> None:
+    def __init__(
+        self, obs_dim: int, act_dim: int, critic_in: int, lr: float, device: Any = None
+    ) -> None:
         self.policy = mlp(obs_dim, act_dim)
         self.critic = mlp(critic_in, 1)
+        if device is not None:
+            self.policy.to(device)
+            self.critic.to(device)
         self.target_policy = copy.deepcopy(self.policy)
         self.target_critic = copy.deepcopy(self.critic)
         self.policy_optimizer = torch.optim.Adam(self.policy.parameters(), lr=lr)
@@ -233,6 +260,8 @@ class JointMADDPG:
         Normalise sampled rewards by the stored rewards' mean and std.
     seed : int
         Seeds the global NumPy and torch generators.
+    device : str or torch.device, optional
+        Where the networks live and the sampled tensors are asked for; ``None``: the CPU.
     """
 
     def __init__(
@@ -248,15 +277,17 @@ class JointMADDPG:
         noise: float = 0.1,
         norm_rews: bool = True,
         seed: int = 0,
+        device: Any = None,
     ) -> None:
         np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
         self.env = env
         self.buffer = buffer
+        self.device = device
         self.nagents = env.n_agents
         critic_in = sum(env.obs_dims) + sum(env.action_dims)
         self.agents = [
-            DDPGAgent(o, a, critic_in, lr) for o, a in zip(env.obs_dims, env.action_dims)
+            DDPGAgent(o, a, critic_in, lr, device) for o, a in zip(env.obs_dims, env.action_dims)
         ]
         self.batch_size = batch_size
         self.update_every = update_every
@@ -272,9 +303,9 @@ class JointMADDPG:
     def select_actions(self, obs: list[np.ndarray]) -> list[np.ndarray]:
         """Every agent's exploring action (one policy call per agent)."""
         with torch.no_grad():
-            torch_obs = [torch.from_numpy(o).unsqueeze(0) for o in obs]
+            torch_obs = [torch.as_tensor(o, device=self.device).unsqueeze(0) for o in obs]
             actions = [a.step(o, True, self.noise) for a, o in zip(self.agents, torch_obs)]
-        return [a[0].numpy() for a in actions]
+        return [a[0].cpu().numpy() for a in actions]
 
     def store(
         self,
@@ -308,7 +339,7 @@ class JointMADDPG:
     # ----------------------------------------------------------------------------- learning
     def sample(self, agent_i: int) -> Sample:
         """Agent ``agent_i``'s sampling call (one ``sample`` of the joint buffer)."""
-        return self.buffer.sample(self.batch_size, norm_rews=self.norm_rews)
+        return self.buffer.sample(self.batch_size, norm_rews=self.norm_rews, device=self.device)
 
     def update(self, sample: Sample, agent_i: int) -> None:
         """Critic and policy update of agent ``agent_i``."""

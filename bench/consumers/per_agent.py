@@ -11,6 +11,14 @@ Swapping marlbuf in is one function (:func:`marlbuf_buffers`): the per-agent ada
 :func:`marlbuf.compat.maddpg.make_buffers` share one interleaved store, so a trainer's
 ``sample_index`` calls on all agents' buffers cost one gather; ``Uniform(replace=False)`` draws
 without replacement as ``np.random.choice(..., replace=False)`` does. Nothing else changes.
+
+On a GPU (``device="cuda"``) the networks live on the device, and so do the tensors the update
+reads: the own buffers' arrays are copied there by ``torch.tensor(..., device=device)`` (as these
+codebases' ``.cuda()`` calls do), ``3N + 2`` copies per trainer. Keeping the replay data on the
+device takes the change a user makes by hand (:class:`DeviceBufferMADDPG`): the per-agent
+buffers become one ``MultiAgentReplayBuffer(..., device=device)`` (:func:`device_buffer`), a step
+is stored with one ``add`` of every agent's transition, and a trainer's sample is one batch of
+tensors already on the device.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf.compat.maddpg import make_buffers
 from marlbuf.samplers import Uniform
 
@@ -94,6 +103,20 @@ def marlbuf_buffers(
     )
 
 
+def device_buffer(
+    size: int, obs_dims: Sequence[int], act_dim: int, device: Any, seed: int | None = None
+) -> MultiAgentReplayBuffer:
+    """The swap for a GPU: one marlbuf buffer of every agent's fields on ``device``, in place
+    of the per-agent buffers (for :class:`DeviceBufferMADDPG`)."""
+    specs = {
+        f"agent_{i}": AgentSpec(obs_shape=(d,), action_shape=(act_dim,))
+        for i, d in enumerate(obs_dims)
+    }
+    return MultiAgentReplayBuffer(
+        specs, size, sampler=Uniform(replace=False), seed=seed, device=device
+    )
+
+
 def mlp(in_dim: int, out_dim: int, hidden: int = 64) -> nn.Sequential:
     """Two hidden ReLU layers of ``hidden`` units."""
     return nn.Sequential(
@@ -108,10 +131,15 @@ def mlp(in_dim: int, out_dim: int, hidden: int = 64) -> nn.Sequential:
 class AgentTrainer:
     """One agent's actor, centralized critic, their target copies and optimizers."""
 
-    def __init__(self, index: int, obs_dims: Sequence[int], act_dim: int, lr: float) -> None:
+    def __init__(
+        self, index: int, obs_dims: Sequence[int], act_dim: int, lr: float, device: Any = None
+    ) -> None:
         self.index = index
         self.actor = mlp(obs_dims[index], act_dim)
         self.critic = mlp(sum(obs_dims) + act_dim * len(obs_dims), 1)
+        if device is not None:
+            self.actor.to(device)
+            self.critic.to(device)
         self.target_actor = copy.deepcopy(self.actor)
         self.target_critic = copy.deepcopy(self.critic)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=lr)
@@ -144,6 +172,8 @@ class PerAgentMADDPG:
         Adam learning rate, discount, target smoothing, exploration noise (Gaussian std).
     seed : int
         Seeds the global NumPy and torch generators, as these codebases do.
+    device : str or torch.device, optional
+        Where the networks live (and the tensors the update reads); ``None``: the CPU.
     """
 
     def __init__(
@@ -158,14 +188,18 @@ class PerAgentMADDPG:
         tau: float = 0.01,
         noise: float = 0.1,
         seed: int = 0,
+        device: Any = None,
     ) -> None:
         np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
         self.env = env
         self.buffers = buffers
+        self.device = device
         self.n = env.n_agents
         self.act_dim = env.action_dims[0]
-        self.trainers = [AgentTrainer(i, env.obs_dims, self.act_dim, lr) for i in range(self.n)]
+        self.trainers = [
+            AgentTrainer(i, env.obs_dims, self.act_dim, lr, device) for i in range(self.n)
+        ]
         self.batch_size = batch_size
         self.update_every = update_every
         self.warmup = batch_size if warmup is None else warmup
@@ -181,8 +215,8 @@ class PerAgentMADDPG:
         actions = []
         with torch.no_grad():
             for trainer, o in zip(self.trainers, obs):
-                logits = trainer.actor(torch.tensor(o).unsqueeze(0))
-                a = torch.sigmoid(logits)[0].numpy()
+                logits = trainer.actor(torch.tensor(o, device=self.device).unsqueeze(0))
+                a = torch.sigmoid(logits)[0].cpu().numpy()
                 a = a + np.random.normal(0.0, self.noise, self.act_dim)  # noqa: NPY002
                 actions.append(np.clip(a, 0.0, 1.0).astype(np.float32))
         return actions
@@ -210,11 +244,15 @@ class PerAgentMADDPG:
             self.obs = self.env.reset()
         self.steps += 1
 
+    def stored_steps(self) -> int:
+        """Environment steps held by the replay data."""
+        return len(self.buffers[0])
+
     def run_steps(self, n_steps: int) -> None:
         """``n_steps`` environment steps with an update round every ``update_every`` steps."""
         for _ in range(n_steps):
             self.env_step()
-            if self.steps % self.update_every == 0 and len(self.buffers[0]) >= self.warmup:
+            if self.steps % self.update_every == 0 and self.stored_steps() >= self.warmup:
                 self.update_round()
 
     # ----------------------------------------------------------------------------- learning
@@ -226,14 +264,15 @@ class PerAgentMADDPG:
         """
         idx = self.buffers[i].make_index(self.batch_size)
         obs_n, act_n, next_obs_n = [], [], []
+        device = self.device
         for buf in self.buffers:
             obs, act, _, next_obs, _ = buf.sample_index(idx)
-            obs_n.append(torch.tensor(obs, dtype=torch.float32))
-            act_n.append(torch.tensor(act, dtype=torch.float32))
-            next_obs_n.append(torch.tensor(next_obs, dtype=torch.float32))
+            obs_n.append(torch.tensor(obs, dtype=torch.float32, device=device))
+            act_n.append(torch.tensor(act, dtype=torch.float32, device=device))
+            next_obs_n.append(torch.tensor(next_obs, dtype=torch.float32, device=device))
         _, _, rew, _, done = self.buffers[i].sample_index(idx)
-        rew_t = torch.tensor(rew, dtype=torch.float32)
-        done_t = torch.tensor(done, dtype=torch.float32)
+        rew_t = torch.tensor(rew, dtype=torch.float32, device=device)
+        done_t = torch.tensor(done, dtype=torch.float32, device=device)
         return obs_n, act_n, next_obs_n, rew_t, done_t
 
     def update_agent(
@@ -280,10 +319,47 @@ class PerAgentMADDPG:
         return [p.detach() for net in nets for p in net.parameters()]
 
 
+class DeviceBufferMADDPG(PerAgentMADDPG):
+    """The per-agent loop with its replay data on the networks' device: what a user changes to
+    move the buffers onto the GPU with marlbuf (the compat adapters return NumPy arrays).
+
+    ``buffers`` gives way to one ``buffer`` (:func:`device_buffer`, on ``device``); two methods
+    change: :meth:`store` writes every agent's transition with one ``add``, :meth:`sample`
+    reads trainer ``i``'s batch (its own draw, as before) as tensors already on the device.
+    Everything else is :class:`PerAgentMADDPG`'s.
+    """
+
+    def __init__(self, env: Any, buffer: MultiAgentReplayBuffer, **settings: Any) -> None:
+        super().__init__(env, [], **settings)
+        self.buffer = buffer
+
+    def stored_steps(self) -> int:
+        return len(self.buffer)
+
+    def store(
+        self,
+        obs: Sequence[Any],
+        actions: Sequence[Any],
+        rewards: Sequence[Any],
+        next_obs: Sequence[Any],
+        dones: Sequence[Any],
+    ) -> None:
+        """One ``add`` of every agent's transition (lists in agent order)."""
+        self.buffer.add(obs, actions, rewards, next_obs, dones)
+
+    def sample(self, i: int) -> tuple[list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]:
+        """Trainer ``i``'s batch: ``(obs_n, act_n, next_obs_n, rew, done)`` on the device."""
+        batch: Any = self.buffer.sample(self.batch_size)  # a DeviceBatch: tensors
+        obs_n, act_n, rew_n, next_obs_n, done_n = batch.as_lists()
+        return obs_n, act_n, next_obs_n, rew_n[i], done_n[i]
+
+
 __all__ = [
     "AgentReplayBuffer",
     "AgentTrainer",
+    "DeviceBufferMADDPG",
     "PerAgentMADDPG",
+    "device_buffer",
     "marlbuf_buffers",
     "mlp",
     "own_buffers",
