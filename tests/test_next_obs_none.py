@@ -28,13 +28,28 @@ from marlbuf.samplers import Episodes, Prioritized, Sampler, Sequence, Uniform  
 KEPT = ("obs", "action", "reward", "done")
 GLOBALS = {"state": FieldSpec((6,))}
 #: (store, layout): the torch store keeps interleaved rows only (see the capabilities table)
-STORES = [
+STORE_LAYOUTS = [
     ("ram", "interleaved"),
     ("ram", "agent_major"),
     ("mapped", "interleaved"),
     ("mapped", "agent_major"),
     ("torch-cpu", "interleaved"),
+    ("torch-cuda", "interleaved"),
 ]
+
+
+def stores(mapped: bool = True) -> list[Any]:
+    """:data:`STORE_LAYOUTS` as parameters (CUDA ones marked ``cuda``; without mapped ones)."""
+    return [
+        pytest.param(store, layout, id=f"{store}-{layout}", marks=pytest.mark.cuda)
+        if store == "torch-cuda"
+        else pytest.param(store, layout, id=f"{store}-{layout}")
+        for store, layout in STORE_LAYOUTS
+        if mapped or store != "mapped"
+    ]
+
+
+STORES = stores()
 
 
 def make_specs(half: bool = False) -> dict[str, AgentSpec]:
@@ -124,8 +139,10 @@ def build(store: str, layout: str, tmp_path: Any, specs: Any, **kw: Any) -> Mult
         tmp_path.mkdir(parents=True, exist_ok=True)
         folder = tmp_path / f"buf{len(list(tmp_path.iterdir()))}"
         return MultiAgentReplayBuffer(specs, path=folder, **kw)
-    if store == "torch-cpu":
-        return MultiAgentReplayBuffer(specs, device="cpu", **kw)
+    if store.startswith("torch"):
+        if store == "torch-cuda" and not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+        return MultiAgentReplayBuffer(specs, device=store.split("-")[1], **kw)
     return MultiAgentReplayBuffer(specs, **kw)
 
 
@@ -264,7 +281,7 @@ def test_batches_equal_a_stored_buffer_minus_next_obs(
     buf.close()
 
 
-@pytest.mark.parametrize(("store", "layout"), [s for s in STORES if s[0] != "mapped"])
+@pytest.mark.parametrize(("store", "layout"), stores(mapped=False))
 def test_half_precision_batches_equal_a_stored_buffer(
     store: str, layout: str, tmp_path: Any
 ) -> None:
@@ -536,7 +553,7 @@ def test_save_load_and_state_dict_round_trips(store: str, layout: str, tmp_path:
     state = buf.state_dict()
     assert state["next_obs"] == "none" and state["links"] == {}
     loaded = MultiAgentReplayBuffer.load(
-        tmp_path / "none.npz", device="cpu" if store == "torch-cpu" else None
+        tmp_path / "none.npz", device=store.split("-")[1] if store.startswith("torch") else None
     )
     assert loaded.next_obs == "none" and not loaded.storage.stores_next_obs
     copy = build(
@@ -596,7 +613,7 @@ def test_a_memory_mapped_buffer_replays_its_log_after_a_crash(layout: str, tmp_p
 
 
 @pytest.mark.parametrize("saved", ["once", "stored"])
-@pytest.mark.parametrize(("store", "layout"), [s for s in STORES if s[0] != "mapped"])
+@pytest.mark.parametrize(("store", "layout"), stores(mapped=False))
 def test_a_state_with_next_obs_loads_into_a_none_buffer(
     saved: str, store: str, layout: str, tmp_path: Any
 ) -> None:
