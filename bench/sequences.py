@@ -63,12 +63,15 @@ times, carry over between machines):
   navigation with 3 and 12 agents plus a global state (all observations: EPyMARL's MPE state),
   episodes of 25 steps and of mixed lengths (uniform in 5..25):
 
-  - ``marlbuf``: ``MultiAgentReplayBuffer(specs, capacity=the steps of those episodes,
-    sampler=Episodes(), global_fields={"state": ...})``, each episode written by one
-    ``extend`` ending with ``done``; ``sample(32, fields=("obs", "action", "reward",
-    "done", "state"))`` (what an EPyMARL learner reads: no next_obs) returns an
-    ``EpisodeBatch`` of those fields padded to the batch's longest episode
-    (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors sharing its memory);
+  - ``marlbuf``: ``MultiAgentReplayBuffer(specs, capacity=the rows of those episodes,
+    sampler=Episodes(), next_obs="none", global_fields={"state": ..., "terminated": uint8})``,
+    each episode written by one ``extend`` as EPyMARL keeps it (``marlbuf.compat.epymarl``'s
+    mapping): ``length + 1`` rows, the last holding the observation after the last
+    transition, ``terminated`` at the last transition, the episode closed by ``truncated``;
+    ``sample(32, fields=("obs", "action", "reward", "state", "terminated"))`` (what an
+    EPyMARL learner reads) returns an ``EpisodeBatch`` of those fields padded to the batch's
+    longest episode (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors sharing
+    its memory);
   - ``padded_torch`` (:class:`marlbuf.bench.padded_episodes.TorchPaddedEpisodeBuffer`): the
     EPyMARL layout in torch tensors (obs, action and reward per agent, the state,
     ``terminated`` and ``filled``, every episode padded to ``max_t + 1 = 26`` steps),
@@ -82,6 +85,7 @@ times, carry over between machines):
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import os
@@ -743,17 +747,25 @@ def _episode_pool(
 
 
 def _marlbuf_episode(episode: Mapping[str, Any], length: int) -> dict[str, Any]:
-    """``extend`` keywords of the first ``length`` steps of a pool episode (done at the last)."""
-    done = np.zeros(length, np.float32)
-    done[-1] = 1.0
+    """``extend`` keywords of a pool episode of ``length`` transitions as EPyMARL keeps it:
+    ``length + 1`` rows (the last holds the observation and state after the last transition),
+    no next_obs, ``terminated`` (a global flag) at the last transition, and the episode closed
+    by ``truncated`` on its last row (``done`` stays 0: it would end the episode one row
+    early). The mapping ``marlbuf.compat.epymarl`` uses."""
+    rows = length + 1
+    terminated = np.zeros(rows, np.uint8)
+    terminated[length - 1] = 1
+    truncated = np.zeros(rows, bool)
+    truncated[-1] = True
     chain = episode["chain"]
     return {
-        "obs": {a: c[:length] for a, c in chain.items()},
-        "action": {a: x[:length] for a, x in episode["action"].items()},
-        "reward": {a: x[:length] for a, x in episode["reward"].items()},
-        "next_obs": {a: c[1 : length + 1] for a, c in chain.items()},
-        "done": {a: done for a in chain},
-        "state": episode["state"][:length],
+        "obs": {a: c[:rows] for a, c in chain.items()},
+        "action": {a: x[:rows] for a, x in episode["action"].items()},
+        "reward": {a: x[:rows] for a, x in episode["reward"].items()},
+        "done": {a: np.zeros(rows, np.uint8) for a in chain},
+        "state": episode["state"][:rows],
+        "terminated": terminated,
+        "truncated": truncated,
     }
 
 
@@ -783,12 +795,15 @@ def _episode_buffers(
     from marlbuf.spec import FieldSpec  # type: ignore[attr-defined,unused-ignore]
 
     first = next(iter(specs.values()))
+    # done as one byte per agent, as marlbuf.compat.epymarl stores it (EPyMARL keeps none)
+    byte_done = {a: dataclasses.replace(s, done_dtype=np.uint8) for a, s in specs.items()}
     ours = MultiAgentReplayBuffer(
-        specs,
-        int(lengths.sum()),
+        byte_done,
+        int(lengths.sum() + lengths.shape[0]),  # every episode's rows, the last obs included
         sampler=Episodes(),
         seed=0,
-        global_fields={"state": FieldSpec((state_dim,))},
+        next_obs="none",
+        global_fields={"state": FieldSpec((state_dim,)), "terminated": FieldSpec((), np.uint8)},
     )
     padded = TorchPaddedEpisodeBuffer(
         {
@@ -829,9 +844,9 @@ def _cycle(call: Callable[[Any], Any], items: list[Any]) -> Callable[[], None]:
     return step
 
 
-#: what an EPyMARL learner reads of an episode batch (no next_obs): the marlbuf cases of the
-#: episodes part gather these only (``fields=``), as the padded buffer holds only these
-EPISODE_FIELDS = ("obs", "action", "reward", "done", "state")
+#: what an EPyMARL learner reads of an episode batch: the marlbuf cases of the episodes part
+#: gather these only (``fields=``: not the per-agent ``done``, which EPyMARL does not keep)
+EPISODE_FIELDS = ("obs", "action", "reward", "state", "terminated")
 
 
 def _sample_to_torch(buf: MultiAgentReplayBuffer, batch_size: int) -> Any:
@@ -860,7 +875,8 @@ def _episode_case(
         padded.insert_episode_batch(pads[key])
     if ours.complete_episodes != count:
         raise RuntimeError(f"marlbuf holds {ours.complete_episodes} complete episodes, not {count}")
-    ours_bytes = held_bytes(ours) / ours.capacity
+    # bytes per stored transition, for both (marlbuf also holds each episode's last obs row)
+    ours_bytes = held_bytes(ours) / int(lengths.sum())
     padded_bytes = padded.nbytes / int(lengths.sum())
     # both buffers insert the same episodes, cycling through lengths of the mix
     chosen = list(enumerate(lengths[: 4 * EPISODE_POOL].tolist()))
