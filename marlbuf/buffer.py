@@ -605,22 +605,7 @@ class MultiAgentReplayBuffer:
         with self.writer.write_lock, self.writer.lock:
             if self.writer.total_writes or self.next_obs == "none":
                 return  # another thread wrote (or decided) first
-            storage = self.storage
-            lean = make_store(
-                storage.layout,
-                self._codec,
-                self.capacity,
-                storage.pool.max_blocks,
-                storage.batch_layout,
-                None,
-                storage.batch_dtype,
-                device=self.device,
-                stores_next_obs=False,
-            )
-            lean.parallel_gather = storage.parallel_gather
-            self.storage = lean
-            self.links = None
-            self.next_obs = "none"
+            self._switch_format("none")
             self._choose_format = False
             if self.episodes is not None:
                 self.episodes.obs_bytes = 0
@@ -1029,7 +1014,13 @@ class MultiAgentReplayBuffer:
             available + storage.nbytes
         ):
             return
-        dense = make_store(
+        self._switch_format("stored")
+
+    def _switch_format(self, next_obs: str) -> None:
+        """Give the (still empty) buffer a new store of the same layout and options whose rows
+        keep next observations (``"stored"``) or not (``"none"``), without links."""
+        storage = self.storage
+        store = make_store(
             storage.layout,
             self._codec,
             self.capacity,
@@ -1038,11 +1029,12 @@ class MultiAgentReplayBuffer:
             None,
             storage.batch_dtype,
             device=self.device,
+            stores_next_obs=next_obs != "none",
         )
-        dense.parallel_gather = storage.parallel_gather
-        self.storage = dense
+        store.parallel_gather = storage.parallel_gather
+        self.storage = store
         self.links = None
-        self.next_obs = "stored"
+        self.next_obs = next_obs
 
     def _warn_stream_break(self) -> None:
         """Warn once that a stream break ended an episode (see :class:`StreamBreakWarning`)."""
