@@ -819,7 +819,6 @@ def _device_waits_raise() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- CUDA specifics
-# --------------------------------------------------------------------------- CUDA specifics
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("half", [False, True])

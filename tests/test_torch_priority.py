@@ -7,9 +7,6 @@ On the CPU, and on CUDA where a GPU is present (tests marked ``cuda``).
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,6 +31,7 @@ from marlbuf.stores.torch_priority import (  # noqa: E402
     check_td_result,
     first_td_error,
 )
+from tests.test_torch_backend import _device_waits_raise  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 CUDA = [
@@ -441,22 +439,6 @@ def test_state_loads_into_either_index(device: str, capacity: int, track_max: bo
 
 
 # --------------------------------------------------------------------------- CUDA specifics
-@contextlib.contextmanager
-def _device_waits_raise() -> Iterator[None]:
-    """Inside the block, any operation that waits for the GPU raises (torch's sync debug mode
-    "error"); some torch versions warn that the mode is a prototype: not a failure."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            torch.cuda.set_sync_debug_mode("default")
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available())")
 def test_updates_and_draws_never_wait_for_the_device() -> None:
