@@ -1726,29 +1726,28 @@ class MultiAgentReplayBuffer:
         trainer = self._check_trainer(trainer)
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool; got sync={sync!r}")
-        if getattr(self.sampler, "priorities_on_device", False):
-            # tensor trees (``Prioritized(index="device")``): the update is written on the
-            # device from the TD errors where they are; only its result is checked later
-            with self.writer.lock:
-                idx = self._check_indices(_host_array(indices))
-                gens = self._update_generations(trainer, indices, idx, generations)
-                stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
-                self.sampler.update_priorities(idx, td_errors, trainer, stale)
-                if sync:
-                    self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
-            return
-        if not sync and hasattr(td_errors, "detach"):
-            with self.writer.lock:
-                idx = self._check_indices(_host_array(indices))
-                gens = self._update_generations(trainer, indices, idx, generations)
-                self._deferred.append((trainer, idx, gens, self.storage.to_host_later(td_errors)))
-            return
+        # tensor trees (``Prioritized(index="device")``) take the TD errors where they are and
+        # check them later; host trees take host TD errors, now or, from a device without
+        # waiting, at the next call that reads priorities
+        on_device = getattr(self.sampler, "priorities_on_device", False)
+        defer = not on_device and not sync and hasattr(td_errors, "detach")
         with self.writer.lock:
-            self.apply_deferred_updates()
+            if not (on_device or defer):
+                self.apply_deferred_updates()
             idx = self._check_indices(_host_array(indices))
             gens = self._update_generations(trainer, indices, idx, generations)
-            stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
-            self.sampler.update_priorities(idx, _host_array(td_errors), trainer, stale)
+            if defer:
+                self._deferred.append((trainer, idx, gens, self.storage.to_host_later(td_errors)))
+                return
+            values = td_errors if on_device else _host_array(td_errors)
+            self.sampler.update_priorities(idx, values, trainer, self._stale(idx, gens))
+            if on_device and sync:
+                self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
+
+    def _stale(self, idx: np.ndarray, generations: np.ndarray) -> np.ndarray:
+        """Which of the slots ``idx`` were overwritten since their draw at ``generations``
+        (shape of ``idx``, bool; under ``writer.lock``)."""
+        return generations.astype(np.int64, copy=False) != self.writer.write_generation[idx]
 
     def update_priorities_for_trainers(
         self,
@@ -1779,9 +1778,8 @@ class MultiAgentReplayBuffer:
             pending, self._deferred = self._deferred, []
             first_error: ValueError | None = None
             for trainer, idx, gens, ready in pending:
-                stale = gens.astype(np.int64, copy=False) != self.writer.write_generation[idx]
                 try:
-                    self.sampler.update_priorities(idx, ready(), trainer, stale)
+                    self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
                 except ValueError as exc:
                     first_error = first_error or exc
             if first_error is not None:
