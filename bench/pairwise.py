@@ -2,7 +2,8 @@
 
 ``python -m marlbuf.bench.pairwise --base PATH [--suites sampling prioritized] [--rounds 3]``
 runs each suite alternately with the marlbuf found at ``PATH`` (a checkout or an unpacked
-release: its folder holds the ``marlbuf`` package) and with this one, ``rounds`` times each, in
+release: its folder holds the ``marlbuf`` package) and with this one (the installed one, or the
+folder given by ``--head``), ``rounds`` times each, in
 subprocesses (``PYTHONPATH=PATH`` selects the base). For every case both versions measured, it
 reports the median over rounds of this version's time divided by the base's, per timing
 column, and whether it lies within ``--tolerance`` (default 5%). Alternating the versions
@@ -63,7 +64,7 @@ def _identity(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def _environment(base: Path | None) -> dict[str, str]:
     """The environment of a measured subprocess: passive OpenMP waits, and the marlbuf at
-    ``base`` first on the path (``None``: this one, whatever ``PYTHONPATH`` said)."""
+    ``base`` first on the path (``None``: the installed one, whatever ``PYTHONPATH`` said)."""
     env = dict(os.environ)
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     if base is not None:
@@ -122,16 +123,18 @@ def compare(
     quick: bool,
     tolerance: float,
     normalize: tuple[str, str] | None = None,
+    head: Path | None = None,
 ) -> dict[str, Any]:
     """Per case and timing column, the median ratio (this / base) over ``rounds`` pairs (of
-    the timings divided by the same run's ``normalize`` case, when given)."""
+    the timings divided by the same run's ``normalize`` case, when given). ``head``: the folder
+    of the version measured as "this" (``None``: the installed marlbuf)."""
     ratios: dict[tuple[Any, str], list[float]] = {}
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             # alternate which version goes first, so neither always runs on a warmer machine
             order = (
-                [("base", base), ("this", None)] if r % 2 == 0 else [("this", None), ("base", base)]
+                [("base", base), ("this", head)] if r % 2 == 0 else [("this", head), ("base", base)]
             )
             runs: dict[str, dict[Any, dict[str, Any]]] = {}
             for label, path in order:
@@ -204,14 +207,18 @@ def _ask(worker: subprocess.Popen[str], case: str) -> float:
 
 
 def compare_core(
-    base: Path, rounds: int, tolerance: float, only: list[str] | None = None
+    base: Path,
+    rounds: int,
+    tolerance: float,
+    only: list[str] | None = None,
+    head: Path | None = None,
 ) -> dict[str, Any]:
     """The core operations (``pairwise_worker.py``) with both versions in two long-lived
     processes, asked in turn case by case (ABAB...; the first asked alternates by round): the
-    median of per-round ratios this / base per case."""
+    median of per-round ratios this / base per case (``head``: as for :func:`compare`)."""
     started = time.time()
     theirs, names = _start_worker(base)
-    mine, _ = _start_worker(None)
+    mine, _ = _start_worker(head)
     rows = []
     try:
         for case in names:
@@ -262,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--base", type=Path, required=True, help="folder holding the base marlbuf")
     parser.add_argument(
+        "--head",
+        type=Path,
+        default=None,
+        help="folder holding the marlbuf measured as 'this' (default: the installed one)",
+    )
+    parser.add_argument(
         "--suites",
         nargs="+",
         default=["sampling", "prioritized", "sequences", "dropin"],
@@ -298,10 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (suite and key and value):
             parser.error(f"--normalize takes SUITE:KEY=VALUE; got --normalize {item}")
         baselines[suite] = (key, value)
-    if not (args.base / "marlbuf" / "__init__.py").is_file():
-        parser.error(f"--base must be a folder holding the marlbuf package; got {args.base}")
+    for flag, folder in (("--base", args.base), ("--head", args.head)):
+        if folder is not None and not (folder / "marlbuf" / "__init__.py").is_file():
+            parser.error(f"{flag} must be a folder holding the marlbuf package; got {folder}")
+    head = None if args.head is None else args.head.resolve()
     if args.core:
-        result = compare_core(args.base.resolve(), args.rounds, args.tolerance, args.cases)
+        result = compare_core(args.base.resolve(), args.rounds, args.tolerance, args.cases, head)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "pairwise-core.json").write_text(json.dumps(result, indent=1))
         print(f"core: {len(result['slower_than_tolerance'])} of {len(result['rows'])} past")
@@ -315,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             args.quick,
             args.tolerance,
             baselines.get(suite),
+            head,
         )
         suffix = "-quick" if args.quick else ""
         args.out.mkdir(parents=True, exist_ok=True)
