@@ -142,9 +142,15 @@ class MixedSizesError(ValueError):
 def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
     """Markdown table of B's median time over A's for every case present in both runs.
 
+    Warns (lines ``WARNING: ...`` above the table) when the two runs differ in machine,
+    versions, load or copy bandwidth (:func:`marlbuf.bench.report.compare_warnings`), and when
+    the spread of repeats (min-max) of A and of B overlaps, which a column marks per case.
+
     Raises :class:`MixedSizesError` when one file holds quick sizes and the other full ones,
     unless ``allow_mixed_sizes``: their times are not comparable.
     """
+    from marlbuf.bench import report
+
     a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
     sizes = {p: "quick" if r.get("quick") else "full" for p, r in ((path_a, a), (path_b, b))}
     mixed = sizes[path_a] != sizes[path_b]
@@ -154,14 +160,14 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
             "times are not comparable (pass --allow-mixed-sizes to compare them anyway)"
         )
 
-    def keyed(record: dict[str, Any]) -> dict[tuple[str, ...], tuple[float, str]]:
+    def keyed(record: dict[str, Any]) -> dict[tuple[str, ...], tuple[float, str, Any]]:
         out = {}
         for row in record.get("rows", []):
             field = next(((k, u) for k, u in TIME_FIELDS if k in row), None)
             if field is None:
                 continue
-            ident = tuple(v for v in row.values() if isinstance(v, str))
-            out[ident] = (float(row[field[0]]), field[1])
+            ident = tuple(v for v in row.values() if isinstance(v, str) and v)
+            out[ident] = (float(row[field[0]]), field[1], report.spread(row, field[0]))
         return out
 
     ka, kb = keyed(a), keyed(b)
@@ -169,12 +175,14 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
     for k in ka:
         if k in kb and ka[k][0] > 0 and ka[k][1] == kb[k][1]:
             unit = ka[k][1]
+            overlap = report.spreads_overlap(ka[k][2], kb[k][2])
             rows.append(
                 {
                     "case": " / ".join(k),
                     f"A ({unit})": ka[k][0],
                     f"B ({unit})": kb[k][0],
                     "B/A (time ratio)": kb[k][0] / ka[k][0],
+                    "spreads overlap": "—" if overlap is None else ("yes" if overlap else "no"),
                 }
             )
     if not rows:
@@ -184,13 +192,22 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
         f"B = {path_b} ({b.get('created', '?')}, {sizes[path_b]} sizes); "
         "median time per case, B/A below 1: B is faster"
     )
+    warnings = report.compare_warnings(a, b)
     if mixed:
-        header += "\n\nWARNING: quick and full sizes mixed; ratios compare different workloads."
+        warnings.insert(0, "quick and full sizes mixed; ratios compare different workloads")
+    overlapping = sum(r["spreads overlap"] == "yes" for r in rows)
+    if overlapping:
+        warnings.append(
+            f"the spread of repeats (min-max) of A and of B overlaps in {overlapping} of "
+            f"{len(rows)} cases (column 'spreads overlap'): their difference is within the "
+            "noise of these runs"
+        )
+    header += "".join(f"\n\nWARNING: {w}." for w in warnings)
     tables = []
     for _, unit in TIME_FIELDS:
         part = [r for r in rows if f"A ({unit})" in r]
         if part:
-            columns = ["case", f"A ({unit})", f"B ({unit})", "B/A (time ratio)"]
+            columns = ["case", f"A ({unit})", f"B ({unit})", "B/A (time ratio)", "spreads overlap"]
             tables.append(markdown_table(part, columns))
     return header + "\n\n" + "\n\n".join(tables)
 

@@ -148,10 +148,38 @@ def result_path(suite: str, quick: bool, out_dir: Path | None = None) -> Path:
     return out / f"{suite}{'-quick' if quick else ''}.json"
 
 
+#: This process's copy bandwidth in GB/s, measured once (by the first result written).
+_BANDWIDTH_GBPS: list[float] = []
+
+
+def run_conditions(payload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a result depends on beyond the code and the CPU: the machine's copy bandwidth
+    (GB/s; a suite's own measurement where its configuration has one, else measured once per
+    process), its load average over 1, 5 and 15 minutes when the result is written (the suite
+    itself counts about 1 on an idle machine), and the marlbuf version. ``marlbuf bench
+    compare`` warns when two runs differ in them."""
+    from marlbuf.version import __version__
+
+    config = (payload or {}).get("config")
+    own = config.get("copy_bandwidth_GBps") if isinstance(config, Mapping) else None
+    if own is None and not _BANDWIDTH_GBPS:
+        _BANDWIDTH_GBPS.append(copy_bandwidth() / 1e9)
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - a platform without load averages
+        load = None
+    return {
+        "copy_bandwidth_GBps": float(own) if own is not None else _BANDWIDTH_GBPS[0],
+        "load_average_1_5_15_min": load,
+        "marlbuf": __version__,
+    }
+
+
 def write_result(
     suite: str, payload: Mapping[str, Any], quick: bool, out_dir: Path | None = None
 ) -> Path:
-    """Write ``payload`` with machine info and a timestamp; returns the path."""
+    """Write ``payload`` with machine info (:func:`marlbuf.info.machine_info` and
+    :func:`run_conditions`) and a timestamp; returns the path."""
     from marlbuf.info import machine_info
 
     path = result_path(suite, quick, out_dir)
@@ -160,7 +188,7 @@ def write_result(
         "suite": suite,
         "quick": quick,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
+        "machine": {**machine_info(), **run_conditions(payload)},
         **payload,
     }
     tmp = path.with_suffix(".json.tmp")

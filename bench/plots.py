@@ -25,6 +25,37 @@ def _plt() -> Any:
     return plt
 
 
+def save(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``path`` with every artist inside the image (titles, legends and labels
+    outside the axes included: the canvas grows to hold them) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def wrapped(text: str, width_inches: float, fontsize: float = 10.0) -> str:
+    """``text`` broken into lines that fit ``width_inches`` at ``fontsize`` points (an average
+    glyph is about half as wide as it is high), so that a title never runs off its figure."""
+    import textwrap
+
+    chars = max(20, int(width_inches * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars))
+
+
+def plain_numbers() -> Any:
+    """A tick formatter that writes a log axis's ticks as numbers (1, 10, 0.1), not powers."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda value, _: f"{value:g}")
+
+
+def seeds(count: int) -> str:
+    """``1`` -> "1 seed", ``3`` -> "3 seeds"."""
+    return f"{count} seed" + ("" if count == 1 else "s")
+
+
 def load(results_dir: Path, suite: str, quick: bool | None = None) -> dict[str, Any] | None:
     """A suite's result record: the full run if present (unless ``quick``), else the quick one."""
     names = {True: [f"{suite}-quick.json"], False: [f"{suite}.json"]}
@@ -91,7 +122,7 @@ def _grouped_bars(
             ax.tick_params(labelsize=7)
         axes[0][0].set_yticks(positions)
         axes[0][0].set_yticklabels(cases, fontsize=7)
-        fig.suptitle(full_title, fontsize=9)
+        fig.suptitle(wrapped(full_title, fig.get_figwidth(), 9), fontsize=9)
     else:
         colors = plt.get_cmap("tab10").colors
         width = 0.8 / len(cases)
@@ -105,13 +136,11 @@ def _grouped_bars(
         ax.set_ylabel(ylabel)
         if log:
             ax.set_yscale("log")
-        ax.set_title(full_title, fontsize=9)
+        ax.set_title(wrapped(full_title, fig.get_figwidth(), 9), fontsize=9)
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_sampling(record: dict[str, Any], out: Path) -> Path:
@@ -158,14 +187,17 @@ def _stacked_phases(
     path: Path,
 ) -> Path:
     """Per workload, one stacked bar per configuration: seconds per phase (plus "other": the
-    total's remainder), normalised to the first configuration's total (Figs. 2, 3, 9 views)."""
+    total's remainder), normalised to the first configuration's total (Figs. 2, 3, 9 views).
+    Each bar is named by a tick label beneath it, the workloads on a second row below."""
     plt = _plt()
     rows = record["rows"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     configs = [c for c in configs if any(r["config"] == c for r in rows)]
     width = 0.8 / len(configs)
     colors = plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.5 * len(workloads) + 2), 5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.75 * len(workloads) * len(configs) + 2), 5))
+    ticks: list[float] = []
+    tick_labels: list[str] = []
     for j, workload in enumerate(workloads):
         by_config = {r["config"]: r for r in rows if r["workload"] == workload}
         norm = by_config[configs[0]]["total_s"]
@@ -174,6 +206,8 @@ def _stacked_phases(
             if row is None:
                 continue
             x = j + (i - (len(configs) - 1) / 2) * width
+            ticks.append(x)
+            tick_labels.append(config.replace("_", " "))
             bottom = 0.0
             parts = [(label, row.get(key, 0.0)) for key, label in phases]
             parts.append(("other", max(0.0, row["total_s"] - sum(v for _, v in parts))))
@@ -188,17 +222,20 @@ def _stacked_phases(
                     label=label if (i == 0 and j == 0) else None,
                 )
                 bottom += value
-            ax.text(x, bottom, config, rotation=90, fontsize=6, ha="center", va="bottom")
-    ax.set_xticks(range(len(workloads)))
-    ax.set_xticklabels(workloads)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(tick_labels, fontsize=7, rotation=30, ha="right")
+    groups = ax.secondary_xaxis("bottom")  # the workloads, one row below the bar names
+    groups.set_xticks(range(len(workloads)))
+    groups.set_xticklabels(workloads, fontsize=9)
+    groups.tick_params(length=0, pad=44)
+    groups.spines["bottom"].set_visible(False)
     ax.set_ylabel(f"time / {configs[0]} total")
-    ax.set_title(title + (" (quick sizes)" if record.get("quick") else ""), fontsize=9)
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    full_title = title + (" (quick sizes)" if record.get("quick") else "")
+    ax.set_title(wrapped(full_title, fig.get_figwidth(), 9), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="phase")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_end_to_end(record: dict[str, Any], out: Path) -> Path:
@@ -230,7 +267,8 @@ def plot_update(record: dict[str, Any], out: Path) -> Path:
         record,
         ["baseline", "marlbuf", "marlbuf_shared_index"],
         phases,
-        "One update round (every trainer once) by phase, B = 1024",
+        "One update round (every trainer once) by phase, B = "
+        f"{(record.get('config') or {}).get('batch_size', 1024)}",
         out / "update.png",
     )
 
@@ -255,6 +293,78 @@ def plot_recurrent(record: dict[str, Any], out_dir: Path) -> Path:
     return plot(record, out_dir)
 
 
+def plot_headline(data: dict[str, Any], out: Path, quick: bool) -> Path | None:
+    """The report's headline as a figure: how many times faster marlbuf's default buffer
+    samples the MADDPG round than each baseline, per workload (log scale, the value on every
+    bar), and the memory of the stored transitions per format. ``data`` is
+    :func:`marlbuf.bench.report.headline_data`; ``None`` when it holds neither part."""
+    from marlbuf.bench.report import plain_workload
+
+    rounds: dict[str, dict[str, float]] = data.get("round") or {}
+    memory: dict[str, dict[str, float]] = data.get("memory") or {}
+    if not rounds and not memory:
+        return None
+    plt = _plt()
+    panels = [p for p in ("round", "memory") if (rounds if p == "round" else memory)]
+    most = max(len({w for per in rounds.values() for w in per}), len(memory))
+    plain = most <= 3  # workloads named in words where they fit, else by their short labels
+    panel_width = max(6.4, 1.3 * most + 2.0)
+    # side by side where the workloads are few, else one above the other
+    shape = (1, len(panels)) if plain else (len(panels), 1)
+    size = (panel_width * shape[1], 4.6 * shape[0] + (0.6 if shape[0] > 1 else 0.0))
+    fig, grid = plt.subplots(*shape, figsize=size, squeeze=False)
+    axes = [[ax for row in grid for ax in row]]
+    colors = plt.get_cmap("tab10").colors
+    for ax, panel in zip(axes[0], panels):
+        if panel == "round":
+            workloads = list(dict.fromkeys(w for per in rounds.values() for w in per))
+            width = 0.8 / len(rounds)
+            for i, (baseline, per) in enumerate(rounds.items()):
+                xs = [j + (i - (len(rounds) - 1) / 2) * width for j in range(len(workloads))]
+                ys = [per.get(w, float("nan")) for w in workloads]
+                bars = ax.bar(xs, ys, width, label=baseline, color=colors[i % 10])
+                ax.bar_label(bars, labels=[f"{y:.3g}×" for y in ys], fontsize=7, padding=1)
+            ax.axhline(1.0, color="0.3", lw=0.8)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain_numbers())
+            ax.set_ylabel("× faster (log scale; above 1: marlbuf is faster)")
+            ax.set_title("MADDPG sampling round: marlbuf's defaults × faster than", fontsize=10)
+        else:
+            workloads = list(memory)
+            formats = [
+                ("once", "marlbuf default (obs stored once)"),
+                ("once+float16", "with float16 observations"),
+                ("dense", "next_obs in every row (per-agent arrays, cpprb, TorchRL)"),
+            ]
+            width = 0.8 / len(formats)
+            for i, (key, label) in enumerate(formats):
+                xs = [j + (i - (len(formats) - 1) / 2) * width for j in range(len(workloads))]
+                ys = [memory[w].get(key, float("nan")) for w in workloads]
+                bars = ax.bar(xs, ys, width, label=label, color=colors[(i + 4) % 10])
+                ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=7, padding=1)
+            capacity = next(iter(memory.values())).get("capacity")
+            at = f"{capacity:,.0f}" if isinstance(capacity, (int, float)) else "the"
+            values = [v for entry in memory.values() for k, v in entry.items() if k != "capacity"]
+            spread = max(values) / max(min(values), 1e-9) if values else 1.0
+            if spread > 30:  # a few small and a few large workloads: all readable on a log axis
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(plain_numbers())
+            ax.set_ylabel(f"GiB for {at} transitions" + (" (log scale)" if spread > 30 else ""))
+            ax.set_title("Memory", fontsize=10)
+        ax.set_xticks(range(len(workloads)))
+        ax.set_xticklabels(
+            [wrapped(plain_workload(w), 2.4, 8) if plain else w for w in workloads], fontsize=8
+        )
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
+    title = "marlbuf against the buffer you would otherwise use" + (
+        " (quick sizes: indicative)" if quick else ""
+    )
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return save(fig, Path(out) / "headline.png")
+
+
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "sampling": plot_sampling,
     "layout": plot_layout,
@@ -274,7 +384,13 @@ def make_all(
     folder = "figures-quick" if quick else "figures"  # quick runs never overwrite full figures
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / folder
     out.mkdir(parents=True, exist_ok=True)
+    from marlbuf.bench.report import headline_data
+
     paths = []
+    if quick is not None:  # the headline reads one kind of result files
+        headline = plot_headline(headline_data(Path(results_dir), quick), out, quick)
+        if headline is not None:
+            paths.append(headline)
     for suite, plot in PLOTTERS.items():
         record = load(Path(results_dir), suite, quick)
         if record is not None and record.get("rows"):

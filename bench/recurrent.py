@@ -114,7 +114,7 @@ def run(quick: bool = False, progress: bool = True, workers: int = WORKERS) -> d
 
 def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
     """The training curve of every seed and their mean; writes ``<out_dir>/recurrent.png``."""
-    from marlbuf.bench.plots import _plt
+    from marlbuf.bench.plots import _plt, save, wrapped
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
@@ -123,18 +123,18 @@ def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
     block = rows[0]["block"]
     x = (np.arange(length) + 1) * block
     curves = np.array([r["curve"][:length] for r in rows])
-    for row, curve in zip(rows, curves):
-        ax.plot(x, curve, lw=0.8, alpha=0.5, label=f"seed {row['seed']}")
-    ax.plot(x, curves.mean(axis=0), color="k", lw=2, label="mean")
+    if len(rows) > 1:
+        for row, curve in zip(rows, curves):
+            ax.plot(x, curve, lw=0.8, alpha=0.5, label=f"seed {row['seed']}")
+    mean_label = "mean over seeds" if len(rows) > 1 else f"seed {rows[0]['seed']} (one seed)"
+    ax.plot(x, curves.mean(axis=0), color="k", lw=2, label=mean_label)
     ax.set_xlabel("episode")
     ax.set_ylabel(f"return (original MPE units, mean per {block} episodes)")
-    ax.set_title("Recurrent MADDPG, cooperative navigation (3 agents, no own velocity)")
-    ax.legend(loc="lower right", fontsize=8)
+    title = "Recurrent MADDPG, cooperative navigation (3 agents, no own velocity)"
+    ax.set_title(wrapped(title + (" (quick sizes)" if record.get("quick") else ""), 6.0, 12))
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    out = Path(out_dir) / "recurrent.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, Path(out_dir) / "recurrent.png")
 
 
 if __name__ == "__main__":  # pragma: no cover

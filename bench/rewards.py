@@ -480,7 +480,7 @@ def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
 
     Writes ``<out_dir>/rewards.png`` and returns its path (needs matplotlib, ``[bench]``).
     """
-    from marlbuf.bench.plots import _plt
+    from marlbuf.bench.plots import _plt, save, seeds, wrapped
 
     plt = _plt()
     panels: dict[str, list[dict[str, Any]]] = {}
@@ -506,7 +506,7 @@ def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
             x = (np.arange(length) + 1) * group[0]["block"]
             mean = curves.mean(axis=0)
             color = colors[sampler]
-            ax.plot(x, mean, label=f"{sampler} ({len(group)} seeds)", lw=1.4, color=color)
+            ax.plot(x, mean, label=f"{sampler} ({seeds(len(group))})", lw=1.4, color=color)
             if len(group) > 1:
                 low, high = curves.min(axis=0), curves.max(axis=0)
                 ax.fill_between(x, low, high, alpha=0.15, color=color)
@@ -515,14 +515,19 @@ def plot(record: dict[str, Any], out_dir: Path | str) -> Path:
         ax.set_ylabel(f"{metric.replace('_', ' ')} (original MPE units)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("MADDPG reward by sampler: mean over seeds, band = min-max over seeds")
+    most = max(len({r.get("seed") for r in rows}) for rows in panels.values())
+    title = (
+        "MADDPG reward by sampler: mean over seeds, band = min-max over seeds"
+        if most > 1
+        else "MADDPG reward by sampler, one seed"
+    )
+    if record.get("quick"):
+        title += " (quick sizes)"
+    fig.suptitle(wrapped(title, fig.get_figwidth(), 12))
     fig.tight_layout()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "rewards.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "rewards.png")
 
 
 if __name__ == "__main__":  # pragma: no cover
