@@ -6,7 +6,12 @@ subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench
 """
 
 from marlbuf.batch import Batch, EpisodeBatch, SequenceBatch, TorchBatch
-from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning, StreamBreakWarning
+from marlbuf.buffer import (
+    MultiAgentReplayBuffer,
+    NextObsDroppedWarning,
+    NextObsWarning,
+    StreamBreakWarning,
+)
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 from marlbuf.version import __version__
 
@@ -17,6 +22,7 @@ __all__ = [
     "EpisodeBatch",
     "FieldSpec",
     "MultiAgentReplayBuffer",
+    "NextObsDroppedWarning",
     "NextObsWarning",
     "SequenceBatch",
     "StreamBreakWarning",

@@ -62,6 +62,14 @@ class NextObsWarning(UserWarning):
     them. Raised once per buffer."""
 
 
+class NextObsDroppedWarning(UserWarning):
+    """A ``next_obs="auto"`` buffer's first write left ``next_obs`` out, so the buffer chose
+    ``next_obs="none"``: it stores no next observations from then on, and reading them raises.
+    Raised once per buffer, before anything is stored; build the buffer with
+    ``next_obs="none"`` to choose this format without the warning, or pass ``next_obs=`` to
+    every write to keep next observations."""
+
+
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
     """A ``Generator`` from a seed, an existing generator, or fresh entropy (``None``)."""
     if isinstance(seed, np.random.Generator):
@@ -405,11 +413,20 @@ class MultiAgentReplayBuffer:
         return self.writer.size
 
     def __repr__(self) -> str:
+        # the format: "auto" while the first write may still choose it (the format it assumes
+        # until then in brackets)
+        undecided = self._auto_none and self.writer.total_writes == 0 and self.next_obs != "none"
+        next_obs = f"'auto' ({self.next_obs!r} until the first write)" if undecided else None
+        if self.device is not None:
+            store = f"store='torch', device={str(self.device)!r}"
+        elif self._mapped is not None:
+            store = f"store='mapped', path={self.path!r}"
+        else:
+            store = "store='ram'"
         return (
-            f"MultiAgentReplayBuffer(agents={len(self.specs)}, capacity={self.capacity}, "
-            f"size={self.size}, layout={self.layout!r}, sampler={self.sampler!r}"
-            + ("" if self.device is None else f", device={str(self.device)!r}")
-            + ")"
+            f"MultiAgentReplayBuffer(agents={len(self.specs)}, size={self.size}, "
+            f"capacity={self.capacity}, next_obs={next_obs or repr(self.next_obs)}, "
+            f"layout={self.layout!r}, {store}, sampler={self.sampler!r})"
         )
 
     # ----------------------------------------------------------------------------- writing
@@ -568,6 +585,16 @@ class MultiAgentReplayBuffer:
             raise TypeError(f"{call}() missing the required argument done")
         if next_obs is None:
             if self.next_obs != "none" and self._auto_none and self.writer.total_writes == 0:
+                # warned before the format changes: where warnings are errors, nothing changed
+                warnings.warn(
+                    f"{call}() got no next_obs, so this next_obs='auto' buffer now stores none "
+                    "(next_obs='none'): batches will hold no next observations and later writes "
+                    "must leave next_obs out. To keep next observations, pass next_obs=... to "
+                    "every write; to choose this format without this warning, build the buffer "
+                    "with next_obs='none'",
+                    NextObsDroppedWarning,
+                    stacklevel=3,
+                )
                 self._drop_next_obs()
             if self.next_obs == "none":
                 return obs
@@ -1347,9 +1374,8 @@ class MultiAgentReplayBuffer:
         (:class:`marlbuf.distributed.ShardedReplayBuffer`): the learner split the batch by
         the sizes it counted, and a shard that received writes since draws from those slots
         only, so the global draw is exact for the counted state. The sampler is asked through
-        :meth:`marlbuf.samplers.Sampler.sample_share`: ``Uniform(replace=True)`` may then draw
-        more rows than ``size`` (the whole batch fits the union of the shards; the caller
-        checks that).
+        :meth:`marlbuf.samplers.Sampler.sample_share` (``Uniform(replace=True)`` may draw more
+        rows than ``size``, as it may in :meth:`sample`).
 
         Parameters
         ----------
@@ -2514,6 +2540,7 @@ def _check_stream(stream: Any) -> int:
 
 __all__ = [
     "MultiAgentReplayBuffer",
+    "NextObsDroppedWarning",
     "NextObsWarning",
     "StreamBreakWarning",
     "make_rng",

@@ -189,13 +189,9 @@ class Sampler(ABC):
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """This buffer's share of one draw over several buffers (the shards of
-        :class:`marlbuf.distributed.ShardedReplayBuffer`): as :meth:`sample`.
-
-        A sampler whose rows are independent uniform draws (``Uniform(replace=True)``) also
-        accepts ``batch_size > size`` here: the whole draw must fit the rows of all buffers
-        together, which the caller checks, and one buffer may be asked for more rows than it
-        holds. Every other sampler (the default) answers as :meth:`sample`.
-        """
+        :class:`marlbuf.distributed.ShardedReplayBuffer`): as :meth:`sample` (the default). A
+        sampler may answer otherwise where a share obeys a rule that one buffer's draw does
+        not."""
         return self.sample(batch_size, size, rng, trainer)
 
     def update_priorities(
@@ -272,7 +268,10 @@ class Uniform(Sampler):
     Parameters
     ----------
     replace : bool, default True
-        Draw with replacement (as openai/maddpg's ``make_index``) or without.
+        Draw with replacement (as openai/maddpg's ``make_index``) or without. With replacement
+        a batch may be larger than the stored data (any batch size from a non-empty buffer, as
+        a hand-written buffer drawing ``rng.integers(0, size, B)`` allows); without, it holds
+        distinct slots, so a batch larger than the stored data is refused.
     order : {"memory", "random"}, default "memory"
         Order of a batch's indices. ``"memory"``: ascending slot order, so the gather reads
         the storage front to back; the batch has the same distribution as a *set* (that of the
@@ -304,29 +303,13 @@ class Uniform(Sampler):
     def sample(
         self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        if size < 1 or batch_size > size:
-            raise _not_enough_data(
-                batch_size,
-                size,
-                batch_size,
-                "distinct slots" if not self.replace else "as many rows",
-            )
+        if size < 1 or (batch_size > size and not self.replace):
+            raise _not_enough_data(batch_size, size, batch_size, "distinct slots")
         if self.order == "memory":
             return ascending_uniform(batch_size, size, rng, self.replace), None
         if self.replace:
             return rng.integers(0, size, size=batch_size, dtype=np.int64), None
         return rng.choice(size, size=batch_size, replace=False).astype(np.int64), None
-
-    def sample_share(
-        self, batch_size: int, size: int, rng: np.random.Generator, trainer: int = 0
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """As :meth:`sample`; with replacement ``batch_size`` may exceed ``size`` (``>= 1``):
-        this buffer's part of a draw over several buffers (:meth:`Sampler.sample_share`)."""
-        if not self.replace or batch_size <= size or size < 1:
-            return self.sample(batch_size, size, rng, trainer)
-        if self.order == "memory":
-            return ascending_uniform(batch_size, size, rng, True), None
-        return rng.integers(0, size, size=batch_size, dtype=np.int64), None
 
     def config(self) -> dict[str, Any]:
         return {"replace": self.replace, "order": self.order}

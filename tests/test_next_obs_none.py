@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from marlbuf import AgentSpec, FieldSpec, MultiAgentReplayBuffer, memory_cli  # noqa: E402
-from marlbuf.buffer import StreamBreakWarning  # noqa: E402
+from marlbuf.buffer import NextObsDroppedWarning, StreamBreakWarning  # noqa: E402
 from marlbuf.memory import estimate, format_options  # noqa: E402
 from marlbuf.samplers import Episodes, Prioritized, Sampler, Sequence, Uniform  # noqa: E402
 
@@ -438,7 +438,8 @@ def test_auto_chooses_none_at_a_first_write_without_next_obs() -> None:
         buf = MultiAgentReplayBuffer(small_specs(), 16, seed=0)
         assert buf.next_obs == "once"
         args = one(without_next_obs(data)) if first == "add" else without_next_obs(data)
-        getattr(buf, first)(**args)
+        with pytest.warns(NextObsDroppedWarning, match=f"{first}\\(\\) got no next_obs"):
+            getattr(buf, first)(**args)
         assert buf.next_obs == "none" and buf.links is None and not buf.storage.stores_next_obs
         with pytest.raises(ValueError, match="chosen by its first write, which had none"):
             buf.extend(**data)
@@ -448,7 +449,8 @@ def test_auto_chooses_none_at_a_first_write_without_next_obs() -> None:
     tiny = {"a": AgentSpec((1,), (1,))}
     buf = MultiAgentReplayBuffer(tiny, 8)
     assert buf.next_obs == "stored"
-    buf.add({"a": np.zeros(1)}, {"a": np.zeros(1)}, {"a": 0.0}, done={"a": 0.0})
+    with pytest.warns(NextObsDroppedWarning):
+        buf.add({"a": np.zeros(1)}, {"a": np.zeros(1)}, {"a": 0.0}, done={"a": 0.0})
     assert buf.next_obs == "none" and len(buf) == 1
 
 
@@ -667,7 +669,8 @@ def test_a_none_state_is_refused_where_next_obs_is_kept_and_adopted_by_auto(tmp_
     with pytest.raises(ValueError):
         fresh.load_state_dict(broken)
     assert fresh.next_obs == "once" and fresh.storage.stores_next_obs
-    fresh.extend(**without_next_obs(small_steps(2)))
+    with pytest.warns(NextObsDroppedWarning):
+        fresh.extend(**without_next_obs(small_steps(2)))
     assert fresh.next_obs == "none"
 
 

@@ -823,8 +823,8 @@ class ShardedReplayBuffer:
     def _enough(self, batch_size: int, sizes: np.ndarray) -> bool:
         if isinstance(self.sampler, Neighbor):
             return bool(self._valid_starts(sizes).sum() >= batch_size // self.sampler.run_length)
-        if isinstance(self.sampler, Uniform):  # as one buffer: at most the stored rows
-            return bool(sizes.sum() >= batch_size)
+        if isinstance(self.sampler, Uniform) and not self.sampler.replace:
+            return bool(sizes.sum() >= batch_size)  # as one buffer: distinct stored rows
         return bool(sizes.sum() > 0)
 
     def _check_enough(self, batch_size: int, sizes: np.ndarray) -> None:
