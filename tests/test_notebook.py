@@ -33,3 +33,34 @@ def test_notebook_executes(tmp_path, monkeypatch):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert (tmp_path / "figures" / "sampling.png").is_file()
+
+
+def _results_folder_function():
+    """The notebook's ``results_folder`` as a function (its defining cell, run alone)."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(ROOT / "notebooks" / "figures.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if "def results_folder" in c.source)
+    definition = source[source.index("def results_folder") : source.index("RESULTS = ")]
+    namespace: dict = {}
+    prelude = "import os\nfrom pathlib import Path\nfrom marlbuf.bench.common import RESULTS_DIR\n"
+    exec(prelude + definition, namespace)
+    return namespace["results_folder"]
+
+
+def test_notebook_reads_what_bench_quick_writes_by_default(tmp_path, monkeypatch):
+    from marlbuf.bench import cli
+    from marlbuf.bench.common import RESULTS_DIR
+
+    results_folder = _results_folder_function()
+    monkeypatch.delenv("MARLBUF_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert results_folder() == RESULTS_DIR  # nothing run here yet: the committed results
+    written = tmp_path / cli.DEFAULT_OUT  # where `marlbuf bench --quick` writes
+    written.mkdir()
+    (written / "sampling-quick.json").write_text("{}")
+    assert results_folder().resolve() == written  # started in the repository
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert results_folder().resolve() == written  # started in notebooks/
+    monkeypatch.setenv("MARLBUF_RESULTS", str(tmp_path / "other"))
+    assert results_folder() == tmp_path / "other"
