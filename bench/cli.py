@@ -128,7 +128,9 @@ def _load(name: str) -> Any:
     try:
         return importlib.import_module(SUITES[name])
     except ImportError as exc:
-        return f"unavailable: {exc}"
+        from marlbuf.cli import missing_extra
+
+        return f"unavailable: {missing_extra(exc) or exc}"
 
 
 #: Row fields that hold a time, with their unit, in the order compare looks for them.

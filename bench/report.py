@@ -866,7 +866,8 @@ def write_report(
     report = [f"# marlbuf benchmark report ({kind} sizes)", ""]
     if quick:
         report += [QUICK_NOTE, ""]
-    report += [machine_line(records), ""]
+    if records:
+        report += [machine_line(records), ""]
     headline, _ = headline_section(Path(results_dir), quick, figures)
     report += headline
     if "guard" in present:

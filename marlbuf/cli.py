@@ -26,6 +26,46 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The extra that installs each optional top-level module (pyproject's optional dependencies;
+#: tests/test_cli.py keeps the two in step). tqdm is in [algos] and [bench] alike.
+EXTRA_OF: dict[str, str] = {
+    "torch": "algos",
+    "tqdm": "algos",
+    "mpe2": "envs",
+    "pettingzoo": "envs",
+    "gymnasium": "envs",
+    "matplotlib": "bench",
+    "cpprb": "peers",
+    "torchrl": "peers",
+    "tensordict": "peers",
+    "ray": "distributed",
+}
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """The one-line reason an ``ImportError`` gives when an optional dependency is missing, or
+    ``None`` when it is not about one (a bug to show in full).
+
+    The error itself, or one it was raised from, must name a missing module (``ImportError.name``,
+    as ``ModuleNotFoundError`` does): a module of an extra gives ``needs 'torch' (not
+    installed): pip install 'marlbuf[algos]'``, or the error's own message where that already
+    says what to install; any other module outside marlbuf names ``marlbuf[all]``.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        name = getattr(error, "name", None) if isinstance(error, ImportError) else None
+        top = (name or "").partition(".")[0]
+        if top and top != "marlbuf":
+            if "pip install" in str(exc):
+                return one_line(str(exc))  # a message that already names the extra
+            extra = EXTRA_OF.get(top, "all")
+            return f"needs {top!r} (not installed): pip install 'marlbuf[{extra}]'"
+        error = error.__cause__ or error.__context__
+    return None
+
+
 #: The MPE tasks by every name a command accepts (``--env``): full names and short ones.
 ENV_NAMES: dict[str, str] = {
     "cooperative_navigation": "cooperative_navigation",
@@ -122,15 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
-    except ModuleNotFoundError as exc:
+    except ImportError as exc:
         # an optional dependency (torch, mpe2, matplotlib, ...) that is not installed: a setup
-        # problem to name in one line, not a bug to show a traceback for
-        if not exc.name or exc.name.partition(".")[0] == "marlbuf":
+        # problem to name in one line with its extra, not a bug to show a traceback for
+        reason = missing_extra(exc)
+        if reason is None:
             raise
-        return error(
-            f"marlbuf {name}",
-            f"needs {exc.name!r}, which is not installed; pip install 'marlbuf[all]'",
-        )
+        return error(f"marlbuf {name}", reason)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -157,6 +157,11 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"{name} must be >= 1; got {value}"
     if args.batch_size % args.run_length and "neighbor" in args.sampler:
         return f"--run-length ({args.run_length}) must divide --batch-size ({args.batch_size})"
+    if not args.no_plots:
+        try:  # checked before any work: the plots come at the end of a long run
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return "the plots need matplotlib: pip install 'marlbuf[bench]', or pass --no-plots"
     if args.backend == "hardware":
         reason = hardware_unavailable()
         if reason is not None:
