@@ -387,9 +387,55 @@ def trailing_mean(values: Any, window: int) -> Any:
     return (sums - lagged) / np.minimum(np.arange(1, len(values) + 1), window)
 
 
+def first_update_episode(rows: list[dict[str, str]]) -> tuple[int, int] | None:
+    """The episode, counted from 1 (the log's ``episode`` column counts from 0), in which the
+    first update round ran, and the run's steps at its end, from ``episodes.csv`` rows
+    (``update_rounds`` counts the rounds run so far); ``None`` when no round ran."""
+    for row in rows:
+        if int(row["update_rounds"]) > 0:
+            return int(row["episode"]) + 1, int(row["steps"])
+    return None
+
+
+def updates_started_line(first_episode: int, first_step: int) -> str:
+    """The log line printed when the first update round has run (episodes counted from 1, as
+    the header and the progress lines count them)."""
+    return (
+        f"updates started: the first update round ran in episode {first_episode:,} (by step "
+        f"{first_step:,}); until then the buffer filled with the untrained policy. The return "
+        "usually dips for a few hundred episodes while the critics learn (docs/training.md)"
+    )
+
+
+def closing_update_line(rows: list[dict[str, str]], window: int = 100) -> str | None:
+    """The closing line about updates: the episode they started in, the mean return of the
+    ``window`` episodes before it and of the last ``window`` episodes (original MPE units), so
+    that a dip after the start reads as what it is; ``None`` when no update round ran."""
+    first = first_update_episode(rows)
+    if first is None:
+        return None
+    returns = [float(r["return_original"]) for r in rows]
+    episodes = [int(r["episode"]) + 1 for r in rows]
+    start = episodes.index(first[0])
+    before = returns[max(0, start - window) : start]
+    last = returns[max(start, len(returns) - window) :]
+    line = f"updates started in episode {first[0]:,} (step {first[1]:,})"
+    if before:
+        line += (
+            f"; mean return of the {len(before)} episodes before: {sum(before) / len(before):.1f}"
+        )
+    line += f", of the last {len(last)}: {sum(last) / len(last):.1f}"
+    if len(returns) - start < 1000:
+        line += (
+            " (a short run after the first update: the return dips for a few hundred episodes "
+            "before it climbs, see docs/training.md)"
+        )
+    return line
+
+
 def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
-    """Reward curve (raw and a 100-episode moving mean) from ``episodes.csv``; ``False`` when
-    matplotlib is missing."""
+    """Reward curve (raw and a 100-episode moving mean) from ``episodes.csv``, the warm-up
+    shaded and the first update round marked; ``False`` when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -403,7 +449,7 @@ def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
         rows = list(csv.DictReader(fh))
     if not rows:
         return False
-    episodes = np.array([int(r["episode"]) for r in rows])
+    episodes = np.array([int(r["episode"]) + 1 for r in rows])  # counted from 1, as the log
     returns = np.array([float(r["return_original"]) for r in rows])
     window = min(100, len(returns))
     smooth = trailing_mean(returns, window)
@@ -411,12 +457,21 @@ def plot_rewards(csv_path: Path, png_path: Path, title: str) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(episodes, returns, color="0.6", lw=0.5, marker=marker, ms=2, label="episode")
     ax.plot(episodes, smooth, color="C0", lw=1.5, label=f"mean of the last {window} episodes")
+    first = first_update_episode(rows)
+    if first is None:
+        ax.axvspan(episodes[0], episodes[-1], color="0.9", zorder=0, label="warm-up: no update yet")
+    else:
+        if first[0] > episodes[0]:
+            ax.axvspan(episodes[0], first[0], color="0.9", zorder=0, label="warm-up: no updates")
+        ax.axvline(
+            first[0], color="C3", lw=1.0, ls="--", label=f"updates start (episode {first[0]:,})"
+        )
     ax.set_xlabel("episode")
     ax.set_ylabel("return (original MPE units, sum over agents)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
+    fig.savefig(png_path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -610,8 +665,14 @@ def main(argv: list[str] | None = None) -> int:
             bar = None
     log_every = args.log_every or (DEFAULT_LOG_EVERY if bar is None else 0)
 
+    rounds_before = runner.update_rounds  # a line marks the episode of the first update round
+
     def on_episode(record: Any) -> None:
-        nonlocal last_phases
+        nonlocal last_phases, rounds_before
+        if rounds_before == 0 and record.update_rounds > 0:
+            line = f"marlbuf train: {updates_started_line(record.episode + 1, record.steps)}"
+            (bar.write if bar is not None else print)(line, file=sys.stderr)
+        rounds_before = record.update_rounds
         now = timer.snapshot()
         record.phases = {k: now[k] - last_phases.get(k, 0.0) for k in now}
         last_phases = now
@@ -662,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if status == 0 and runner.update_rounds == 0:
         print(f"marlbuf train: {no_update_note(config, runner.total_steps)}", file=sys.stderr)
+    with open(out / "episodes.csv", newline="") as fh:
+        closing = closing_update_line(list(csv.DictReader(fh)))
+    if closing is not None:
+        print(f"marlbuf train: {closing}", file=sys.stderr)
     if not args.no_plot and status == 0:
         title = f"{config.algo} {config.env} N={config.n_agents} ({config.sampler})"
         if plot_rewards(out / "episodes.csv", out / "rewards.png", title):

@@ -54,6 +54,45 @@ def test_reward_plot(tmp_path: Path) -> None:
     assert (out / "rewards.png").stat().st_size > 1000
 
 
+def test_updates_start_is_marked_in_the_log_closing_lines_and_plot(
+    tmp_path: Path,
+    capsys,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """A short default-looking run seems to get worse; the log says when updates started, the
+    closing lines compare the return before them with the last episodes, and the figure shades
+    the warm-up and marks the first update round."""
+    from marlbuf.algos import cli
+
+    out = tmp_path / "run"
+    marked: list[tuple[int, int] | None] = []
+    real_plot = cli.plot_rewards
+
+    def plot(csv_path: Path, png_path: Path, title: str) -> bool:
+        marked.append(cli.first_update_episode(read_rows(csv_path)))
+        return real_plot(csv_path, png_path, title)
+
+    monkeypatch.setattr(cli, "plot_rewards", plot)
+    assert main(["--episodes", "12", *SMALL, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    rows = read_rows(out / "episodes.csv")
+    first = next(i for i, r in enumerate(rows) if int(r["update_rounds"]) > 0)
+    episode, step = first + 1, int(rows[first]["steps"])  # the log counts episodes from 1
+    assert f"first update round ran in episode {episode} (by step {step})" in err
+    assert f"in episode {episode}), then one every" in err  # the header's prediction agrees
+    closing = err[err.index("update rounds; this session") :]
+    assert f"updates started in episode {episode} (step {step})" in closing
+    assert f"mean return of the {first} episodes before" in closing and "of the last" in closing
+    assert marked == [(episode, step)]
+    if (out / "rewards.png").exists():  # matplotlib installed
+        assert (out / "rewards.png").stat().st_size > 1000
+    # a run that ends in the warm-up says so instead
+    assert main(["--episodes", "2", *SMALL, "--out", str(tmp_path / "short"), "--no-plot"]) == 0
+    err = capsys.readouterr().err
+    assert "no update round ran" in err and "updates started" not in err
+    assert cli.closing_update_line(read_rows(tmp_path / "short" / "episodes.csv")) is None
+
+
 @pytest.mark.parametrize(
     "bad",
     [
