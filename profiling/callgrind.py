@@ -42,6 +42,12 @@ CALLGRIND_STOP_INSTRUMENTATION = _CALLGRIND_BASE + 5
 #: results do not depend on the host's CPUID: 32 KiB 8-way L1s, a 32 MiB 16-way last level.
 PINNED_CACHES = {"I1": (32768, 8, 64), "D1": (32768, 8, 64), "LL": (33554432, 16, 64)}
 
+
+def simulated_ll_bytes() -> int:
+    """The size of the last-level cache every callgrind run simulates (:data:`PINNED_CACHES`)."""
+    return PINNED_CACHES["LL"][0]
+
+
 #: The events callgrind writes with ``--cache-sim=yes`` (instruction reads, data reads/writes,
 #: L1 and last-level misses for instruction fetch, data read and data write).
 CACHE_SIM_EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
@@ -216,12 +222,18 @@ def dump_files(prefix: Path) -> list[Path]:
 
 
 def valgrind_command(
-    python_argv: list[str], out_prefix: str | os.PathLike[str], valgrind: str = "valgrind"
+    python_argv: list[str],
+    out_prefix: str | os.PathLike[str],
+    valgrind: str = "valgrind",
+    log_file: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """The command line that runs ``python_argv`` under callgrind with the pinned caches.
 
     Instrumentation starts off (``--instr-atstart=no``; imports run ~4x faster) and the
-    profiler switches it on when it starts; dumps go to ``<out_prefix>.<n>``.
+    profiler switches it on when it starts; dumps go to ``<out_prefix>.<n>``. With
+    ``log_file``, valgrind's own messages (its banner, start-up warnings about the host's
+    cache, "brk segment overflow", the closing summary) go to that file instead of stderr,
+    which then carries the program's own output only.
     """
     caches = [
         f"--{name}={size},{assoc},{line}" for name, (size, assoc, line) in PINNED_CACHES.items()
@@ -236,5 +248,6 @@ def valgrind_command(
         "--dump-line=no",
         "--compress-strings=yes",
         f"--callgrind-out-file={out_prefix}",
+        *([] if log_file is None else [f"--log-file={log_file}"]),
         *python_argv,
     ]

@@ -45,6 +45,8 @@ from marlbuf.storage import LAYOUTS
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
 RESULT_NAME = "profile.json"
+#: valgrind's own messages of a callgrind run, kept in the output folder
+VALGRIND_LOG = "valgrind.log"
 #: Env steps per profiled round under callgrind (each step is 3 phases, 6 dumps of ~0.1 s).
 CALLGRIND_COLLECT_STEPS = 5
 
@@ -321,8 +323,12 @@ def _summary_table(summary: dict[str, Any]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """Every case's phase table, then the sampling summary."""
+    """Every case's phase table, then the sampling summary; warnings (a table that fits in
+    the simulated cache) first."""
     lines = [f"# {result['command']}", ""]
+    warnings = result_cache_warnings(result)
+    if warnings:
+        lines += [f"> {w}" for w in warnings] + [""]
     for run in result["runs"]:
         lines += [
             f"## {run['label']} ({run['env']}, {run['n_trainers']} trainers, "
@@ -338,6 +344,65 @@ def markdown(result: dict[str, Any]) -> str:
     lines += _summary_table(result["summary"])
     lines += [""]
     return "\n".join(lines)
+
+
+#: A table this many times the simulated last-level cache is what ``--fill`` is advised to
+#: reach: then nearly every uniform draw misses, as in a buffer of the paper's size.
+CACHE_MULTIPLE = 4
+
+
+def fits_in_cache_warnings(cases: list[tuple[str, int, int]]) -> list[str]:
+    """Why cases whose filled table fits in the simulated last-level cache say little about
+    locality, and the ``--fill`` that makes them a real test: one warning per table size.
+
+    ``cases`` holds (label, table bytes, transitions) of the cases that fit."""
+    cache = callgrind.simulated_ll_bytes()
+    groups: dict[tuple[int, int], list[str]] = {}
+    for label, table_bytes, fill_steps in cases:
+        groups.setdefault((table_bytes, fill_steps), []).append(label)
+    warnings = []
+    for (table_bytes, fill_steps), labels in groups.items():
+        advised = -(-CACHE_MULTIPLE * cache * fill_steps // max(table_bytes, 1))
+        warnings.append(
+            f"warning: the filled table of {', '.join(labels)} ({table_bytes / 2**20:.1f} MiB, "
+            f"{fill_steps:,} transitions) fits in the simulated {cache // 2**20} MiB last-level "
+            "cache: after the first round every row is cached, so the samplers' LL misses "
+            "cannot differ (neighbor / uniform comes out near 1); pass --fill "
+            f"{advised} or more ({CACHE_MULTIPLE}x the cache), or leave --fill at its default"
+        )
+    return warnings
+
+
+def cache_fit_warnings(args: argparse.Namespace) -> list[str]:
+    """Before a callgrind run: the cases whose table would fit in the simulated last-level
+    cache even with next_obs stored in every row (the largest format)."""
+    from marlbuf.bench.workloads import Workload
+    from marlbuf.memory import estimate
+    from marlbuf.profiling.workloads import default_fill_steps
+
+    fitting = []
+    for case in _cases(args):
+        specs = Workload(case.env, case.n_agents).specs()
+        fill = args.fill if args.fill is not None else default_fill_steps(specs)
+        sizes = estimate(specs, fill, case.layout, next_obs="stored")
+        table = sizes.storage_bytes + sizes.side_table_bytes
+        if table <= callgrind.simulated_ll_bytes():
+            fitting.append((case.label, table, fill))
+    return fits_in_cache_warnings(fitting)
+
+
+def result_cache_warnings(result: dict[str, Any]) -> list[str]:
+    """After a callgrind run: the cases whose filled table (``buffer_bytes``) fit in the
+    simulated last-level cache."""
+    if result.get("config", {}).get("backend") != "callgrind":
+        return []
+    return fits_in_cache_warnings(
+        [
+            (run["label"], int(run["buffer_bytes"]), int(run["fill_steps"]))
+            for run in result.get("runs", [])
+            if int(run.get("buffer_bytes", 0)) <= callgrind.simulated_ll_bytes()
+        ]
+    )
 
 
 def _warm_numba_cache(args: argparse.Namespace) -> None:
@@ -372,6 +437,9 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
         return error(PROG, "the callgrind backend is implemented for x86-64 only")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    args.warned = cache_fit_warnings(args)  # before minutes under valgrind
+    for warning in args.warned:
+        print(f"{PROG}: {warning}", file=sys.stderr)
     print("warming Numba's cache natively ...", file=sys.stderr)
     _warm_numba_cache(args)
     with contextlib.ExitStack() as cleanup:
@@ -388,25 +456,31 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
                 prefix="marlbuf-callgrind-", ignore_cleanup_errors=True
             )
             dumps = Path(cleanup.enter_context(temp))
+        log = dumps / VALGRIND_LOG
         cmd = callgrind.valgrind_command(
             [sys.executable, "-m", "marlbuf", "profile", *argv, "--no-plots"],
             dumps / "callgrind.out.%p",
             valgrind,
+            log_file=log,
         )
         env = dict(os.environ, **{_CHILD_ENV: "1"})
         print("running under callgrind:", " ".join(cmd), file=sys.stderr)
-        print(
-            "(valgrind's start-up warnings about the host's L3, 'specified/simulated LL cache: "
-            "...', describe the cache it detected; --I1/--D1/--LL above replace it, and every "
-            "dump states the geometry simulated, recorded as simulated_caches in the report)",
-            file=sys.stderr,
-        )
         proc = subprocess.run(cmd, env=env)
+        if log.is_file():  # valgrind's own messages, kept out of the output and the table
+            shutil.copyfile(log, out / VALGRIND_LOG)
     if proc.returncode != 0:
         print(
-            f"marlbuf profile: the callgrind run failed (exit {proc.returncode})", file=sys.stderr
+            f"marlbuf profile: the callgrind run failed (exit {proc.returncode}); valgrind's "
+            f"messages: {out / VALGRIND_LOG}",
+            file=sys.stderr,
         )
         return proc.returncode
+    print(
+        f"valgrind's own messages (its start-up warnings about the host's cache, which the "
+        f"pinned --I1/--D1/--LL replace; any 'brk segment overflow', harmless: Python then "
+        f"allocates with mmap): {out / VALGRIND_LOG}",
+        file=sys.stderr,
+    )
     result = json.loads((out / RESULT_NAME).read_text())
     _finish_outputs(args, result)
     return 0
@@ -414,6 +488,9 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _finish_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
     out: Path = args.out
+    if not getattr(args, "warned", None):  # the table has them; stderr had them before the run
+        for warning in result_cache_warnings(result):
+            print(f"{PROG}: {warning}", file=sys.stderr)
     (out / "profile.md").write_text(markdown(result))
     if not args.no_plots:
         from marlbuf.profiling.plots import plot_phase_breakdown, plot_sampling_counters

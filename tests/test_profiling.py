@@ -296,6 +296,46 @@ def test_valgrind_command_pins_the_caches() -> None:
     assert cmd[-2:] == ["python", "x.py"]
 
 
+def test_callgrind_warns_when_the_filled_table_fits_in_the_simulated_cache() -> None:
+    from marlbuf.profiling import cli
+
+    cache = cg.simulated_ll_bytes()
+    assert cache == 32 * 2**20
+    small = cli.build_parser().parse_args(["--backend", "callgrind", "--fill", "4000"])
+    small.sampler = ["uniform", "neighbor"]
+    (warning,) = cli.cache_fit_warnings(small)  # one per table size, naming every case
+    assert "interleaved/uniform/N=3, interleaved/neighbor/N=3" in warning
+    assert "fits in the simulated 32 MiB last-level cache" in warning
+    advised = int(warning.split("--fill ")[1].split()[0])
+    assert (
+        cli.cache_fit_warnings(
+            cli.build_parser().parse_args(["--backend", "callgrind", "--fill", str(advised)])
+        )
+        == []
+    )
+    default = cli.build_parser().parse_args(["--backend", "callgrind", "--agents", "3", "24"])
+    assert cli.cache_fit_warnings(default) == []  # the default fill is 256 MiB worth
+    result = {
+        "config": {"backend": "callgrind"},
+        "runs": [
+            {"label": "a", "buffer_bytes": cache // 2, "fill_steps": 1000},
+            {"label": "b", "buffer_bytes": 8 * cache, "fill_steps": 16000},
+        ],
+    }
+    (after,) = cli.result_cache_warnings(result)
+    assert "the filled table of a (16.0 MiB, 1,000 transitions)" in after
+    assert f"--fill {4 * 2 * 1000}" in after  # four times the cache: 4 x 2 x 1000 steps
+    assert cli.result_cache_warnings({**result, "config": {"backend": "time"}}) == []
+
+
+def test_valgrind_messages_go_to_a_log_file() -> None:
+    cmd = cg.valgrind_command(["python", "x.py"], "out.%p", log_file="/tmp/v.log")
+    assert "--log-file=/tmp/v.log" in cmd and cmd.index("--log-file=/tmp/v.log") < cmd.index(
+        "python"
+    )
+    assert not [a for a in cg.valgrind_command(["python"], "o") if "log-file" in a]
+
+
 def test_no_phases_after_the_report() -> None:
     prof = Profiler(backend="time", null_repeats=0)
     with prof.phase("sampling"):
@@ -387,7 +427,7 @@ _CALLGRIND_STAND_IN = """
 import shutil, sys
 from marlbuf.profiling import callgrind, cli
 
-def stand_in(python_argv, out_prefix, valgrind="valgrind"):
+def stand_in(python_argv, out_prefix, valgrind="valgrind", log_file=None):
     code = (
         "import pathlib, sys, time; "
         "pathlib.Path(sys.argv[1].replace('%p', '1')).write_text('dump'); time.sleep(120)"

@@ -136,9 +136,11 @@ def test_nested_sums(callgrind_report: dict[str, Any]) -> None:
 
 
 def test_marlbuf_profile_relaunches_itself_under_callgrind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """One command: warm the kernels natively, rerun under valgrind, read the result back."""
+    """One command: warm the kernels natively, rerun under valgrind, read the result back;
+    valgrind's own messages go to OUT/valgrind.log, and a table that fits in the simulated
+    last-level cache is warned about, once on stderr and in the table."""
     from marlbuf.profiling.cli import main
 
     root = str(Path(marlbuf.__file__).resolve().parent.parent)
@@ -158,3 +160,11 @@ def test_marlbuf_profile_relaunches_itself_under_callgrind(
     assert sampling["inclusive"]["Ir"] > 0
     assert run["report"]["metrics"]["LL_misses"]["source"] == "simulated"
     assert not list(out.glob("callgrind*"))  # dumps went to a temporary folder, now removed
+    captured = capfd.readouterr()
+    banner = [ln for ln in (captured.out + captured.err).splitlines() if ln.startswith("==")]
+    assert not banner, banner[:3]  # valgrind's banner and summary are not in the output...
+    assert "Callgrind" in (out / "valgrind.log").read_text()  # ...but in its log
+    assert captured.err.count("fits in the simulated 32 MiB last-level cache") == 1
+    table = (out / "profile.md").read_text()
+    assert "> warning: the filled table of agent_major/uniform/N=2" in table
+    assert "==" not in table
