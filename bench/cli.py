@@ -248,26 +248,39 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def build_report_parser() -> ArgumentParser:
+    """The parser of ``marlbuf bench report [--quick] [--out DIR]``."""
+    parser = ArgumentParser("marlbuf bench report", "Rebuild REPORT.md and the figures.")
+    parser.add_argument("--quick", action="store_true", help="the quick results")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
+    return parser
+
+
+def build_compare_parser() -> ArgumentParser:
+    """The parser of ``marlbuf bench compare A B [--allow-mixed-sizes]``."""
+    parser = ArgumentParser(
+        "marlbuf bench compare",
+        "Median time per case of run B over run A (B/A), with a warning where the runs differ "
+        "in machine, versions, load or copy bandwidth, or the spread of repeats overlaps.",
+    )
+    parser.add_argument("a", type=Path, help="baseline result file (JSON)")
+    parser.add_argument("b", type=Path, help="new result file (JSON)")
+    parser.add_argument(
+        "--allow-mixed-sizes",
+        action="store_true",
+        help="compare a quick result with a full one (their sizes differ)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "report":
-        parser = ArgumentParser("marlbuf bench report", "Rebuild REPORT.md and the figures.")
-        parser.add_argument("--quick", action="store_true", help="the quick results")
-        parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=OUT_HELP)
-        ns = parser.parse_args(args_list[1:])
+        ns = build_report_parser().parse_args(args_list[1:])
         print(f"report: {write_report(ns.out, ns.quick)}")
         return 0
     if args_list and args_list[0] == "compare":
-        parser = ArgumentParser(
-            "marlbuf bench compare", "Median time per case of run B over run A (B/A)."
-        )
-        parser.add_argument("a", type=Path, help="baseline result file (JSON)")
-        parser.add_argument("b", type=Path, help="new result file (JSON)")
-        parser.add_argument(
-            "--allow-mixed-sizes",
-            action="store_true",
-            help="compare a quick result with a full one (their sizes differ)",
-        )
+        parser = build_compare_parser()
         ns = parser.parse_args(args_list[1:])
         for p in (ns.a, ns.b):
             if not p.is_file():

@@ -1,4 +1,4 @@
-"""Prioritized sampling benchmarks (issue 3).
+"""Prioritized sampling benchmarks.
 
 Two comparisons, each timed side by side in one process (``time_interleaved``):
 

@@ -1,4 +1,4 @@
-"""The MADDPG sampling workload (issue 2, the paper's Fig. 8 and 14 views).
+"""The MADDPG sampling workload (the paper's Fig. 8 and 14 views).
 
 Per round, each of the N trainers draws one index array of B = 1024 and gathers obs, action,
 reward, next_obs and done of **all** agents at it — the O(N²B) pattern. Compared side by side in
@@ -331,7 +331,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Headline ratios per workload (the issue's targets are at CN-24)."""
+    """Headline ratios per workload (the targets are set at CN-24)."""
     out: dict[str, Any] = {}
     for label in dict.fromkeys(r["workload"] for r in rows):
         by_case = {r["case"]: r for r in rows if r["workload"] == label}

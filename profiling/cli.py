@@ -78,7 +78,14 @@ def build_parser() -> ArgumentParser:
         default=["uniform"],
         help=f"samplers, any of: {', '.join(SAMPLER_NAMES)}",
     )
-    parser.add_argument("--run-length", type=int, default=16, help="neighbor sampler run length")
+    parser.add_argument(
+        "--run-length",
+        type=int,
+        default=16,
+        help="neighbor sampler run length (default 16: the profiler measures what runs of "
+        "contiguous rows do to the caches, and runs of 1 are uniform draws; marlbuf train "
+        "defaults to 1, which keeps uniform's return)",
+    )
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per trainer")
     parser.add_argument("--updates", type=int, default=5, help="profiled update rounds per case")
     parser.add_argument(

@@ -1,7 +1,7 @@
 """Slow, obviously-correct NumPy references for every kernel and for buffer semantics.
 
 Each function here is the readable twin of a Numba kernel or of a buffer behaviour; tests compare
-the fast path against it. Sections are headed by the issue that added them.
+the fast path against it. Sections are headed by the part of the library they check.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-# ------------------------------------------------------------------ buffer core (issue 2)
+# ------------------------------------------------------------------------- buffer core
 
 
 def gather_rows(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -63,7 +63,7 @@ def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) 
 
 
 # =============================================================================================
-# Issue 3: prioritized sampling (marlbuf/_kernels/sumtree.py)
+# Prioritized sampling (marlbuf/_kernels/sumtree.py)
 # =============================================================================================
 
 
@@ -181,7 +181,7 @@ def naive_inclusion_probabilities(
 
 
 # =============================================================================================
-# Issue 4: drop-in adapters (marlbuf/compat/)
+# Drop-in adapters (marlbuf/compat/)
 # =============================================================================================
 # Re-statements of the ORIGINAL buffers' semantics (not their code), to drive next to the
 # adapters with the original trainers' call sequences.
@@ -295,7 +295,7 @@ class Tf2marlNaivePrioritized(Tf2marlNaiveBuffer):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue #7 (profiling): the valgrind client-request kernel. On a real CPU the magic sequence is
+# Profiling: the valgrind client-request kernel. On a real CPU the magic sequence is
 # a no-op, so the request's answer is the caller's default.
 # ---------------------------------------------------------------------------------------------
 def client_request_outside_valgrind(block: np.ndarray, default: int) -> int:
@@ -324,7 +324,7 @@ class NaiveLRUCache:
         return misses
 
 
-# ------------------------------------------------------------------ per-agent batches (issue 11)
+# ------------------------------------------------------------------- per-agent batches
 
 
 def gather_plan(
@@ -357,7 +357,7 @@ def gather_plan(
     return out
 
 
-# ------------------------------------------------------------------ sequences (issue 14)
+# --------------------------------------------------------------------------- sequences
 
 
 class NaiveEpisodeRing:

@@ -1,4 +1,4 @@
-"""Drop-in adapters (issue 4): each adapter driven with the original trainer's call sequence next
+"""Drop-in adapters: each adapter driven with the original trainer's call sequence next
 to a naive re-statement of the original buffer; same indices, identical arrays."""
 
 from __future__ import annotations

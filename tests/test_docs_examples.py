@@ -219,6 +219,10 @@ def test_inline_command_parses(words: list[str]) -> None:
     from marlbuf.bench import cli as bench_cli
 
     command, args = words[0], words[1:]
+    if command == "bench" and args and args[0] in ("compare", "report"):
+        sub = {"compare": bench_cli.build_compare_parser, "report": bench_cli.build_report_parser}
+        sub[args[0]]().parse_args(args[1:])
+        return
     if command == "bench":
         ns = bench_cli.build_parser().parse_args(args)
         unknown = set(ns.suites) - set(bench_cli.SUITES)

@@ -1,5 +1,5 @@
 """Prioritized and prioritized-locality sampling: sum-tree kernels, distributions, weights,
-stale updates, bad input and persistence (issue 3)."""
+stale updates, bad input and persistence."""
 
 from __future__ import annotations
 

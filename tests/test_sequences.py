@@ -1,4 +1,4 @@
-"""Episode bookkeeping and sequence sampling (issue 14): the episode index against a
+"""Episode bookkeeping and sequence sampling: the episode index against a
 list-of-episodes model, exact masks and data, start distributions, prioritized sequences,
 persistence, rejected writes and bad input."""
 
