@@ -108,9 +108,9 @@ class MultiAgentReplayBuffer:
         turn): the buffer then stores them ``"stored"`` (it is still empty, so nothing is
         converted; :attr:`next_obs` tells which format was chosen; a memory-mapped buffer, or
         one where the dense rows would not fit in memory, keeps ``"once"``). A first write
-        without ``next_obs`` makes it ``"none"`` (not a memory-mapped buffer, whose files are
-        laid out at construction: build it with ``next_obs="none"``); later writes must then
-        leave it out too.
+        without ``next_obs`` makes it ``"none"``, with a warning (:class:`NextObsDroppedWarning`;
+        not a memory-mapped buffer, whose files are laid out at construction: build it with
+        ``next_obs="none"``); later writes must then leave it out too.
         ``"once"``: observations are stored once; a transition's ``next_obs`` is read from the
         ``obs`` of the next step of the same stream, and where they differ (termination,
         truncation, reset, the newest step) from a side table, detected by comparing values at
@@ -472,7 +472,7 @@ class MultiAgentReplayBuffer:
         ``next_obs`` is left out (``None``) with ``next_obs="none"`` (pass ``done`` by keyword:
         ``add(obs, action, reward, done=done)``) and required otherwise; ``done`` is always
         required. A buffer with ``next_obs="auto"`` whose first write leaves it out becomes
-        ``next_obs="none"``.
+        ``next_obs="none"`` and warns once (:class:`NextObsDroppedWarning`).
         """
         if next_obs is None or done is None or self.next_obs == "none":
             next_obs = self._stand_in(obs, next_obs, done, "add")
