@@ -81,11 +81,16 @@ def _grouped_bars(
     path: Path,
     cases: list[str] | None = None,
     log: bool = False,
+    plain: bool = False,
 ) -> Path:
     """One group of bars per workload, one bar (and one colour) per case (a row field
     ``value``); with more than :data:`GROUPED_MAX_CASES` cases, one panel per workload with a
-    labelled horizontal bar per case instead, so that no two cases share a colour."""
+    labelled horizontal bar per case instead, so that no two cases share a colour. ``plain``:
+    cases named in plain words (:func:`marlbuf.bench.report.plain_case`)."""
+    from marlbuf.bench.report import plain_case
+
     plt = _plt()
+    name = plain_case if plain else str
     rows = record["rows"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     cases = cases or list(dict.fromkeys(r["case"] for r in rows))
@@ -118,10 +123,11 @@ def _grouped_bars(
             ax.set_xlabel(ylabel, fontsize=7)
             if log:
                 ax.set_xscale("log")
+                ax.xaxis.set_major_formatter(plain_numbers())
             ax.grid(axis="x", alpha=0.3)
             ax.tick_params(labelsize=7)
         axes[0][0].set_yticks(positions)
-        axes[0][0].set_yticklabels(cases, fontsize=7)
+        axes[0][0].set_yticklabels([name(c) for c in cases], fontsize=7)
         fig.suptitle(wrapped(full_title, fig.get_figwidth(), 9), fontsize=9)
     else:
         colors = plt.get_cmap("tab10").colors
@@ -130,12 +136,13 @@ def _grouped_bars(
         for i, case in enumerate(cases):
             ys = [value_of(w, case) or 0.0 for w in workloads]
             xs = [j + (i - (len(cases) - 1) / 2) * width for j in range(len(workloads))]
-            ax.bar(xs, ys, width, label=case, color=colors[i % len(colors)])
+            ax.bar(xs, ys, width, label=name(case), color=colors[i % len(colors)])
         ax.set_xticks(range(len(workloads)))
         ax.set_xticklabels(workloads)
         ax.set_ylabel(ylabel)
         if log:
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain_numbers())
         ax.set_title(wrapped(full_title, fig.get_figwidth(), 9), fontsize=9)
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
         ax.grid(axis="y", alpha=0.3)
@@ -164,6 +171,7 @@ def plot_layout(record: dict[str, Any], out: Path) -> Path:
         "speed-up (higher is better)",
         out / "layout.png",
         cases=["agent_major", "interleaved", "interleaved+split"],
+        plain=True,
     )
 
 
@@ -172,10 +180,11 @@ def plot_peers(record: dict[str, Any], out: Path) -> Path:
     return _grouped_bars(
         record,
         "time_vs_marlbuf_uniform",
-        "Sampling round vs peers, time / marlbuf interleaved+uniform",
+        "MADDPG sampling round against peers, time / marlbuf with its defaults",
         "relative time (lower is better, log)",
         out / "peers.png",
         log=True,
+        plain=True,
     )
 
 

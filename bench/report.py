@@ -6,7 +6,7 @@ arrays, openai/maddpg's list of tuples, cpprb, TorchRL, padded episode buffers) 
 plain words, as "x faster" and memory, with the figure. The guard's pass/fail checks follow in
 their own section, each check explained, with the machine's copy bandwidth. Then every suite:
 its configuration and summary are tables whose numbers have three significant figures and
-whose units stand in the headers; its case names are read out in plain words beneath it. A
+whose units stand in the headers; the terms of its case names are explained beneath it. A
 quick run (one seed, few repeats) says once that its figures indicate and do not decide, and
 withholds the verdicts that need several seeds.
 """
@@ -230,7 +230,8 @@ def withhold_verdict_columns(markdown: str) -> str:
 
 
 #: Short plain words for the parts of case names (``neighbor<n>``: any run length), used where a
-#: case is named for a reader who does not know the suites (the headline, the figures).
+#: case is named for a reader who does not know the suites (the headline, the legends of the
+#: peers and layout figures).
 PLAIN_TERMS: dict[str, str] = {
     "list_of_tuples": "openai/maddpg's list of tuples",
     "numpy_per_agent": "per-agent NumPy arrays",
