@@ -654,8 +654,8 @@ def guard_section(path: Path, quick: bool) -> list[str]:
         "",
         "Each check is a ratio of two cases timed in the same process (rounds rotated, ratios "
         "paired per round, the median taken), against a limit the default path is meant to "
-        "hold. The limits were set on 2-core machines at full sizes; whether a machine meets "
-        "them depends on its memory system"
+        "hold (the limits are targets, stated in `marlbuf.bench.guard`). Whether a machine "
+        "meets them depends on its memory system"
         + (
             f" (this one copies {number(float(bandwidth))} GB/s: memory-bound checks such as "
             "the neighbor and bare-gather ratios move with it)"
