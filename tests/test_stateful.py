@@ -170,11 +170,8 @@ def make_machine(
             """Whether ``sample(batch_size)`` must succeed (else it must raise ValueError)."""
             if batch_size < 1 or self.size == 0:
                 return False
-            if batch_size > self.size and sampler_kind not in (
-                "prioritized",
-                "prioritized_neighbor",
-            ):
-                return False  # Uniform and Neighbor refuse a batch larger than the stored data
+            if batch_size > self.size and sampler_kind in ("uniform_noreplace", "neighbor"):
+                return False  # draws of distinct slots: at most the stored data
             if sampler_kind == "neighbor":
                 if batch_size % self.run_length:
                     return False
