@@ -363,7 +363,7 @@ class TensorDictLayout:
                 units = getattr(batch, leaf.field)[leaf.slot]
             if isinstance(units, np.ndarray):
                 units = torch.from_numpy(units)
-            tensors[leaf.key] = units.view(leaf.dtype).reshape(*lead, *leaf.shape)
+            tensors[leaf.key] = units.view(leaf.dtype).reshape((*lead, *leaf.shape))
         return self.build(tensors, lead, device)
 
     def empty(self, lead: tuple[int, ...], device: torch.device | None) -> TensorDictBase:

@@ -58,7 +58,7 @@ class Randomness:
         return self.generator
 
     def state_dict(self) -> dict[str, Any] | None:
-        return None if self.generator is None else self.generator.bit_generator.state
+        return None if self.generator is None else dict(self.generator.bit_generator.state)
 
     def load_state_dict(self, state: Any) -> None:
         if state is None:
@@ -402,14 +402,19 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
                 "a stored item has priority 0 (eps=0 and a zero priority): its importance "
                 "weight would be infinite; use eps > 0"
             )
-        leaves = self.priorities.trees.leaves(0)[indices]
+        leaves = self.leaves()[indices]
         return indices, (leaves / smallest) ** -self._beta
+
+    def leaves(self) -> np.ndarray:
+        """The tree's leaves, ``(p + eps) ** alpha`` per slot (a view: shape
+        (max_capacity,), float64; 0 for slots never written)."""
+        return np.asarray(self.priorities.trees.leaves(0))
 
     def priority(self, index: Any) -> torch.Tensor:
         """The tree's value ``(p + eps) ** alpha`` of each item of ``index`` (float64; 0 for
         slots never written)."""
         slots = self._checked_slots(_slot_array(index))
-        return torch.from_numpy(self.priorities.trees.leaves(0)[slots].copy())
+        return torch.from_numpy(self.leaves()[slots])
 
     # --------------------------------------------------------------- priorities
     def _checked_slots(self, slots: np.ndarray) -> np.ndarray:
@@ -469,11 +474,11 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
 
     def _copy_leaves(self, slots: np.ndarray) -> None:
         """Bring the min-tree's leaves of ``slots`` up to the sum-tree's."""
-        leaves = np.ascontiguousarray(self.priorities.trees.leaves(0)[slots])
+        leaves = np.ascontiguousarray(self.leaves()[slots])
         set_min_leaves(self.min_tree, self.leaf_offset, np.ascontiguousarray(slots), leaves)
 
     def _rebuild_min_tree(self) -> None:
-        leaves = self.priorities.trees.leaves(0)
+        leaves = self.leaves()
         written = self.write_generation >= 0
         self.min_tree[:] = np.inf
         view = self.min_tree[self.leaf_offset : self.leaf_offset + self._max_capacity]

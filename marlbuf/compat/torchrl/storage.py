@@ -159,6 +159,8 @@ class MarlbufStorage(TensorStorage):
 
     _default_checkpointer = MarlbufCheckpointer
     supports_conditional_update = False
+    #: torch device of the rows and samples (``"auto"`` until the first write settles it)
+    device: Any
 
     def __init__(
         self,
@@ -533,6 +535,7 @@ def _indices(index: Any, size: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """The item indices of ``get`` as flat int64 slots in ``[0, size)``, and the shape of the
     index (``()`` for one item): negative indices count from ``size``, as in a truncated
     ``LazyTensorStorage``; slices resolve against ``size``."""
+    lead: tuple[int, ...]
     if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
         flat, lead = np.array([int(index)], dtype=np.int64), ()
     elif isinstance(index, slice):
