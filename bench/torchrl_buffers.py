@@ -9,11 +9,14 @@ collector's ``traj_ids``), written as streams of 25-step episodes (a step's next
 is the following step's except at an episode's end). Every comparison is timed in one process,
 cases interleaved, medians of the repeats, as ratios to TorchRL's part in the same run:
 
-1. **storage get** of B = 1024 random indices: ``LazyTensorStorage.get`` vs
-   ``MarlbufStorage.get`` (the same index tensor), N = 3, 12, 24;
+1. **storage get** of B = 1024 random indices, N = 3, 12, 24: ``LazyTensorStorage.get`` vs
+   ``MarlbufStorage.get`` (the same index tensor) and ``MarlbufStorage(contiguous=False).get``
+   (leaves strided views of whole gathered rows), with the floor of any gather on this
+   machine: the batch's bytes over the copy bandwidth (``speedup_vs_torchrl`` of the floor is
+   the most any storage could gain here);
 2. **rb.sample()** end to end through ``TensorDictReplayBuffer``: ``LazyTensorStorage`` +
-   ``RandomSampler`` vs ``MarlbufStorage`` + ``RandomSampler`` and + ``MarlbufUniformSampler``
-   (memory order);
+   ``RandomSampler`` vs ``MarlbufStorage`` (both leaf layouts) + ``RandomSampler``, and +
+   ``MarlbufUniformSampler`` (memory order);
 3. **bytes per stored transition** of the same streams: ``LazyTensorStorage``'s tensors vs
    ``MarlbufStorage``'s rows, next-observation links and side table, and write generations;
 4. **prioritized sample + update** of B = 1024 at capacities 1e5 and 1e6:
@@ -23,8 +26,12 @@ cases interleaved, medians of the repeats, as ratios to TorchRL's part in the sa
    recorded);
 5. **the example's whole run** (``examples/torchrl_maddpg.py`` against
    ``examples/torchrl_maddpg_marlbuf.py``, same seed): seconds per phase, alternating the two
-   buffers after a warm-up run of each, and whether their losses are identical (same sampled
-   indices, same rows). Needs a checkout (the examples are not installed) and mpe2.
+   buffers after a warm-up run of each (Numba's kernels load from their cache once per
+   process: ``first_run_s``), the ratio of each repeat's pair (whole run, and the phases a
+   buffer takes part in: extend, sample, update), and whether their losses are identical (same
+   sampled indices, same rows). Collection (``PettingZooWrapper`` stepping mpe2) does not
+   touch the buffer and is most of a run. Needs a checkout (the examples are not installed)
+   and mpe2.
 """
 
 from __future__ import annotations
@@ -71,13 +78,13 @@ FULL: dict[str, Any] = {
     "per_repeats": 60,
     "run": {
         "n_iters": 6,
-        "frames_per_batch": 500,
-        "updates_per_iter": 50,
+        "frames_per_batch": 250,
+        "updates_per_iter": 40,
         "minibatch_size": 1024,
         "learning_starts": 1024,
         "memory_size": 1_000_000,
     },
-    "run_repeats": 3,
+    "run_repeats": 5,
 }
 
 
@@ -144,30 +151,35 @@ def mpe_streams(n_agents: int, steps: int, seed: int) -> Any:
 
 
 def _filled(n_agents: int, capacity: int) -> dict[str, Any]:
-    """``TensorDictReplayBuffer``s over TorchRL's and marlbuf's storages, holding the same
-    ``capacity`` transitions."""
+    """``TensorDictReplayBuffer``s over TorchRL's and marlbuf's storages (contiguous and
+    strided leaves), holding the same ``capacity`` transitions; marlbuf's memory-order sampler
+    shares the contiguous storage."""
     from torchrl.data import LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 
     from marlbuf.compat.torchrl import MarlbufStorage, MarlbufUniformSampler
 
-    buffers = {
-        "LazyTensorStorage+RandomSampler": TensorDictReplayBuffer(
-            storage=LazyTensorStorage(capacity), sampler=RandomSampler(), batch_size=BATCH
-        ),
-        "MarlbufStorage+RandomSampler": TensorDictReplayBuffer(
-            storage=MarlbufStorage(capacity), sampler=RandomSampler(), batch_size=BATCH
-        ),
-        "MarlbufStorage+MarlbufUniformSampler": TensorDictReplayBuffer(
-            storage=MarlbufStorage(capacity),
-            sampler=MarlbufUniformSampler(seed=0),
-            batch_size=BATCH,
-        ),
-    }
+    lazy = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(capacity), sampler=RandomSampler(), batch_size=BATCH
+    )
+    ours = TensorDictReplayBuffer(
+        storage=MarlbufStorage(capacity), sampler=RandomSampler(), batch_size=BATCH
+    )
     for start in range(0, capacity, CHUNK):
         chunk = mpe_streams(n_agents, min(CHUNK, capacity - start), seed=start)
-        for rb in buffers.values():
+        for rb in (lazy, ours):
             rb.extend(chunk.clone(False))  # the buffer writes "index" into what it extends
-    return buffers
+    strided = MarlbufStorage(capacity, contiguous=False)
+    strided.load_state_dict(ours.storage.state_dict())
+    return {
+        "LazyTensorStorage+RandomSampler": lazy,
+        "MarlbufStorage+RandomSampler": ours,
+        "MarlbufStorage(contiguous=False)+RandomSampler": TensorDictReplayBuffer(
+            storage=strided, sampler=RandomSampler(), batch_size=BATCH
+        ),
+        "MarlbufStorage+MarlbufUniformSampler": TensorDictReplayBuffer(
+            storage=ours.storage, sampler=MarlbufUniformSampler(seed=0), batch_size=BATCH
+        ),
+    }
 
 
 def _lazy_bytes(storage: Any) -> int:
@@ -187,11 +199,13 @@ def measure_storage(n_agents: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     buffers = _filled(n_agents, capacity)
     lazy = buffers["LazyTensorStorage+RandomSampler"]
     ours = buffers["MarlbufStorage+RandomSampler"]
+    strided = buffers["MarlbufStorage(contiguous=False)+RandomSampler"]
     index = torch.randint(0, capacity, (BATCH,), generator=torch.Generator().manual_seed(1))
     gets = time_interleaved(
         {
             "LazyTensorStorage.get": lambda: lazy.storage.get(index),
             "MarlbufStorage.get": lambda: ours.storage.get(index),
+            "MarlbufStorage(contiguous=False).get": lambda: strided.storage.get(index),
         },
         repeats=cfg["repeats"],
         warmup=2,
@@ -206,6 +220,22 @@ def measure_storage(n_agents: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     label = f"CN-{n_agents}"
     rows: list[dict[str, Any]] = []
     base = gets["LazyTensorStorage.get"]["median"]
+    batch = lazy.storage.get(index)
+    batch_bytes = sum(
+        leaf.numel() * leaf.element_size()
+        for leaf in batch.values(include_nested=True, leaves_only=True)
+    )
+    floor = batch_bytes / copy_bandwidth()  # the batch's bytes copied once at memcpy speed
+    rows.append(
+        {
+            "part": "storage get",
+            "workload": label,
+            "case": "floor: batch bytes / copy bandwidth",
+            "ms_median": 1e3 * floor,
+            "speedup_vs_torchrl": base / floor,
+            "batch_mb": batch_bytes / 1e6,
+        }
+    )
     for case, t in gets.items():
         rows.append(
             {
@@ -386,24 +416,40 @@ def measure_whole_run(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
             for name in order:
                 module = modules[name]
                 records[name].append(module.train(module.Config(**cfg["run"])).record)
-    rows = []
     phases = list(records["LazyTensorStorage"][0]["seconds"])
     medians = {
         name: {p: float(np.median([r["seconds"][p] for r in recs])) for p in phases}
         for name, recs in records.items()
     }
-    for name in modules:
-        rows.append(
-            {
-                "part": "example whole run",
-                "workload": "CN-3",
-                "case": name,
-                **{f"s_{p}": medians[name][p] for p in phases},
-                "s_median": medians[name]["total"],
-                "time_vs_torchrl": medians[name]["total"] / medians["LazyTensorStorage"]["total"],
-                "first_run_s": first[name]["total"],
-            }
-        )
+
+    def buffer_phases(record: dict[str, Any]) -> float:
+        seconds = record["seconds"]
+        return float(seconds["buffer_extend"] + seconds["buffer_sample"] + seconds["update"])
+
+    def paired(measure: Callable[[dict[str, Any]], float]) -> float:
+        pairs = zip(records["MarlbufStorage"], records["LazyTensorStorage"])
+        return float(np.median([measure(ours) / measure(theirs) for ours, theirs in pairs]))
+
+    ratios = {
+        "MarlbufStorage": (
+            paired(lambda r: float(r["seconds"]["total"])),
+            paired(buffer_phases),
+        ),
+        "LazyTensorStorage": (1.0, 1.0),
+    }
+    rows = [
+        {
+            "part": "example whole run",
+            "workload": "CN-3",
+            "case": name,
+            **{f"s_{p}": medians[name][p] for p in phases},
+            "s_median": medians[name]["total"],
+            "time_vs_torchrl": ratios[name][0],
+            "buffer_phases_vs_torchrl": ratios[name][1],
+            "first_run_s": first[name]["total"],
+        }
+        for name in modules
+    ]
     identical = all(
         a["losses"] == b["losses"]
         for a, b in zip(records["LazyTensorStorage"], records["MarlbufStorage"])
@@ -411,6 +457,7 @@ def measure_whole_run(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
     return rows, {
         "losses_identical": identical,
         "updates": len(records["MarlbufStorage"][0]["losses"]),
+        "repeats": cfg["run_repeats"],
     }
 
 
@@ -472,6 +519,15 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     summary = {
         "storage_get_speedup": pick("storage get", "MarlbufStorage.get", "speedup_vs_torchrl"),
         "sample_speedup": pick("rb.sample()", "MarlbufStorage+RandomSampler", "speedup_vs_torchrl"),
+        "storage_get_strided_speedup": pick(
+            "storage get", "MarlbufStorage(contiguous=False).get", "speedup_vs_torchrl"
+        ),
+        "storage_get_floor_speedup": pick(
+            "storage get", "floor: batch bytes / copy bandwidth", "speedup_vs_torchrl"
+        ),
+        "sample_strided_speedup": pick(
+            "rb.sample()", "MarlbufStorage(contiguous=False)+RandomSampler", "speedup_vs_torchrl"
+        ),
         "sample_memory_order_speedup": pick(
             "rb.sample()", "MarlbufStorage+MarlbufUniformSampler", "speedup_vs_torchrl"
         ),
@@ -500,9 +556,14 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             for r in rows
             if r["part"] == "example whole run"
         },
+        "whole_run_buffer_phases_vs_torchrl": {
+            r["case"]: round(r["buffer_phases_vs_torchrl"], 3)
+            for r in rows
+            if r["part"] == "example whole run"
+        },
     }
     tables = []
-    for part, columns in (
+    for table, columns in (
         ("storage get", ["workload", "case", "ms_median", "speedup_vs_torchrl"]),
         ("rb.sample()", ["workload", "case", "ms_median", "speedup_vs_torchrl"]),
         (
@@ -529,13 +590,14 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 "s_buffer_sample",
                 "s_update",
                 "time_vs_torchrl",
+                "buffer_phases_vs_torchrl",
                 "first_run_s",
             ],
         ),
     ):
-        part_rows = [r for r in rows if r["part"] == part]
-        if part_rows:
-            tables.append(f"{part}:\n\n" + markdown_table(part_rows, columns))
+        table_rows = [r for r in rows if r["part"] == table]
+        if table_rows:
+            tables.append(f"{table}:\n\n" + markdown_table(table_rows, columns))
     return {
         "config": {
             "batch_size": BATCH,

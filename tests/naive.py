@@ -754,23 +754,11 @@ def link_stream_steps(
 
 
 # =============================================================================================
-# Min-trees (marlbuf/_kernels/mintree.py)
+# Block minima (marlbuf/_kernels/blockmin.py)
 # =============================================================================================
 
 
-def naive_min_tree(leaves: np.ndarray, leaf_offset: int) -> np.ndarray:
-    """A whole min-tree built level by level from ``leaves`` (shape (capacity,)); the leaves
-    past ``capacity`` are ``+inf``."""
-    tree = np.full(2 * leaf_offset, np.inf, dtype=np.float64)
-    tree[leaf_offset : leaf_offset + leaves.shape[0]] = leaves
-    level_start = leaf_offset
-    while level_start > 1:
-        children = tree[level_start : 2 * level_start].reshape(-1, 2)
-        tree[level_start // 2 : level_start] = children.min(axis=1)
-        level_start //= 2
-    return tree
-
-
-def naive_range_min(leaves: np.ndarray, start: int, stop: int) -> float:
-    """The smallest of ``leaves[start:stop]`` (``+inf`` when the range is empty)."""
-    return float(leaves[start:stop].min()) if stop > start else float("inf")
+def naive_written_min(leaves: np.ndarray, written: np.ndarray) -> float:
+    """The smallest of ``leaves`` where ``written >= 0`` (``+inf`` when none is written)."""
+    chosen = leaves[written >= 0]
+    return float(chosen.min()) if chosen.size else float("inf")

@@ -21,7 +21,7 @@ pytest.importorskip("torchrl")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from naive import naive_min_tree, naive_range_min  # noqa: E402
+from naive import naive_written_min  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.data import (  # noqa: E402
     LazyTensorStorage,
@@ -32,7 +32,7 @@ from torchrl.data import (  # noqa: E402
     TensorStorage,
 )
 
-from marlbuf._kernels.mintree import range_min, rebuild_min, set_min_leaves  # noqa: E402
+from marlbuf._kernels.blockmin import lower_block_mins, refresh_block_mins  # noqa: E402
 from marlbuf.compat import NotEnoughDataError  # noqa: E402
 from marlbuf.compat.torchrl import (  # noqa: E402
     EXCLUDED_KEYS,
@@ -211,6 +211,7 @@ def make_data(structure: dict[str, Any], steps: int, seed: int, breaks: float) -
     chunks=st.lists(st.integers(1, 20), min_size=1, max_size=5),
     breaks=st.sampled_from([0.0, 0.2, 1.0]),
     next_obs=st.sampled_from(["auto", "once", "stored"]),
+    contiguous=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_storage_equals_lazy_tensor_storage_bit_for_bit(
@@ -219,9 +220,10 @@ def test_storage_equals_lazy_tensor_storage_bit_for_bit(
     chunks: list[int],
     breaks: float,
     next_obs: str,
+    contiguous: bool,
     seed: int,
 ) -> None:
-    ours, ref = pair(capacity, next_obs=next_obs)
+    ours, ref = pair(capacity, next_obs=next_obs, contiguous=contiguous)
     for i, steps in enumerate(chunks):
         data = make_data(structure, steps, seed + i, breaks)
         assert torch.equal(ours.extend(data.clone()), ref.extend(data.clone()))
@@ -267,6 +269,11 @@ def test_sampled_leaves_are_contiguous_views_of_one_gathered_block() -> None:
     start = min(t.data_ptr() for t in leaves)
     stop = max(t.data_ptr() + t.numel() * t.element_size() for t in leaves)
     assert stop - start < 1.1 * sum(t.numel() * t.element_size() for t in leaves)
+    strided = MarlbufStorage(100, contiguous=False)
+    strided.set(torch.arange(50), maddpg_td(50))
+    observation = strided.get(torch.arange(16))["agents", "observation"]
+    assert not observation.is_contiguous()  # a view of whole gathered rows
+    assert torch.equal(observation, sample["agents", "observation"])
 
 
 def test_no_next_keys_stores_without_next_observations() -> None:
@@ -500,8 +507,9 @@ def test_memory_mapped_rows(tmp_path: Any) -> None:
     rb.storage.buffer.close()
 
 
-def test_torch_backend_on_the_cpu_equals_the_numpy_one() -> None:
-    ours, ref = pair(40, backend="torch")
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_torch_backend_on_the_cpu_equals_the_numpy_one(contiguous: bool) -> None:
+    ours, ref = pair(40, backend="torch", contiguous=contiguous)
     for seed in range(3):
         data = maddpg_td(25, seed=seed)
         ours.extend(data)
@@ -569,23 +577,24 @@ def test_prioritized_sampler_overrides_what_touches_torchrls_trees() -> None:
 
 
 # ------------------------------------------------------------------------------ samplers
-def test_min_tree_kernels_against_the_naive_twin() -> None:
+def test_block_minima_against_the_naive_twin() -> None:
     rng = np.random.default_rng(0)
-    for capacity in (1, 5, 8, 13, 100):
-        offset = 1 << max(0, (capacity - 1).bit_length())
-        leaves = rng.random(capacity)
-        tree = np.full(2 * offset, np.inf)
-        tree[offset : offset + capacity] = leaves
-        rebuild_min(tree, offset)
-        np.testing.assert_array_equal(tree[1:], naive_min_tree(leaves, offset)[1:])
-        for _ in range(20):
+    for capacity, block in ((1, 1), (5, 2), (13, 4), (100, 8), (64, 64)):
+        n_blocks = -(-capacity // block)
+        leaves = np.zeros(capacity)
+        written = np.full(capacity, -1, dtype=np.int64)
+        block_min = np.full(n_blocks, np.inf)
+        block_arg = np.full(n_blocks, -1, dtype=np.int64)
+        dirty = np.zeros(n_blocks, dtype=np.bool_)
+        for step in range(60):
             slots = rng.integers(0, capacity, size=rng.integers(1, 6))
-            values = rng.random(slots.shape[0])
-            set_min_leaves(tree, offset, slots, values)
-            leaves[slots] = values  # the last duplicate wins in both
-            np.testing.assert_array_equal(tree[1:], naive_min_tree(leaves, offset)[1:])
-            start, stop = sorted(rng.integers(0, capacity + 1, size=2))
-            assert range_min(tree, offset, start, stop) == naive_range_min(leaves, start, stop)
+            values = rng.choice([0.5, 1.0, 2.0, 3.0], size=slots.shape[0])  # ties too
+            leaves[slots] = values  # the last duplicate wins
+            written[slots] = step
+            lower_block_mins(block_min, block_arg, dirty, slots, leaves[slots], block)
+            if rng.random() < 0.5:
+                got = refresh_block_mins(leaves, written, block_min, block_arg, dirty, block)
+                assert got == naive_written_min(leaves, written)
 
 
 def prioritized_buffer(capacity: int, **kwargs: Any) -> Any:

@@ -73,3 +73,38 @@ def test_both_buffers_train_with_identical_losses() -> None:
         records.append(module.train(module.Config(**tiny)).record)
     assert len(records[0]["losses"]) == 6
     assert records[0]["losses"] == records[1]["losses"]  # same indices, same rows, same losses
+
+
+def test_the_torchrl_bench_suite_runs_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    from marlbuf.bench import cli, torchrl_buffers
+
+    assert cli.SUITES["torchrl"] == "marlbuf.bench.torchrl_buffers"
+    tiny = {
+        "agents": [3],
+        "capacity": 2_000,
+        "repeats": 2,
+        "per_capacities": [5_000],
+        "per_repeats": 2,
+        "run": {
+            "n_iters": 2,
+            "frames_per_batch": 50,
+            "updates_per_iter": 2,
+            "minibatch_size": 32,
+            "learning_starts": 32,
+            "memory_size": 500,
+            "hidden": 16,
+        },
+        "run_repeats": 1,
+    }
+    monkeypatch.setattr(torchrl_buffers, "QUICK", tiny)
+    payload = torchrl_buffers.run(quick=True, progress=False)
+    parts = {row["part"] for row in payload["rows"]}
+    assert parts == {
+        "storage get",
+        "rb.sample()",
+        "bytes per transition",
+        "prioritized sample+update",
+        "example whole run",
+    }
+    assert payload["summary"]["whole_run"]["losses_identical"] is True
+    assert 0 < payload["summary"]["memory_vs_torchrl"]["CN-3"] < 1

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torchrl.data.replay_buffers import PrioritizedSampler, Sampler
 
-from marlbuf._kernels.mintree import range_min, rebuild_min, set_min_leaves
+from marlbuf._kernels.blockmin import lower_block_mins, refresh_block_mins
 from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat.torchrl.storage import to_numpy_tree, to_torch_tree
 from marlbuf.prioritized import finite_float
@@ -31,6 +31,9 @@ REDUCTIONS = ("max", "min", "median", "mean")
 
 #: the largest seed drawn from a torch generator for one draw
 SEED_BOUND = 2**62
+
+#: slots per block of the smallest-priority bookkeeping (:mod:`marlbuf._kernels.blockmin`)
+MIN_BLOCK = 1024
 
 
 class Randomness:
@@ -221,8 +224,8 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
     * Written items (``mark_update``, called by the writer) get the running maximum priority
       ``max(1, every p so far)``, as ``PrioritizedSampler`` gives them ``default_priority``.
     * ``info["priority_weight"]`` is ``(P(i) / min_k P(k)) ** -beta`` over the stored items
-      (TorchRL's normalisation, by the smallest priority stored, from a float64 min-tree),
-      in ``dtype``.
+      (TorchRL's normalisation, by the smallest priority of the items written, kept per
+      block of slots: :mod:`marlbuf._kernels.blockmin`), in ``dtype``.
     * Stale priorities: an update for a slot written since the draw that returned it is
       dropped (the sampler counts writes per slot; the last :data:`DRAWS_KEPT` draws are kept,
       so updates in any order, prefetched batches included, are judged against their own
@@ -302,8 +305,10 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         self.priorities.bind(self._max_capacity, 1)
         # TorchRL's first default priority is 1, entering the tree as (1 + eps) ** alpha
         self.priorities.raise_max_priority(np.array([1.0 + self._eps]))
-        self.leaf_offset = 1 << max(0, (self._max_capacity - 1).bit_length())
-        self.min_tree = np.full(2 * self.leaf_offset, np.inf, dtype=np.float64)
+        n_blocks = -(-self._max_capacity // MIN_BLOCK)
+        self.block_min = np.full(n_blocks, np.inf, dtype=np.float64)
+        self.block_arg = np.full(n_blocks, -1, dtype=np.int64)
+        self.block_dirty = np.zeros(n_blocks, dtype=np.bool_)
         self.write_generation = np.full(self._max_capacity, -1, dtype=np.int64)
         self.writes = 0
         self.draws: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=DRAWS_KEPT)
@@ -351,7 +356,7 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         priorities.bind(self._max_capacity, 1)
         priorities.load_state_dict(state)
         self.priorities, self._alpha = priorities, value
-        self._rebuild_min_tree()
+        self._forget_minima()
 
     @property
     def beta(self) -> float:
@@ -396,7 +401,7 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         self, batch_size: int, size: int, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
         indices, _ = self.priorities.sample(batch_size, size, rng, 0)
-        smallest = range_min(self.min_tree, self.leaf_offset, 0, size)
+        smallest = self.smallest()
         if not smallest > 0.0:
             raise ValueError(
                 "a stored item has priority 0 (eps=0 and a zero priority): its importance "
@@ -404,6 +409,20 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
             )
         leaves = self.leaves()[indices]
         return indices, (leaves / smallest) ** -self._beta
+
+    def smallest(self) -> float:
+        """The smallest tree value ``(p + eps) ** alpha`` of the items written (``+inf``
+        before any): what the importance weights are normalised by."""
+        return float(
+            refresh_block_mins(
+                self.leaves(),
+                self.write_generation,
+                self.block_min,
+                self.block_arg,
+                self.block_dirty,
+                MIN_BLOCK,
+            )
+        )
 
     def leaves(self) -> np.ndarray:
         """The tree's leaves, ``(p + eps) ** alpha`` per slot (a view: shape
@@ -425,12 +444,13 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
             )
         return slots
 
-    def _stale(self, slots: np.ndarray) -> np.ndarray:
-        """Which of ``slots`` were written since the kept draw they equal (none when they
-        equal no kept draw: priorities set explicitly)."""
+    def _stale(self, slots: np.ndarray, current: np.ndarray) -> np.ndarray:
+        """Which of ``slots`` (whose write generations are ``current`` now) were written since
+        the kept draw they equal (none when they equal no kept draw: priorities set
+        explicitly)."""
         for drawn, generations in reversed(self.draws):
             if drawn.shape == slots.shape and np.array_equal(drawn, slots):
-                return self.write_generation[slots] != generations
+                return current != generations
         return np.zeros(slots.shape, dtype=np.bool_)
 
     @torch.no_grad()
@@ -457,7 +477,13 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         if not slots.size:
             return
         slots = self._checked_slots(slots)
-        self.priorities.update_priorities(slots, values, 0, self._stale(slots))
+        current = self.write_generation[slots]
+        self.priorities.update_priorities(slots, values, 0, self._stale(slots, current))
+        fresh = slots[current < 0]
+        if fresh.size:  # a priority set before any write: the slot now counts as written
+            fresh = np.unique(fresh)
+            self.write_generation[fresh] = self.writes + np.arange(fresh.size, dtype=np.int64)
+            self.writes += int(fresh.size)
         self._copy_leaves(slots)
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
@@ -473,17 +499,16 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         self.writes += int(slots.shape[0])
 
     def _copy_leaves(self, slots: np.ndarray) -> None:
-        """Bring the min-tree's leaves of ``slots`` up to the sum-tree's."""
+        """Bring the block minima up to the tree's leaves at ``slots``."""
+        slots = np.ascontiguousarray(slots)
         leaves = np.ascontiguousarray(self.leaves()[slots])
-        set_min_leaves(self.min_tree, self.leaf_offset, np.ascontiguousarray(slots), leaves)
+        lower_block_mins(self.block_min, self.block_arg, self.block_dirty, slots, leaves, MIN_BLOCK)
 
-    def _rebuild_min_tree(self) -> None:
-        leaves = self.leaves()
-        written = self.write_generation >= 0
-        self.min_tree[:] = np.inf
-        view = self.min_tree[self.leaf_offset : self.leaf_offset + self._max_capacity]
-        view[written] = leaves[written]
-        rebuild_min(self.min_tree, self.leaf_offset)
+    def _forget_minima(self) -> None:
+        """Every block minimum is recomputed at the next draw."""
+        self.block_min[:] = np.inf
+        self.block_arg[:] = -1
+        self.block_dirty[:] = True
 
     def add(self, index: Any) -> None:
         return None
@@ -551,7 +576,7 @@ class MarlbufPrioritizedSampler(PrioritizedSampler):
         self.write_generation = generation.copy()
         self.writes = int(state["writes"])
         self.draws.clear()
-        self._rebuild_min_tree()
+        self._forget_minima()
 
     def dumps(self, path: Any) -> None:
         """Write the state into folder ``path``: ``marlbuf_sampler.json`` and

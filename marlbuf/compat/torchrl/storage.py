@@ -127,6 +127,12 @@ class MarlbufStorage(TensorStorage):
     backend : {"numpy", "torch"}, optional
         Where rows live: NumPy arrays (default on the CPU; the only one with ``path=``) or one
         torch tensor (the default, and the only one, on other devices).
+    contiguous : bool, default True
+        ``True``: every leaf of a sampled TensorDict is a contiguous tensor (as
+        ``LazyTensorStorage``'s are), written so by the gather. ``False``: the gather copies
+        whole rows (marlbuf's fastest gather, about twice as fast for wide rows) and every leaf
+        is a strided view into them: its row stride is the whole row, so ``.view()`` on it
+        fails (``.reshape()`` works) and operations read it strided.
     checkpointer : StorageCheckpointerBase, optional
         Defaults to :class:`MarlbufCheckpointer`.
 
@@ -171,6 +177,7 @@ class MarlbufStorage(TensorStorage):
         path: str | os.PathLike[str] | None = None,
         exclude_keys: Sequence[str] = EXCLUDED_KEYS,
         backend: str | None = None,
+        contiguous: bool = True,
         checkpointer: StorageCheckpointerBase | None = None,
     ) -> None:
         capacity = check_size(max_size)
@@ -182,6 +189,8 @@ class MarlbufStorage(TensorStorage):
             raise TypeError(
                 f"exclude_keys must be a sequence of key names (str); got {exclude_keys!r}"
             )
+        if not isinstance(contiguous, bool):
+            raise TypeError(f"contiguous must be a bool; got contiguous={contiguous!r}")
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}; got backend={backend!r}")
         if device != "auto":
@@ -207,6 +216,7 @@ class MarlbufStorage(TensorStorage):
         self.path = None if path is None else Path(path)
         self.exclude_keys = tuple(exclude_keys)
         self.backend = backend
+        self.contiguous = contiguous
 
     # ------------------------------------------------------------------ TorchRL's sizes
     @property
@@ -327,7 +337,7 @@ class MarlbufStorage(TensorStorage):
             sampler=Uniform(),
             seed=0,
             n_trainers=1,
-            batch_layout="per_agent",
+            batch_layout="per_agent" if self.contiguous else "rows",
             next_obs=self.next_obs if layout.has_next else "none",
             path=self.path,
             global_fields=layout.global_fields,
@@ -353,7 +363,10 @@ class MarlbufStorage(TensorStorage):
         device = None if self.device == "auto" else self.device
         if flat.shape[0] == 0 or self.buffer is None:  # no index, or an emptied storage
             return self.layout.empty(lead, device)
-        batch = self.buffer.gather(flat, fields=self.layout.gather_fields)
+        # contiguous leaves: the chosen fields carved into arrays of their own; strided ones:
+        # whole rows (the default gather, the fastest: one copy per row and section)
+        fields = self.layout.gather_fields if self.contiguous else None
+        batch = self.buffer.gather(flat, fields=fields)
         return self.layout.tensordict(batch, lead, device)
 
     # ------------------------------------------------------------------ state
