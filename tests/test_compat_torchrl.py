@@ -771,3 +771,12 @@ def test_a_replay_buffer_generator_decides_the_draws() -> None:
         rb.extend(maddpg_td(90))
         drawn.append([rb.sample()["index"] for _ in range(3)])
     assert all(torch.equal(a, b) for a, b in zip(*drawn))
+
+
+def test_the_storage_docstring_example_runs() -> None:
+    import doctest
+
+    import marlbuf.compat.torchrl.storage as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

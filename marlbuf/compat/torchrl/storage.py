@@ -153,7 +153,7 @@ class MarlbufStorage(TensorStorage):
     >>> obs = torch.arange(33.0).reshape(11, 1, 3).expand(11, 2, 3)
     >>> data = TensorDict({"agents": {"observation": obs[:-1]},
     ...                    "next": {"agents": {"observation": obs[1:]}}}, batch_size=[10])
-    >>> rb = TensorDictReplayBuffer(storage=MarlbufStorage(100), batch_size=4)
+    >>> rb = TensorDictReplayBuffer(storage=MarlbufStorage(100, next_obs="once"), batch_size=4)
     >>> rb.extend(data).tolist()
     [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     >>> rb.storage.get(torch.tensor([2, 9]))["next", "agents", "observation"][:, 0]
