@@ -396,6 +396,9 @@ def test_bad_arguments_are_refused() -> None:
         MarlbufStorage(0)
     with pytest.raises(TypeError, match="exclude_keys"):
         MarlbufStorage(10, exclude_keys="td_error")
+    if not HAS_CUDA:
+        with pytest.raises(ValueError, match=r"torch.cuda.is_available\(\) is False"):
+            MarlbufStorage(10, device="cuda")
     with pytest.raises(ValueError, match="path= keeps rows"):
         MarlbufStorage(10, path="x", backend="torch")
     with pytest.raises(TypeError, match="stores TensorDicts"):

@@ -195,6 +195,11 @@ class MarlbufStorage(TensorStorage):
             raise ValueError(f"backend must be one of {BACKENDS}; got backend={backend!r}")
         if device != "auto":
             device = torch.device(device)
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(
+                    f"device={str(device)!r} but torch.cuda.is_available() is False: use "
+                    "device='cpu' (rows in host memory)"
+                )
             if device.type == "cuda" and device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             if device.type != "cpu" and backend == "numpy":
@@ -292,8 +297,9 @@ class MarlbufStorage(TensorStorage):
             layout = TensorDictLayout.from_data(data, 1, self.exclude_keys)
         tensors = layout.check(data, 1)
         buffer, created = self.buffer, False
+        device = self._resolved_device(_data_device(data))
         if buffer is None:
-            buffer, created = self._make_buffer(layout, _data_device(data)), True
+            buffer, created = self._make_buffer(layout, device), True
         steps = slots.shape[0]
         expected = (buffer.cursor + np.arange(steps, dtype=np.int64)) % self.max_size
         try:
@@ -311,7 +317,7 @@ class MarlbufStorage(TensorStorage):
             if created:
                 self._discard(buffer)
             raise
-        self.layout, self.buffer = layout, buffer
+        self.layout, self.buffer, self.device = layout, buffer, device
         set_last = getattr(self, "_set_last_cursor", None)
         if set_last is not None:
             set_last(cursor)
@@ -321,16 +327,18 @@ class MarlbufStorage(TensorStorage):
         if bump is not None:
             bump()
 
-    def _make_buffer(self, layout: TensorDictLayout, data_device: torch.device) -> Any:
-        """A new marlbuf buffer for ``layout`` (``device="auto"`` settles on ``data_device``)."""
-        device = data_device if self.device == "auto" else self.device
+    def _resolved_device(self, data_device: torch.device) -> torch.device:
+        """The rows' device: this storage's, or with ``device="auto"`` the data's."""
+        return data_device if self.device == "auto" else self.device
+
+    def _make_buffer(self, layout: TensorDictLayout, device: torch.device) -> Any:
+        """A new marlbuf buffer for ``layout`` with its rows on ``device``."""
         backend = self.backend or ("numpy" if device.type == "cpu" else "torch")
         if device.type != "cpu" and backend == "numpy":
             raise ValueError(
                 f"backend='numpy' keeps rows in host memory; the data is on {device}: pass "
                 "device='cpu' (rows on the host) or leave backend out"
             )
-        self.device = device
         return MultiAgentReplayBuffer(
             layout.specs,
             self.max_size,
@@ -424,14 +432,14 @@ class MarlbufStorage(TensorStorage):
                 )
             old.load_state_dict(buffer_state)
             return
-        device = torch.device("cpu") if self.device == "auto" else self.device
+        device = self._resolved_device(torch.device("cpu"))
         new = self._make_buffer(layout, device)
         try:
             new.load_state_dict(buffer_state)
         except BaseException:
             self._discard(new)
             raise
-        self.layout, self.buffer = layout, new
+        self.layout, self.buffer, self.device = layout, new, device
 
     def save_folder(self, path: Any) -> None:
         """Write this storage into folder ``path`` (created if missing): ``layout.json`` and,
