@@ -116,7 +116,29 @@ def _load_json(path: Any, name: str) -> Any:
         ) from exc
 
 
-class MarlbufUniformSampler(Sampler):
+class SeededSampler(Sampler):
+    """A TorchRL sampler of marlbuf's whose only state is its generator (:class:`Randomness`):
+    saved by ``state_dict`` and ``dumps`` (``marlbuf_sampler.json``), nothing to empty."""
+
+    randomness: Randomness
+
+    def _empty(self) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.randomness.state_dict()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self.randomness.load_state_dict(state_dict.get("rng"))
+
+    def dumps(self, path: Any) -> None:
+        _save_json(path, "marlbuf_sampler.json", self.state_dict())
+
+    def loads(self, path: Any) -> None:
+        self.load_state_dict(_load_json(path, "marlbuf_sampler.json"))
+
+
+class MarlbufUniformSampler(SeededSampler):
     """Uniform draws, by default in memory order (marlbuf's :class:`~marlbuf.samplers.Uniform`):
     a TorchRL sampler in the place of ``RandomSampler``.
 
@@ -143,26 +165,11 @@ class MarlbufUniformSampler(Sampler):
         indices, _ = self.uniform.sample(self.uniform.check_batch_size(batch_size), size, rng)
         return torch.from_numpy(indices), {}
 
-    def _empty(self) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.randomness.state_dict()}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self.randomness.load_state_dict(state_dict.get("rng"))
-
-    def dumps(self, path: Any) -> None:
-        _save_json(path, "marlbuf_sampler.json", self.state_dict())
-
-    def loads(self, path: Any) -> None:
-        self.load_state_dict(_load_json(path, "marlbuf_sampler.json"))
-
     def __repr__(self) -> str:
         return f"MarlbufUniformSampler({self.uniform.config()})"
 
 
-class MarlbufNeighborSampler(Sampler):
+class MarlbufNeighborSampler(SeededSampler):
     """Cache-locality neighbor sampling (marlbuf's :class:`~marlbuf.samplers.Neighbor`): a
     batch of ``B`` rows is ``B / run_length`` runs of ``run_length`` consecutive items, whose
     starts are uniform without replacement (every stored item equally likely once the ring is
@@ -190,21 +197,6 @@ class MarlbufNeighborSampler(Sampler):
         rng = self.randomness.draw(self._rng)
         indices, _ = self.neighbor.sample(self.neighbor.check_batch_size(batch_size), size, rng)
         return torch.from_numpy(indices), {}
-
-    def _empty(self) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.randomness.state_dict()}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self.randomness.load_state_dict(state_dict.get("rng"))
-
-    def dumps(self, path: Any) -> None:
-        _save_json(path, "marlbuf_sampler.json", self.state_dict())
-
-    def loads(self, path: Any) -> None:
-        self.load_state_dict(_load_json(path, "marlbuf_sampler.json"))
 
     def __repr__(self) -> str:
         return f"MarlbufNeighborSampler(run_length={self.neighbor.run_length})"
@@ -706,4 +698,5 @@ __all__ = [
     "MarlbufPrioritizedSampler",
     "MarlbufUniformSampler",
     "Randomness",
+    "SeededSampler",
 ]
