@@ -70,6 +70,7 @@ SUITES: dict[str, str] = {
     "concurrency": "marlbuf.bench.concurrency",
     "precision": "marlbuf.bench.precision",
     "sequences": "marlbuf.bench.sequences",
+    "torchrl": "marlbuf.bench.torchrl_buffers",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

@@ -751,3 +751,14 @@ def link_stream_steps(
                 index["next_slot"][prev] = slot
     _, ident, number, _ = out[-1]
     return next_episode, ident, number, breaks
+
+
+# =============================================================================================
+# Block minima (marlbuf/_kernels/blockmin.py)
+# =============================================================================================
+
+
+def naive_written_min(leaves: np.ndarray, written: np.ndarray) -> float:
+    """The smallest of ``leaves`` where ``written >= 0`` (``+inf`` when none is written)."""
+    chosen = leaves[written >= 0]
+    return float(chosen.min()) if chosen.size else float("inf")
