@@ -42,6 +42,18 @@ SEARCH_CHUNK_MIN = 32
 #: two threads, while 576-byte rows x 1024 (0.6 MB) were 0.9x (thread start-up dominates).
 PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
 
+#: Row gathers prefetch the rows they will copy next (``_kernels.memops``): rows whose first
+#: bytes are this far ahead of the row being copied (at least one row), and at most
+#: ``PREFETCH_LINES`` cache lines of each (the hardware follows a long row once started).
+PREFETCH_AHEAD_BYTES = 4096
+PREFETCH_LINES = 16
+
+#: Row gathers write whole output lines with non-temporal (streaming) stores when the batch
+#: block is at least this large: such a block does not stay in the cache anyway, and a plain
+#: store first reads each output line into the cache (read-for-ownership), moving its bytes
+#: twice. Smaller blocks are written through the cache, where the learner then finds them.
+STREAMING_STORE_MIN_BYTES = 4 * 1024 * 1024
+
 #: The general gather (per-agent batches, float16 -> float32) copies the rows of a block into a
 #: staging area of about this many bytes (kept in cache), then applies its plan to them
 #: segment by segment; at least ``GATHER_BLOCK_MIN_ROWS`` rows per block (wide rows: the

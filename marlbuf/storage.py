@@ -29,6 +29,7 @@ from marlbuf._kernels import (
     gather_rows_parallel,
     gather_segments,
     gather_spans,
+    gather_words,
     scatter_lean,
     scatter_rows,
 )
@@ -146,6 +147,15 @@ def available_memory_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+def copy_options(row_bytes: int, out_nbytes: int) -> tuple[int, int, bool]:
+    """The copy settings of a row gather (:func:`marlbuf._kernels.gather_words` and the other
+    row kernels): rows prefetched ahead of the one copied and lines per row
+    (``_config.PREFETCH_AHEAD_BYTES``, ``PREFETCH_LINES``), and whether a block of
+    ``out_nbytes`` is written with streaming stores (``_config.STREAMING_STORE_MIN_BYTES``)."""
+    ahead = max(1, -(-_config.PREFETCH_AHEAD_BYTES // max(1, row_bytes)))
+    return ahead, _config.PREFETCH_LINES, out_nbytes >= _config.STREAMING_STORE_MIN_BYTES
 
 
 def ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
@@ -521,6 +531,14 @@ class Storage(ABC):
         if self.parallel_gather and out_nbytes >= _config.PARALLEL_GATHER_MIN_BYTES:
             return gather_rows_parallel
         return gather_rows
+
+    def _gather_table_rows(self, table: np.ndarray, indices: np.ndarray, block: np.ndarray) -> None:
+        """``block[i] = table[indices[i]]`` (uint64 rows of one width; -1: zeros): the
+        threaded kernel when opted in and the block is large, else :func:`gather_words`."""
+        if self.parallel_gather and block.nbytes >= _config.PARALLEL_GATHER_MIN_BYTES:
+            gather_rows_parallel(table, indices, block)
+            return
+        gather_words(table, indices, block, *copy_options(table.shape[1] * 8, block.nbytes))
 
     def _carving(self, n: int) -> tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]:
         """Per-agent output arrays of an ``n``-row batch inside one block: ``(field, agent,
@@ -1045,7 +1063,7 @@ class InterleavedStorage(Storage):
         rows = self.batch_layout == "rows"
         if rows and self.links is None and not self.converts:
             # stored rows are batch rows: one straight word copy per row
-            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            self._gather_table_rows(self.table, indices, block)
             return self.batch_codec.views(block), block
         links = self.links
         if rows and links is not None and not self.converts:
@@ -1065,6 +1083,7 @@ class InterleavedStorage(Storage):
                 tail_dst,
                 tail,
                 block,
+                *copy_options(self.table_row_bytes, block.nbytes),
             )
             return self.batch_codec.views(block), block
         self._run_segments(indices, self._plan(n), links, block.reshape(-1))
@@ -1083,7 +1102,7 @@ class InterleavedStorage(Storage):
         rows = self.batch_layout == "rows"
         if rows and select is self.default_select and self.rows_are_batch_rows:
             # next_obs="none", rows batch: stored rows are batch rows, one word copy per row
-            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            self._gather_table_rows(self.table, indices, block)
             return select.views(block), block
         plan, direct = self._selected_plan(select, n)
         kind, src, dst, length, step, _ = plan

@@ -18,6 +18,15 @@ def gather_rows(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.stack([table[i].copy() for i in indices]) if len(indices) else table[:0].copy()
 
 
+def gather_rows_or_zeros(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``table[indices]``, one row at a time, with a row of zeros for the index -1."""
+    out = np.zeros((len(indices), *table.shape[1:]), dtype=table.dtype)
+    for i, slot in enumerate(indices):
+        if slot >= 0:
+            out[i] = table[slot]
+    return out
+
+
 def scatter_rows(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """A copy of ``table`` with ``rows[i]`` written at ``slots[i]`` in order."""
     out = table.copy()

@@ -21,6 +21,52 @@ def test_gather_rows_matches_naive(dtype, capacity, width, batch):
     np.testing.assert_array_equal(out, naive.gather_rows(table, idx))
 
 
+@pytest.mark.parametrize("width", [1, 3, 8, 9, 37, 72])
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("ahead, lines", [(1, 1), (4, 16)])
+def test_gather_words_matches_naive(width, streaming, ahead, lines):
+    """Random rows, runs of consecutive slots (one span each), a run ending at the last slot
+    (no wrap into slot 0), rows of zeros (-1), every row width around a line, both store
+    kinds, into a block that starts off a line boundary as well as on one."""
+    from marlbuf._kernels import gather_words
+
+    capacity = 50
+    rng = np.random.default_rng(width)
+    table = rng.integers(0, 2**63, (capacity, width), dtype=np.uint64)
+    runs = [np.arange(5, 17), [capacity - 3, capacity - 2, capacity - 1, 0, 1], [-1, -1]]
+    idx = np.concatenate([rng.integers(0, capacity, 20), *runs, [3, -1, 4, 5]]).astype(np.int64)
+    raw = np.full(idx.shape[0] * width + 8, 7, np.uint64)
+    for skip in (0, 1, 3):
+        out = raw[skip : skip + idx.shape[0] * width].reshape(idx.shape[0], width)
+        out[:] = 7
+        gather_words(table, idx, out, ahead, lines, streaming)
+        np.testing.assert_array_equal(out, naive.gather_rows_or_zeros(table, idx))
+    gather_words(table, idx[:0], out[:0], ahead, lines, streaming)  # an empty batch
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_word_spans_match_slices(streaming):
+    """The span copies of every length up to three lines, at every source and destination
+    phase within a line: exactly the slice assignment, nothing outside it written."""
+    from numba import njit
+
+    from marlbuf._kernels.memops import move_words
+
+    @njit
+    def move(dst, dst0, src, src0, count, stream):
+        move_words(dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), stream)
+
+    src = np.arange(1, 65, dtype=np.uint64)
+    for count in range(25):
+        for src0 in range(8):
+            for dst0 in range(8):
+                dst = np.zeros(40, np.uint64)
+                move(dst, dst0, src, src0, count, streaming)
+                expected = np.zeros(40, np.uint64)
+                expected[dst0 : dst0 + count] = src[src0 : src0 + count]
+                np.testing.assert_array_equal(dst, expected)
+
+
 def test_gather_rows_empty_batch():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
     out = np.empty((0, 3), np.float32)
@@ -178,7 +224,8 @@ def test_gather_spans_matches_naive(rows_output):
     "obs_shape, obs_dtype",
     [((18,), np.float32), ((7,), np.float32), ((5,), np.uint8), ((3,), np.float64)],
 )
-def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype):
+@pytest.mark.parametrize("ahead, lines, streaming", [(1, 1, False), (13, 16, False), (3, 2, True)])
+def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype, ahead, lines, streaming):
     """The default gather against its twin and against the dense format: successor rows, side
     rows (episode ends and independent steps), two streams, wraparound, masked steps (-1), and
     sections that end on a word or inside one."""
@@ -220,7 +267,7 @@ def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype):
     out = np.full((idx.shape[0], storage.batch_codec.row_words), 7, dtype=np.uint64)
     gather_lean_rows(
         storage.table, links.side.view(np.uint64), idx, links.next_slot, links.side_row,
-        *storage._lean_rows_args, out,
+        *storage._lean_rows_args, out, ahead, lines, streaming,
     )  # fmt: skip
     expected = naive.gather_lean_rows(
         storage.table, links.side, idx, links.next_slot, links.side_row, storage.codec
