@@ -59,6 +59,9 @@ def allocate_in_memory(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np
     return aligned_empty(shape, dtype, _config.ARRAY_ALIGN_BYTES)
 
 
+_BYTES = np.dtype(np.uint8)
+
+
 class _Lease:
     """The owner of one pooled block while a batch uses it.
 
@@ -72,14 +75,23 @@ class _Lease:
 
     __slots__ = ("__array_interface__", "__weakref__", "_pool", "_raw", "_token")
 
-    def __init__(self, raw: np.ndarray, address: int, nbytes: int, pool: BlockPool, token: int):
+    def __init__(
+        self,
+        raw: np.ndarray,
+        address: int,
+        nbytes: int,
+        pool: BlockPool,
+        token: int,
+        dtype: np.dtype = _BYTES,
+        shape: tuple[int, ...] | None = None,
+    ):
         self._raw = raw
         self._pool = pool
         self._token = token
         self.__array_interface__ = {
             "data": (address, False),
-            "shape": (nbytes,),
-            "typestr": "|u1",
+            "shape": (nbytes,) if shape is None else shape,
+            "typestr": dtype.str,
             "version": 3,
         }
 
@@ -113,8 +125,12 @@ class BlockPool:
         with self._lock:
             self._busy.discard(token)
 
-    def acquire(self, nbytes: int) -> np.ndarray:
-        """A 64-byte-aligned ``uint8`` array of ``nbytes`` that no one else references."""
+    def acquire(
+        self, nbytes: int, dtype: np.dtype = _BYTES, shape: tuple[int, ...] | None = None
+    ) -> np.ndarray:
+        """A 64-byte-aligned array of ``nbytes`` that no one else references: ``uint8`` of
+        shape ``(nbytes,)``, or of ``dtype`` and ``shape`` (which must cover ``nbytes``
+        exactly) when given."""
         align = _config.ROW_ALIGN_BYTES
         with self._lock:
             chosen: tuple[int, np.ndarray, int] | None = None
@@ -134,7 +150,7 @@ class BlockPool:
                     self._busy.discard(forgotten)
             token, raw, address = chosen
             self._busy.add(token)
-        return np.asarray(_Lease(raw, address, nbytes, self, token))
+        return np.asarray(_Lease(raw, address, nbytes, self, token, dtype, shape))
 
 
 def available_memory_bytes() -> int | None:
@@ -696,8 +712,7 @@ class Storage(ABC):
 
     def _new_block(self, n: int, select: FieldSelection | None = None) -> np.ndarray:
         dtype, shape = self.block_spec(n, select)
-        raw = self.pool.acquire(math.prod(shape) * dtype.itemsize)
-        return raw.view(dtype).reshape(shape)
+        return self.pool.acquire(math.prod(shape) * dtype.itemsize, dtype, shape)
 
     @property
     @abstractmethod
