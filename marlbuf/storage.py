@@ -1157,7 +1157,9 @@ class InterleavedStorage(Storage):
                 *copy_options(self.table_row_bytes, block.nbytes),
             )
             return self._row_views.views(block), block
-        self._run_segments(indices, self._plan(n), links, block.reshape(-1))
+        # rows batch: a few long segments, run straight from the table; per-agent arrays:
+        # many short ones, run over staged blocks of rows
+        self._run_plan(indices, self._plan(n), links, block.reshape(-1), staged=not rows)
         if rows:
             return self._row_views.views(block), block
         return self._carve(block, n), block
@@ -1176,47 +1178,37 @@ class InterleavedStorage(Storage):
             self._gather_table_rows(self.table, indices, block)
             return select.views(block), block
         plan, direct = self._selected_plan(select, n)
-        kind, src, dst, length, step, _ = plan
-        flat = block.reshape(-1)
-        if direct:
-            # copies out of the row itself: straight from the table, no staging of whole rows
-            gather_spans(
-                self.table,
-                indices,
-                kind,
-                src,
-                dst,
-                length,
-                step,
-                flat.view(np.uint64),
-                flat.view(np.uint32),
-                flat.view(np.uint8),
-            )
-        else:  # next observations (looked up only when chosen), float16 conversions
-            links = self.links if "next_obs" in select.names else None
-            self._run_segments(indices, plan, links, flat)
+        # next observations are looked up only when chosen; a plan that copies out of the row
+        # itself runs straight from the table (staging whole rows would copy the fields left
+        # out for nothing), as does any plan of a rows batch (a few long segments)
+        links = self.links if "next_obs" in select.names else None
+        self._run_plan(indices, plan, links, block.reshape(-1), staged=not (rows or direct))
         return self._select_views(block, n, select), block
 
-    def _run_segments(
+    def _run_plan(
         self,
         indices: np.ndarray,
         plan: np.ndarray,
         links: NextObsLinks | None,
         flat: np.ndarray,
+        staged: bool,
     ) -> None:
         """Run the gather ``plan`` (:func:`build_plan`'s rows) for ``indices`` into the flat
-        batch block ``flat`` with the general kernel; ``links``: where next observations live
-        (``None`` when the plan reads none)."""
+        batch block ``flat``: with ``staged``, over staged blocks of rows (``gather_segments``:
+        plans of many short segments), else row by row straight from the table
+        (``gather_spans``); ``links``: where next observations live (``None`` when the plan
+        reads none)."""
         kind, src, dst, length, step, from_next = plan
         side = links.side if links is not None else self._no_side
+        no_links = links is None
         # every batch block is a whole number of 8-byte words (rows of words, or per-agent
         # arrays each starting on a cache line), so all three views cover it
-        gather_segments(
+        arguments = (
             self.table,
             side.view(np.uint64),
             indices,
-            links.next_slot if links is not None else self._no_links,
-            links.side_row if links is not None else self._no_links,
+            self._no_links if no_links else links.next_slot,
+            self._no_links if no_links else links.side_row,
             kind,
             src,
             dst,
@@ -1227,13 +1219,17 @@ class InterleavedStorage(Storage):
             flat.view(np.uint64),
             flat.view(np.uint32),
             flat.view(np.uint8),
-            self._block_rows,
         )
+        options = copy_options(self.table_row_bytes, flat.nbytes)
+        if staged:
+            gather_segments(*arguments, self._block_rows, *options)
+        else:
+            gather_spans(*arguments, *options)
 
     def _selected_plan(self, select: FieldSelection, n: int) -> tuple[np.ndarray, bool]:
         """The gather plan of ``select``'s fields for ``n``-row batches (kept per selection
         and, for per-agent batches, per ``n``), and whether it only copies out of the row
-        itself (no next observations, no float16 conversion: ``gather_spans`` runs it)."""
+        itself (no next observations, no float16 conversion: run straight from the table)."""
         plans = self._selected_plans.setdefault(select.names, {})
         key = 0 if self.batch_layout == "rows" else n
         if key not in plans:

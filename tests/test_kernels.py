@@ -126,14 +126,16 @@ def test_gather_rows_parallel_matches_naive(capacity, width, batch):
 
 @pytest.mark.parametrize("rows_output", [True, False])
 def test_gather_plan_matches_naive(rows_output):
-    """Every segment kind, from the row itself and from the successor or the side table."""
+    """Every segment kind, from the row itself and from the successor or the side table; spans
+    shorter than a vector and longer (float16 widened 16 at a time, the last vector
+    overlapping), every half bit pattern class (subnormals, infinities, NaN payloads)."""
     from marlbuf._kernels import HALF_TO_FLOAT_BITS, gather_plan
     from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 
     rng = np.random.default_rng(0)
-    table = rng.integers(0, 256, size=(20, 64), dtype=np.uint8)
+    table = rng.integers(0, 256, size=(20, 256), dtype=np.uint8)
     table.view(np.float16)[:, 20:28] = rng.standard_normal((20, 8)).astype(np.float16)
-    side = rng.integers(0, 256, size=(4, 64), dtype=np.uint8)
+    side = rng.integers(0, 256, size=(4, 256), dtype=np.uint8)
     next_slot = np.where(rng.random(20) < 0.3, -1, (np.arange(20) + 1) % 20).astype(np.int64)
     side_row = np.where(next_slot < 0, rng.integers(0, 4, 20), -1).astype(np.int64)
     idx = rng.integers(0, 20, size=9).astype(np.int64)
@@ -147,8 +149,11 @@ def test_gather_plan_matches_naive(rows_output):
         (HALF_TO_FLOAT, 20, 8, 4, 0),
         (COPY64, 1, 3, 8, 1),
         (HALF_TO_FLOAT, 22, 4, 4, 1),
+        (HALF_TO_FLOAT, 40, 37, 4, 0),  # random bits: every class of half, NaNs included
+        (HALF_TO_FLOAT, 61, 16, 4, 1),
+        (COPY64, 12, 17, 8, 0),
     ]
-    plan, offset, row_bytes = [], 0, 128
+    plan, offset, row_bytes = [], 0, 512
     for kind, src, length, unit, nxt in segments:
         nbytes = length * unit
         if rows_output:  # one row of row_bytes per gathered row
@@ -168,23 +173,80 @@ def test_gather_plan_matches_naive(rows_output):
     )  # fmt: skip
     expected = naive.gather_plan(table, side, idx, next_slot, side_row, plan_arr, total)
     np.testing.assert_array_equal(out, expected)
-    # the blocked kernel the storages run: the same plan, the same bytes, any block size
+    # the blocked kernel the storages run: the same plan, the same bytes, any block size,
+    # prefetch distance and store kind, into a block on a line boundary or off it
     from marlbuf._kernels import gather_segments
 
-    for block_rows in (1, 4, 64):
-        fast = np.zeros(total, dtype=np.uint8)
+    raw = np.zeros(total + 64, dtype=np.uint8)
+    for block_rows, ahead, streaming, skip in ((1, 1, False, 0), (4, 3, True, 8), (64, 8, True, 0)):
+        start = (-raw.ctypes.data) % 64 + skip
+        fast = raw[start : start + total]
+        fast[:] = 0
         gather_segments(
             table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
             HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast, block_rows,
+            ahead, 16, streaming,
         )  # fmt: skip
         np.testing.assert_array_equal(fast, expected, err_msg=f"block_rows={block_rows}")
+    # the row-by-row kernel of rows batches: the same bytes, with links and float16
+    from marlbuf._kernels import gather_spans
+
+    for ahead, streaming, skip in ((1, False, 0), (3, True, 8), (8, True, 0)):
+        start = (-raw.ctypes.data) % 64 + skip
+        fast = raw[start : start + total]
+        fast[:] = 0
+        gather_spans(
+            table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
+            HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast,
+            ahead, 16, streaming,
+        )  # fmt: skip
+        np.testing.assert_array_equal(fast, expected, err_msg=f"gather_spans ahead={ahead}")
+
+
+@pytest.mark.parametrize("f16c", [True, False])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_widen_span_is_astype_for_every_half(monkeypatch, f16c, streaming):
+    """The vector widening equals NumPy's ``astype(np.float32)`` for all 65,536 float16 bit
+    patterns (NaN payloads, signalling ones included; subnormals; zeros of both signs), with
+    F16C conversions and with the integer arithmetic used where the CPU has none, at every
+    length up to three vectors and every phase of the destination within a line."""
+    from numba import njit
+
+    from marlbuf._kernels import HALF_TO_FLOAT_BITS, memops
+
+    if f16c and not memops._has_f16c():
+        pytest.skip("this CPU has no F16C")
+    monkeypatch.setattr(memops, "_has_f16c", lambda: f16c)
+
+    @njit  # compiled here, after the patch: the intrinsic picks its conversion at compile time
+    def widen(dst, dst0, src, src0, count, stream):
+        memops.widen_span(
+            dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), HALF_TO_FLOAT_BITS,
+            stream,
+        )  # fmt: skip
+
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    want = halves.view(np.float16).astype(np.float32).view(np.uint32)
+    got = np.zeros(1 << 16, dtype=np.uint32)
+    widen(got, 0, halves, 0, halves.shape[0], streaming)
+    np.testing.assert_array_equal(got, want)
+    source = halves[np.random.default_rng(3).permutation(1 << 16)[:64]]
+    for count in range(50):
+        for dst0 in range(16):
+            out = np.zeros(80, dtype=np.uint32)
+            widen(out, dst0, source, 5, count, streaming)
+            expected = np.zeros(80, dtype=np.uint32)
+            expected[dst0 : dst0 + count] = (
+                source[5 : 5 + count].view(np.float16).astype(np.float32).view(np.uint32)
+            )
+            np.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.parametrize("rows_output", [True, False])
 def test_gather_spans_matches_naive(rows_output):
     """The direct kernel of field selections: copies of every width out of the row itself,
     rows or per-segment outputs, masked rows (-1) zero, against the naive plan interpreter."""
-    from marlbuf._kernels import gather_spans
+    from marlbuf._kernels import HALF_TO_FLOAT_BITS, gather_spans
     from marlbuf._kernels.plan import COPY8, COPY32, COPY64
 
     rng = np.random.default_rng(1)
@@ -208,9 +270,11 @@ def test_gather_spans_matches_naive(rows_output):
     total = n * row_bytes if rows_output else offset
     expected = naive.gather_plan(table, table[:1], idx, no_links, no_links, plan_arr, total)
     out = np.full(total, 7, dtype=np.uint8)  # bytes outside the segments are left alone
+    side = np.zeros((1, 1), dtype=np.uint64)
     gather_spans(
-        table.view(np.uint64), idx, *plan_arr[:5], out.view(np.uint64), out.view(np.uint32), out
-    )
+        table.view(np.uint64), side, idx, no_links, no_links, *plan_arr, HALF_TO_FLOAT_BITS,
+        out.view(np.uint64), out.view(np.uint32), out, 2, 16, False,
+    )  # fmt: skip
     written = np.zeros(total, dtype=bool)
     ones = naive.gather_plan(
         np.ones_like(table), table[:1], np.zeros_like(idx), no_links, no_links, plan_arr, total

@@ -16,7 +16,12 @@ LLVM intrinsics (``numba.extending.intrinsic``) state it directly:
 * :func:`store_fence` orders the streaming stores before everything that follows (a sequentially
   consistent fence: ``mfence`` on x86), so another thread that sees the kernel return sees the
   whole output;
-* :func:`word_address` is the address of an array's first word (for alignment).
+* :func:`word_address` is the address of an array's first word (for alignment);
+* :func:`widen_halves` converts 16 float16 bit patterns to float32 bit patterns as one vector
+  (``vcvtph2ps`` where the CPU has F16C, else the conversion's integer arithmetic on vectors),
+  exactly as NumPy's ``astype(np.float32)`` does, NaN payloads included; Numba has no float16,
+  and a table lookup per element (the exact scalar alternative) is a gather that does not
+  vectorise.
 
 The helpers below (``inline="always"``) build spans from them; every offset and length is an
 unsigned number of 8-byte words (no negative-index wraparound test). None checks bounds: the
@@ -27,13 +32,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import config
 from numba.extending import intrinsic
 
 #: words per cache line (64 bytes)
 LINE_WORDS = 8
+#: float16 values per :func:`widen_halves` (their float32 results fill one cache line)
+HALF_LANES = 16
 _LINE = np.uint64(LINE_WORDS)
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
@@ -206,3 +215,145 @@ def prefetch_words(arr: np.ndarray, word: Any, count: Any, max_lines: Any) -> No
         k += _LINE
     if end == count and count > _ZERO:
         prefetch(arr, word + count - _ONE)  # the line of the last word, if the span ends in one
+
+
+def _has_f16c() -> bool:
+    """Whether the code Numba compiles may use F16C (x86 only): the features it compiles for
+    (``NUMBA_CPU_FEATURES`` if set, else the host's) include ``+f16c``."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = llvm_binding.get_host_cpu_features().flatten()
+    return "+f16c" in features.split(",")
+
+
+def _typed_array(arr: Any, dtype: Any) -> bool:
+    return isinstance(arr, types.Array) and arr.dtype == dtype and arr.layout == "C"
+
+
+def _widen_codegen(nontemporal: bool) -> Any:
+    lanes = HALF_LANES
+    int16, int32 = ir.IntType(16), ir.IntType(32)
+    halves_type = ir.VectorType(int16, lanes)
+    bits_type = ir.VectorType(int32, lanes)
+    floats_type = ir.VectorType(ir.FloatType(), lanes)
+
+    def splat(value: int) -> ir.Constant:
+        return ir.Constant(bits_type, [value] * lanes)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        dst, dst_unit, src, src_unit = args
+        out = context.make_array(sig.args[0])(context, builder, dst).data
+        source = context.make_array(sig.args[2])(context, builder, src).data
+        halves = builder.load(
+            builder.bitcast(builder.gep(source, [src_unit]), halves_type.as_pointer()), align=2
+        )
+        wide = builder.zext(halves, bits_type)
+        sign = builder.shl(builder.and_(wide, splat(0x8000)), splat(16))
+        exponent = builder.and_(wide, splat(0x7C00))
+        mantissa = builder.and_(wide, splat(0x03FF))
+        # inf and NaN: exponent all ones, the mantissa (payload) shifted as NumPy does, no
+        # quieting (vcvtph2ps would set a signalling NaN's quiet bit)
+        special = builder.or_(
+            builder.or_(splat(0x7F800000), builder.shl(mantissa, splat(13))), sign
+        )
+        if _has_f16c():
+            converted = builder.bitcast(
+                builder.fpext(
+                    builder.bitcast(halves, ir.VectorType(ir.HalfType(), lanes)), floats_type
+                ),
+                bits_type,
+            )
+        else:
+            # normal numbers: rebias the exponent (15 -> 127) under the shifted bits
+            normal = builder.add(
+                builder.shl(builder.and_(wide, splat(0x7FFF)), splat(13)), splat(0x38000000)
+            )
+            # subnormals and zeros: mantissa * 2**-24, exact in float32
+            tiny = builder.fmul(
+                builder.uitofp(mantissa, floats_type),
+                ir.Constant(floats_type, [2.0**-24] * lanes),
+            )
+            zero_exponent = builder.icmp_unsigned("==", exponent, splat(0))
+            converted = builder.or_(
+                builder.select(zero_exponent, builder.bitcast(tiny, bits_type), normal), sign
+            )
+        result = builder.select(
+            builder.icmp_unsigned("==", exponent, splat(0x7C00)), special, converted
+        )
+        target = builder.bitcast(builder.gep(out, [dst_unit]), bits_type.as_pointer())
+        store = builder.store(result, target, align=64 if nontemporal else 4)
+        if nontemporal:
+            flag = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            store.set_metadata("nontemporal", flag)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def widen_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: Any) -> Any:
+    """``dst[dst_unit : dst_unit + 16]`` = the float32 bit patterns of the float16 bit patterns
+    ``src[src_unit : src_unit + 16]``; ``dst``: C-contiguous uint32, ``src``: uint16."""
+    if not (_typed_array(dst, types.uint32) and _typed_array(src, types.uint16)):
+        return None
+    return types.void(dst, types.uint64, src, types.uint64), _widen_codegen(False)
+
+
+@intrinsic
+def stream_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: Any) -> Any:
+    """:func:`widen_halves` with a non-temporal store; ``dst[dst_unit]`` must start a 64-byte
+    line. Issue :func:`store_fence` before the output is handed over."""
+    if not (_typed_array(dst, types.uint32) and _typed_array(src, types.uint16)):
+        return None
+    return types.void(dst, types.uint64, src, types.uint64), _widen_codegen(True)
+
+
+_LANES = np.uint64(HALF_LANES)
+
+
+@njit(inline="always")
+def _widen_short(
+    dst: np.ndarray, dst0: Any, src: np.ndarray, src0: Any, count: Any, lut: np.ndarray
+) -> None:
+    """Element by element through the 65,536-entry table (spans shorter than a vector)."""
+    k = _ZERO
+    while k < count:
+        dst[dst0 + k] = lut[src[src0 + k]]
+        k += _ONE
+
+
+@njit(inline="always")
+def widen_span(
+    dst: np.ndarray,
+    dst0: Any,
+    src: np.ndarray,
+    src0: Any,
+    count: Any,
+    lut: np.ndarray,
+    streaming: bool,
+) -> None:
+    """``dst[dst0 : dst0 + count]`` = float32 bits of the float16 bits ``src[src0 : src0 +
+    count]`` (uint32 / uint16 arrays): 16 at a time as vectors (the last vector overlapping
+    the one before it), shorter spans through ``lut`` (:data:`marlbuf._kernels.plan.
+    HALF_TO_FLOAT_BITS`). With ``streaming``, the destination lines the span covers whole are
+    written with non-temporal stores, the partial ones at its ends through the table."""
+    if count < _LANES:
+        _widen_short(dst, dst0, src, src0, count, lut)
+        return
+    if streaming:
+        # uint32 units to the first 64-byte line of the destination
+        lead = (_LANES - (word_address(dst) // np.uint64(4) + dst0) % _LANES) % _LANES
+        if count >= lead + _LANES:
+            _widen_short(dst, dst0, src, src0, lead, lut)
+            k = lead
+            while k + _LANES <= count:
+                stream_halves(dst, dst0 + k, src, src0 + k)
+                k += _LANES
+            _widen_short(dst, dst0 + k, src, src0 + k, count - k, lut)
+            return
+    last = count - _LANES
+    k = _ZERO
+    while k < last:
+        widen_halves(dst, dst0 + k, src, src0 + k)
+        k += _LANES
+    widen_halves(dst, dst0 + last, src, src0 + last)
