@@ -33,6 +33,10 @@ SEQUENCE_REBUILD_SLOTS = 1 << 22
 #: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
 TARGET_CHUNK_ROWS = 4096
 
+#: Priority-tree searches and updates prefetch the tree line a target (or updated leaf) this
+#: many places later in the batch will read at the same level.
+SEARCH_PREFETCH_AHEAD = 16
+
 #: Prioritized-locality sampling searches its reference slots in chunks of at least this many
 #: (one tree level at a time, so the cache misses of a chunk overlap); unused ones are dropped.
 SEARCH_CHUNK_MIN = 32

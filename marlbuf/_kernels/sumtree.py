@@ -29,6 +29,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from marlbuf._config import SEARCH_PREFETCH_AHEAD
+from marlbuf._kernels.memops import prefetch
+
 
 @njit(inline="always")
 def _shape(leaf_offset: int) -> tuple[int, int]:
@@ -125,11 +128,15 @@ def _set_many(
         if track_max:
             max_tree[nodes[i]] = max_values[i]
     depth, top = _shape(leaf_offset)
+    sum_bits = sum_tree.view(np.uint64)  # prefetch takes words
     level = depth
     while level > 0:
         parent_level = 0
         previous = -1
         for i in range(count):
+            later = i + SEARCH_PREFETCH_AHEAD
+            if later < count:  # the line a later entry's parent is computed from
+                prefetch(sum_bits, np.uint64(nodes[later] & ~7))
             node, parent_level = _parent(nodes[i], level, top)
             nodes[i] = node
             if node == previous:
@@ -345,7 +352,8 @@ def _find_many(
 
     All targets descend together, one stored level at a time: the loads of one level are
     independent of each other, so the CPU overlaps their cache misses instead of waiting on
-    each search's chain of dependent loads.
+    each search's chain of dependent loads; the line of the target ``SEARCH_PREFETCH_AHEAD``
+    places ahead is prefetched, so that more misses overlap than the CPU's reorder window holds.
     """
     count = stop - start
     remaining = targets[start:stop].copy()
@@ -361,9 +369,13 @@ def _find_many(
             half = 4 + 2 * go
             remaining[i], go = _step(r, sum_tree[half], sum_tree[half + 1])
             nodes[i] = half + go
+    bits = sum_tree.view(np.uint64)  # prefetch takes words
     level = top
     while level < depth:
         for i in range(count):
+            later = i + SEARCH_PREFETCH_AHEAD
+            if later < count:  # the line this level reads for a later target
+                prefetch(bits, np.uint64(8 * nodes[later]))
             base = 8 * nodes[i]
             r, go = _step(
                 remaining[i],
