@@ -1200,15 +1200,14 @@ class InterleavedStorage(Storage):
         reads none)."""
         kind, src, dst, length, step, from_next = plan
         side = links.side if links is not None else self._no_side
-        no_links = links is None
         # every batch block is a whole number of 8-byte words (rows of words, or per-agent
         # arrays each starting on a cache line), so all three views cover it
         arguments = (
             self.table,
             side.view(np.uint64),
             indices,
-            self._no_links if no_links else links.next_slot,
-            self._no_links if no_links else links.side_row,
+            self._no_links if links is None else links.next_slot,
+            self._no_links if links is None else links.side_row,
             kind,
             src,
             dst,

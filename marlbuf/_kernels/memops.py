@@ -30,6 +30,7 @@ kernels that use them copy spans their callers validated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import llvmlite.binding as llvm_binding
@@ -46,6 +47,12 @@ HALF_LANES = 16
 _LINE = np.uint64(LINE_WORDS)
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
+
+
+def _intrinsic(typer: Callable[..., Any]) -> Any:
+    """``numba.extending.intrinsic``, typed ``Any`` for the type checker (a compiled intrinsic
+    is called without the typing context its typer receives)."""
+    return intrinsic(typer)
 
 
 def _word_array(arr: Any) -> bool:
@@ -78,7 +85,7 @@ def _line_codegen(nontemporal: bool) -> Any:
     return codegen
 
 
-@intrinsic
+@_intrinsic
 def copy_line(typingctx: Any, dst: Any, dst_word: Any, src: Any, src_word: Any) -> Any:
     """``dst[dst_word : dst_word + 8] = src[src_word : src_word + 8]`` as one vector load and
     store (both unaligned); ``dst``, ``src``: C-contiguous uint64 arrays, words: uint64."""
@@ -87,7 +94,7 @@ def copy_line(typingctx: Any, dst: Any, dst_word: Any, src: Any, src_word: Any) 
     return types.void(dst, types.uint64, src, types.uint64), _line_codegen(False)
 
 
-@intrinsic
+@_intrinsic
 def stream_line(typingctx: Any, dst: Any, dst_word: Any, src: Any, src_word: Any) -> Any:
     """:func:`copy_line` with a non-temporal store; the destination line must start on a
     64-byte boundary. Issue :func:`store_fence` before the output is handed over."""
@@ -96,7 +103,7 @@ def stream_line(typingctx: Any, dst: Any, dst_word: Any, src: Any, src_word: Any
     return types.void(dst, types.uint64, src, types.uint64), _line_codegen(True)
 
 
-@intrinsic
+@_intrinsic
 def prefetch(typingctx: Any, arr: Any, word: Any) -> Any:
     """Prefetch the cache line holding ``arr[word]`` for reading (a hint: never faults)."""
     if not _word_array(arr):
@@ -116,7 +123,7 @@ def prefetch(typingctx: Any, arr: Any, word: Any) -> Any:
     return types.void(arr, types.uint64), codegen
 
 
-@intrinsic
+@_intrinsic
 def store_fence(typingctx: Any) -> Any:
     """Order every earlier store (streaming ones included) before every later access."""
 
@@ -127,7 +134,7 @@ def store_fence(typingctx: Any) -> Any:
     return types.void(), codegen
 
 
-@intrinsic
+@_intrinsic
 def word_address(typingctx: Any, arr: Any) -> Any:
     """The address of ``arr``'s first element, as a uint64."""
     if not isinstance(arr, types.Array):
@@ -220,7 +227,7 @@ def prefetch_words(arr: np.ndarray, word: Any, count: Any, max_lines: Any) -> No
 def _has_f16c() -> bool:
     """Whether the code Numba compiles may use F16C (x86 only): the features it compiles for
     (``NUMBA_CPU_FEATURES`` if set, else the host's) include ``+f16c``."""
-    features = config.CPU_FEATURES
+    features = getattr(config, "CPU_FEATURES", None)
     if features is None:
         features = llvm_binding.get_host_cpu_features().flatten()
     return "+f16c" in features.split(",")
@@ -290,7 +297,7 @@ def _widen_codegen(nontemporal: bool) -> Any:
     return codegen
 
 
-@intrinsic
+@_intrinsic
 def widen_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: Any) -> Any:
     """``dst[dst_unit : dst_unit + 16]`` = the float32 bit patterns of the float16 bit patterns
     ``src[src_unit : src_unit + 16]``; ``dst``: C-contiguous uint32, ``src``: uint16."""
@@ -299,7 +306,7 @@ def widen_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: An
     return types.void(dst, types.uint64, src, types.uint64), _widen_codegen(False)
 
 
-@intrinsic
+@_intrinsic
 def stream_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: Any) -> Any:
     """:func:`widen_halves` with a non-temporal store; ``dst[dst_unit]`` must start a 64-byte
     line. Issue :func:`store_fence` before the output is handed over."""
