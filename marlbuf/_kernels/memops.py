@@ -37,7 +37,7 @@ import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import config
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 #: words per cache line (64 bytes)
@@ -244,8 +244,32 @@ def _widen_codegen(nontemporal: bool) -> Any:
     bits_type = ir.VectorType(int32, lanes)
     floats_type = ir.VectorType(ir.FloatType(), lanes)
 
-    def splat(value: int) -> ir.Constant:
-        return ir.Constant(bits_type, [value] * lanes)
+    def splat(value: int, kind: Any = bits_type) -> ir.Constant:
+        return ir.Constant(kind, [value] * lanes)
+
+    def exact(builder: Any, halves: Any) -> Any:
+        """The conversion in integer arithmetic (and one exact float multiply): every lane."""
+        wide = builder.zext(halves, bits_type)
+        sign = builder.shl(builder.and_(wide, splat(0x8000)), splat(16))
+        exponent = builder.and_(wide, splat(0x7C00))
+        mantissa = builder.and_(wide, splat(0x03FF))
+        # normal numbers: rebias the exponent (15 -> 127) under the shifted bits
+        normal = builder.add(
+            builder.shl(builder.and_(wide, splat(0x7FFF)), splat(13)), splat(0x38000000)
+        )
+        # subnormals and zeros: mantissa * 2**-24, exact in float32
+        tiny = builder.fmul(
+            builder.uitofp(mantissa, floats_type), ir.Constant(floats_type, [2.0**-24] * lanes)
+        )
+        finite = builder.select(
+            builder.icmp_unsigned("==", exponent, splat(0)),
+            builder.bitcast(tiny, bits_type),
+            normal,
+        )
+        # inf and NaN: exponent all ones, the payload shifted as NumPy does, never quieted
+        special = builder.or_(splat(0x7F800000), builder.shl(mantissa, splat(13)))
+        is_special = builder.icmp_unsigned("==", exponent, splat(0x7C00))
+        return builder.or_(builder.select(is_special, special, finite), sign)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         dst, dst_unit, src, src_unit = args
@@ -254,41 +278,32 @@ def _widen_codegen(nontemporal: bool) -> Any:
         halves = builder.load(
             builder.bitcast(builder.gep(source, [src_unit]), halves_type.as_pointer()), align=2
         )
-        wide = builder.zext(halves, bits_type)
-        sign = builder.shl(builder.and_(wide, splat(0x8000)), splat(16))
-        exponent = builder.and_(wide, splat(0x7C00))
-        mantissa = builder.and_(wide, splat(0x03FF))
-        # inf and NaN: exponent all ones, the mantissa (payload) shifted as NumPy does, no
-        # quieting (vcvtph2ps would set a signalling NaN's quiet bit)
-        special = builder.or_(
-            builder.or_(splat(0x7F800000), builder.shl(mantissa, splat(13))), sign
-        )
         if _has_f16c():
-            converted = builder.bitcast(
-                builder.fpext(
-                    builder.bitcast(halves, ir.VectorType(ir.HalfType(), lanes)), floats_type
+            # vcvtph2ps is exact but for NaNs (it quiets signalling ones): lanes whose exponent
+            # is all ones (never in staged data: staging refuses inf and NaN) take the exact
+            # path, behind a branch, so the common case is one conversion per 16 values
+            result = cgutils.alloca_once(builder, bits_type)
+            builder.store(
+                builder.bitcast(
+                    builder.fpext(
+                        builder.bitcast(halves, ir.VectorType(ir.HalfType(), lanes)), floats_type
+                    ),
+                    bits_type,
                 ),
-                bits_type,
+                result,
             )
+            all_ones = splat(0x7C00, halves_type)
+            special = builder.icmp_unsigned("==", builder.and_(halves, all_ones), all_ones)
+            any_special = builder.icmp_unsigned(
+                "!=", builder.bitcast(special, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0)
+            )
+            with builder.if_then(any_special, likely=False):
+                builder.store(exact(builder, halves), result)
+            value = builder.load(result)
         else:
-            # normal numbers: rebias the exponent (15 -> 127) under the shifted bits
-            normal = builder.add(
-                builder.shl(builder.and_(wide, splat(0x7FFF)), splat(13)), splat(0x38000000)
-            )
-            # subnormals and zeros: mantissa * 2**-24, exact in float32
-            tiny = builder.fmul(
-                builder.uitofp(mantissa, floats_type),
-                ir.Constant(floats_type, [2.0**-24] * lanes),
-            )
-            zero_exponent = builder.icmp_unsigned("==", exponent, splat(0))
-            converted = builder.or_(
-                builder.select(zero_exponent, builder.bitcast(tiny, bits_type), normal), sign
-            )
-        result = builder.select(
-            builder.icmp_unsigned("==", exponent, splat(0x7C00)), special, converted
-        )
+            value = exact(builder, halves)
         target = builder.bitcast(builder.gep(out, [dst_unit]), bits_type.as_pointer())
-        store = builder.store(result, target, align=64 if nontemporal else 4)
+        store = builder.store(value, target, align=64 if nontemporal else 4)
         if nontemporal:
             flag = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
             store.set_metadata("nontemporal", flag)

@@ -25,9 +25,10 @@ def gather_rows(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None
     Notes
     -----
     The inner loop is a straight word copy that LLVM turns into vector moves; it runs without the
-    GIL, so a caller may overlap a gather with other Python work in a thread. Runs of adjacent
-    slots (neighbor sampling) need no special path: copying them as one flat block was measured
-    no faster than this row loop (both stream at the memory bandwidth for wide rows).
+    GIL, so a caller may overlap a gather with other Python work in a thread. Any dtype (the
+    ``agent_major`` layout's per-agent arrays); tables of 8-byte words (the interleaved rows)
+    take :func:`gather_words`, which prefetches, copies runs of consecutive slots as one span
+    and streams large outputs.
     """
     width = table.shape[1]
     for i in range(indices.shape[0]):
