@@ -611,3 +611,24 @@ def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
     assert payload["summary"]["per_vs_numpy"] > 0
     assert payload["config"]["per_capacity"] == 4_000
     json.dumps(payload, default=common._json_default)
+
+
+@pytest.mark.parametrize("name", ["per", "locality"])
+def test_state_files_of_the_binary_trees_load_and_draw_alike(name: str) -> None:
+    """A prioritized buffer saved by marlbuf before the trees stored every third level
+    (``tests/data``, written with the full binary trees) loads, and draws what that version
+    drew from it: the same slots, the same totals, the same weights (to float32 rounding: the
+    weights' power is now taken in single precision)."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    buf = MultiAgentReplayBuffer.load(data / f"prioritized_{name}.npz")
+    with np.load(data / "prioritized_draws.npz") as drawn:
+        for t in range(buf.n_trainers):
+            trees = buf.sampler.trees
+            leaves = trees.leaves(t)
+            assert_binary_tree(trees.sums[t], leaves, trees.leaf_offset)
+            assert trees.total(t) == float(drawn[f"{name}_total_{t}"])
+            batch = buf.sample(32, trainer=t)
+            np.testing.assert_array_equal(batch.indices, drawn[f"{name}_indices_{t}"])
+            np.testing.assert_allclose(batch.weights, drawn[f"{name}_weights_{t}"], rtol=1e-6)
