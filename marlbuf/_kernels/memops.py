@@ -66,6 +66,15 @@ def _word_pointer(context: Any, builder: Any, array_type: Any, array: Any, word:
     return builder.gep(builder.bitcast(data, ir.IntType(64).as_pointer()), [word])
 
 
+def _store(builder: Any, value: Any, pointer: Any, align: int, nontemporal: bool) -> None:
+    """Store ``value`` at ``pointer`` (a vector pointer); a non-temporal store when asked."""
+    store = builder.store(value, pointer, align=align)
+    if nontemporal:
+        store.set_metadata(
+            "nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        )
+
+
 def _line_codegen(nontemporal: bool) -> Any:
     line = ir.VectorType(ir.IntType(64), LINE_WORDS)
 
@@ -74,12 +83,8 @@ def _line_codegen(nontemporal: bool) -> Any:
         source = _word_pointer(context, builder, sig.args[2], src, src_word)
         target = _word_pointer(context, builder, sig.args[0], dst, dst_word)
         value = builder.load(builder.bitcast(source, line.as_pointer()), align=8)
-        store = builder.store(
-            value, builder.bitcast(target, line.as_pointer()), align=64 if nontemporal else 8
-        )
-        if nontemporal:
-            flag = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-            store.set_metadata("nontemporal", flag)
+        target = builder.bitcast(target, line.as_pointer())
+        _store(builder, value, target, 64 if nontemporal else 8, nontemporal)
         return context.get_dummy_value()
 
     return codegen
@@ -303,10 +308,7 @@ def _widen_codegen(nontemporal: bool) -> Any:
         else:
             value = exact(builder, halves)
         target = builder.bitcast(builder.gep(out, [dst_unit]), bits_type.as_pointer())
-        store = builder.store(value, target, align=64 if nontemporal else 4)
-        if nontemporal:
-            flag = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-            store.set_metadata("nontemporal", flag)
+        _store(builder, value, target, 64 if nontemporal else 4, nontemporal)
         return context.get_dummy_value()
 
     return codegen

@@ -123,6 +123,37 @@ def _zero_words(dst: np.ndarray, lo: Any, hi: Any) -> None:
         dst[w] = 0
 
 
+@njit(inline="always")
+def next_sources(indices: np.ndarray, next_slot: np.ndarray, side_row: np.ndarray) -> np.ndarray:
+    """Where each gathered row's next observation lives: ``successor + 1``, or ``-1 - side
+    row``, or 0 for a masked row (index -1); empty links (``next_slot`` of length 0): zeros.
+
+    One pass of its own before the copies: the link reads are independent, so their cache
+    misses overlap, and the copy pass then knows every address (in one pass each successor's
+    address would wait for its own link read, serialising two misses per row).
+    """
+    n = indices.shape[0]
+    where = np.zeros(n, dtype=np.int64)
+    if next_slot.shape[0] > 0:
+        for i in range(n):
+            slot = indices[i]
+            if slot >= 0:
+                successor = next_slot[slot]
+                where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    return where
+
+
+@njit(inline="always")
+def prefetch_next(table: np.ndarray, side: np.ndarray, at: Any, count: Any, max_lines: Any) -> None:
+    """Prefetch the first ``count`` words (at most ``max_lines`` lines) of the next-observation
+    source ``at`` (:func:`next_sources`: the successor's row, or the side row)."""
+    zero = np.uint64(0)
+    if at > 0:
+        prefetch_words(table[at - 1], zero, count, max_lines)
+    else:
+        prefetch_words(side[-1 - at], zero, count, max_lines)
+
+
 @njit(cache=True, nogil=True)
 def gather_lean_rows(
     table: np.ndarray,
@@ -190,15 +221,7 @@ def gather_lean_rows(
         (:func:`marlbuf._kernels.memops.stream_words`).
     """
     n = indices.shape[0]
-    # first pass: where each row's next observation lives (successor + 1, or -1 - side row)
-    where = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        slot = indices[i]
-        if slot < 0:
-            where[i] = 0
-            continue
-        successor = next_slot[slot]
-        where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    where = next_sources(indices, next_slot, side_row)
     row_words = np.uint64(out.shape[1])
     lean_words = np.uint64(table.shape[1])
     section = next_words + np.uint64(1)
@@ -208,9 +231,7 @@ def gather_lean_rows(
         ahead_row = i + ahead
         if ahead_row < n and indices[ahead_row] >= 0:
             prefetch_words(table[indices[ahead_row]], zero, lean_words, lines)
-            at = where[ahead_row]
-            ahead_next = table[at - 1] if at > 0 else side[-1 - at]
-            prefetch_words(ahead_next, zero, section, lines)
+            prefetch_next(table, side, where[ahead_row], section, lines)
         slot = indices[i]
         dst = out[i]
         if slot < 0:

@@ -30,6 +30,7 @@ from marlbuf._kernels.memops import (
     store_fence,
     widen_span,
 )
+from marlbuf._kernels.once import next_sources, prefetch_next
 
 COPY64 = 0
 COPY32 = 1
@@ -249,14 +250,7 @@ def gather_segments(
     nexts32 = staged_next.view(np.uint32)
     nexts16 = staged_next.view(np.uint16)
     nexts8 = staged_next.view(np.uint8)
-    # where[i]: successor slot + 1, or -1 - side row (read first: the misses overlap)
-    where = np.zeros(n, dtype=np.int64)
-    if links:
-        for i in range(n):
-            slot = indices[i]
-            if slot >= 0:
-                successor = next_slot[slot]
-                where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    where = next_sources(indices, next_slot, side_row)
     width = np.uint64(row_words)
     nwidth = np.uint64(next_words)
     lines = np.uint64(prefetch_lines)
@@ -268,9 +262,7 @@ def gather_segments(
             if later < n and indices[later] >= 0:
                 prefetch_words(table64[indices[later]], zero, width, lines)
                 if links:
-                    at = where[later]
-                    ahead_next = table64[at - 1] if at > 0 else side64[-1 - at]
-                    prefetch_words(ahead_next, zero, nwidth, lines)
+                    prefetch_next(table64, side64, where[later], nwidth, lines)
             slot = indices[i]
             if slot < 0:
                 continue  # every segment writes zeros for it
@@ -394,14 +386,7 @@ def gather_spans(
     side16 = side64.view(np.uint16).reshape(side_rows, -1)
     side8 = side64.view(np.uint8).reshape(side_rows, -1)
     links = next_slot.shape[0] > 0
-    # where[i]: successor slot + 1, or -1 - side row (read first: the misses overlap)
-    where = np.zeros(n, dtype=np.int64)
-    if links:
-        for i in range(n):
-            slot = indices[i]
-            if slot >= 0:
-                successor = next_slot[slot]
-                where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    where = next_sources(indices, next_slot, side_row)
     width = np.uint64(table64.shape[1])
     nwidth = np.uint64(side64.shape[1])
     lines = np.uint64(prefetch_lines)
@@ -411,11 +396,7 @@ def gather_spans(
         if later < n and indices[later] >= 0:
             prefetch_words(table64[indices[later]], zero, width, lines)
             if links:
-                at = where[later]
-                if at > 0:
-                    prefetch_words(table64[at - 1], zero, width, lines)
-                else:
-                    prefetch_words(side64[-1 - at], zero, nwidth, lines)
+                prefetch_next(table64, side64, where[later], nwidth, lines)
         slot = indices[i]
         at = where[i]
         for s in range(seg_kind.shape[0]):
