@@ -298,7 +298,7 @@ def gather_segments(
                     _copy_units(out8, dst, units8, i - lo, src0, length)
                 else:
                     halves = nexts16[i - lo] if from_next else rows16[i - lo]
-                    widen_span(out32, dst, halves, src0, length, half_lut, streaming)
+                    widen_span(out32, dst, halves, src0, length, half_lut)
     if streaming:
         store_fence()
 
@@ -329,7 +329,7 @@ def _apply_segment(
     elif kind == COPY8:
         _copy_units(out8, dst, rows8, row, src0, length)
     else:
-        widen_span(out32, dst, rows16[row], src0, length, half_lut, streaming)
+        widen_span(out32, dst, rows16[row], src0, length, half_lut)
 
 
 @njit(cache=True, nogil=True)
