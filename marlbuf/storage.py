@@ -1159,7 +1159,7 @@ class InterleavedStorage(Storage):
             return self._row_views.views(block), block
         # rows batch: a few long segments, run straight from the table; per-agent arrays:
         # many short ones, run over staged blocks of rows
-        self._run_plan(indices, self._plan(n), links, block.reshape(-1), staged=not rows)
+        self._run_plan(indices, self._plan(n), links, block.reshape(-1), rows, staged=not rows)
         if rows:
             return self._row_views.views(block), block
         return self._carve(block, n), block
@@ -1182,7 +1182,7 @@ class InterleavedStorage(Storage):
         # itself runs straight from the table (staging whole rows would copy the fields left
         # out for nothing), as does any plan of a rows batch (a few long segments)
         links = self.links if "next_obs" in select.names else None
-        self._run_plan(indices, plan, links, block.reshape(-1), staged=not (rows or direct))
+        self._run_plan(indices, plan, links, block.reshape(-1), rows, staged=not (rows or direct))
         return self._select_views(block, n, select), block
 
     def _run_plan(
@@ -1191,13 +1191,15 @@ class InterleavedStorage(Storage):
         plan: np.ndarray,
         links: NextObsLinks | None,
         flat: np.ndarray,
+        rows: bool,
         staged: bool,
     ) -> None:
         """Run the gather ``plan`` (:func:`build_plan`'s rows) for ``indices`` into the flat
         batch block ``flat``: with ``staged``, over staged blocks of rows (``gather_segments``:
         plans of many short segments), else row by row straight from the table
         (``gather_spans``); ``links``: where next observations live (``None`` when the plan
-        reads none)."""
+        reads none). Streaming stores only for ``rows`` batches: per-agent arrays are written
+        as many short runs into as many arrays, which streaming stores make slower."""
         kind, src, dst, length, step, from_next = plan
         side = links.side if links is not None else self._no_side
         # every batch block is a whole number of 8-byte words (rows of words, or per-agent
@@ -1219,11 +1221,11 @@ class InterleavedStorage(Storage):
             flat.view(np.uint32),
             flat.view(np.uint8),
         )
-        options = copy_options(self.table_row_bytes, flat.nbytes)
+        ahead, lines, streaming = copy_options(self.table_row_bytes, flat.nbytes)
         if staged:
-            gather_segments(*arguments, self._block_rows, *options)
+            gather_segments(*arguments, self._block_rows, ahead, lines)
         else:
-            gather_spans(*arguments, *options)
+            gather_spans(*arguments, ahead, lines, streaming and rows)
 
     def _selected_plan(self, select: FieldSelection, n: int) -> tuple[np.ndarray, bool]:
         """The gather plan of ``select``'s fields for ``n``-row batches (kept per selection

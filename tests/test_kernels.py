@@ -173,19 +173,19 @@ def test_gather_plan_matches_naive(rows_output):
     )  # fmt: skip
     expected = naive.gather_plan(table, side, idx, next_slot, side_row, plan_arr, total)
     np.testing.assert_array_equal(out, expected)
-    # the blocked kernel the storages run: the same plan, the same bytes, any block size,
-    # prefetch distance and store kind, into a block on a line boundary or off it
+    # the blocked kernel the storages run: the same plan, the same bytes, any block size and
+    # prefetch distance, into a block on a line boundary or off it
     from marlbuf._kernels import gather_segments
 
     raw = np.zeros(total + 64, dtype=np.uint8)
-    for block_rows, ahead, streaming, skip in ((1, 1, False, 0), (4, 3, True, 8), (64, 8, True, 0)):
+    for block_rows, ahead, skip in ((1, 1, 0), (4, 3, 8), (64, 8, 0)):
         start = (-raw.ctypes.data) % 64 + skip
         fast = raw[start : start + total]
         fast[:] = 0
         gather_segments(
             table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
             HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast, block_rows,
-            ahead, 16, streaming,
+            ahead, 16,
         )  # fmt: skip
         np.testing.assert_array_equal(fast, expected, err_msg=f"block_rows={block_rows}")
     # the row-by-row kernel of rows batches: the same bytes, with links and float16

@@ -185,6 +185,62 @@ def _zero_units(out: np.ndarray, dst0: Any, count: Any) -> None:
         out[dst0 + k] = 0
 
 
+@njit(inline="always")
+def _segment_rows(
+    kind: Any,
+    rows64: np.ndarray,
+    rows32: np.ndarray,
+    rows16: np.ndarray,
+    rows8: np.ndarray,
+    indices: np.ndarray,
+    lo: int,
+    hi: int,
+    src: Any,
+    dst0: Any,
+    step: Any,
+    count: Any,
+    half_lut: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out8: np.ndarray,
+) -> None:
+    """One plan segment for the rows ``[lo, hi)`` staged in ``rows64`` (and its unit views):
+    row ``i`` of the batch is staged row ``i - lo``; a masked row (index -1) gets zeros. The
+    kind is decided once, outside the row loops (a test per row keeps the loop from being
+    specialised). Word segments are plain loops: here they are a row's slice of one agent's
+    field, short and at any alignment, which vector lines copy more slowly."""
+    src0 = np.uint64(src)
+    length = np.uint64(count)
+    if kind == COPY64:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out64, dst, length)
+            else:
+                _copy_units(out64, dst, rows64, i - lo, src0, length)
+    elif kind == COPY32:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out32, dst, length)
+            else:
+                _copy_units(out32, dst, rows32, i - lo, src0, length)
+    elif kind == COPY8:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out8, dst, length)
+            else:
+                _copy_units(out8, dst, rows8, i - lo, src0, length)
+    else:  # float16 -> float32, in 32-bit units
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out32, dst, length)
+            else:
+                widen_span(out32, dst, rows16[i - lo], src0, length, half_lut)
+
+
 @njit(cache=True, nogil=True)
 def gather_segments(
     table64: np.ndarray,
@@ -205,7 +261,6 @@ def gather_segments(
     block_rows: int,
     ahead: int,
     prefetch_lines: int,
-    streaming: bool,
 ) -> None:
     """:func:`gather_plan`, fast: the same plan and the same result, bit for bit.
 
@@ -214,12 +269,13 @@ def gather_segments(
     first copied whole into a small staging area that stays in cache: long copies that stream
     at memory speed, as vector lines, with the rows ``ahead`` of the one copied prefetched.
     Then the plan runs segment by segment over the block, reading the staging area: a
-    segment's kind, offsets and source are decided once per block. Word copies move as vector
-    lines (:mod:`marlbuf._kernels.memops`), float16 -> float32 segments are widened 16 values
-    per vector (:func:`marlbuf._kernels.memops.widen_span`, exact as ``astype``), and with
-    ``streaming`` the output's whole lines are written with non-temporal stores. Applying the
-    plan straight to the table instead interleaves short copies with cache misses, and per
-    element decisions (what :func:`gather_plan` does) cost more than the copies.
+    segment's kind, offsets and source are decided once per block, and float16 -> float32
+    segments are widened 16 values per vector (:func:`marlbuf._kernels.memops.widen_span`,
+    exact as ``astype``). Applying the plan straight to the table instead interleaves short
+    copies with cache misses, and per element decisions (what :func:`gather_plan` does) cost
+    more than the copies. The kernel of per-agent batches: their segments are many short
+    slices written into as many arrays, for which plain stores are faster than streaming ones
+    (rows batches take :func:`gather_spans`).
 
     Parameters
     ----------
@@ -234,8 +290,6 @@ def gather_segments(
     ahead, prefetch_lines : int
         How many rows ahead of the one staged the prefetches run, and lines prefetched per
         row.
-    streaming : bool
-        Non-temporal stores for the output's whole lines.
     """
     n = indices.shape[0]
     links = next_slot.shape[0] > 0
@@ -272,35 +326,16 @@ def gather_segments(
                 nxt = table64[at - 1] if at > 0 else side64[-1 - at]
                 copy_words(staged_next[i - lo], zero, nxt, zero, nwidth)
         for s in range(seg_kind.shape[0]):
-            kind = seg_kind[s]
-            src0 = np.uint64(seg_src[s])
-            length = np.uint64(seg_len[s])
-            dst0 = seg_dst[s]
-            step = seg_step[s]
-            from_next = seg_next[s] != 0
-            for i in range(lo, hi):
-                dst = np.uint64(dst0 + i * step)
-                if indices[i] < 0:
-                    if kind == COPY64:
-                        _zero_units(out64, dst, length)
-                    elif kind == COPY8:
-                        _zero_units(out8, dst, length)
-                    else:  # COPY32 and half -> float32 both write 32-bit units
-                        _zero_units(out32, dst, length)
-                elif kind == COPY64:
-                    words = staged_next[i - lo] if from_next else staged[i - lo]
-                    move_words(out64, dst, words, src0, length, streaming)
-                elif kind == COPY32:
-                    units = nexts32 if from_next else rows32
-                    _copy_units(out32, dst, units, i - lo, src0, length)
-                elif kind == COPY8:
-                    units8 = nexts8 if from_next else rows8
-                    _copy_units(out8, dst, units8, i - lo, src0, length)
-                else:
-                    halves = nexts16[i - lo] if from_next else rows16[i - lo]
-                    widen_span(out32, dst, halves, src0, length, half_lut)
-    if streaming:
-        store_fence()
+            # the source views are chosen once per segment, not per row: a choice between two
+            # arrays inside the row loop costs reference counting on every row
+            if seg_next[s]:
+                _segment_rows(seg_kind[s], staged_next, nexts32, nexts16, nexts8, indices, lo,
+                              hi, seg_src[s], seg_dst[s], seg_step[s], seg_len[s], half_lut,
+                              out64, out32, out8)  # fmt: skip
+            else:
+                _segment_rows(seg_kind[s], staged, rows32, rows16, rows8, indices, lo, hi,
+                              seg_src[s], seg_dst[s], seg_step[s], seg_len[s], half_lut, out64,
+                              out32, out8)  # fmt: skip
 
 
 @njit(inline="always")
