@@ -204,7 +204,8 @@ def test_gather_plan_matches_naive(rows_output):
 
 
 @pytest.mark.parametrize("f16c", [True, False])
-def test_widen_span_is_astype_for_every_half(monkeypatch, f16c):
+@pytest.mark.parametrize("streaming", [False, True])
+def test_widen_span_is_astype_for_every_half(monkeypatch, f16c, streaming):
     """The vector widening equals NumPy's ``astype(np.float32)`` for all 65,536 float16 bit
     patterns (NaN payloads, signalling ones included; subnormals; zeros of both signs), with
     F16C conversions and with the integer arithmetic used where the CPU has none, at every
@@ -218,21 +219,22 @@ def test_widen_span_is_astype_for_every_half(monkeypatch, f16c):
     monkeypatch.setattr(memops, "_has_f16c", lambda: f16c)
 
     @njit  # compiled here, after the patch: the intrinsic picks its conversion at compile time
-    def widen(dst, dst0, src, src0, count):
+    def widen(dst, dst0, src, src0, count, stream):
         memops.widen_span(
-            dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), HALF_TO_FLOAT_BITS
-        )
+            dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), HALF_TO_FLOAT_BITS,
+            stream,
+        )  # fmt: skip
 
     halves = np.arange(1 << 16, dtype=np.uint16)
     want = halves.view(np.float16).astype(np.float32).view(np.uint32)
     got = np.zeros(1 << 16, dtype=np.uint32)
-    widen(got, 0, halves, 0, halves.shape[0])
+    widen(got, 0, halves, 0, halves.shape[0], streaming)
     np.testing.assert_array_equal(got, want)
     source = halves[np.random.default_rng(3).permutation(1 << 16)[:64]]
     for count in range(50):
         for dst0 in range(16):
             out = np.zeros(80, dtype=np.uint32)
-            widen(out, dst0, source, 5, count)
+            widen(out, dst0, source, 5, count, streaming)
             expected = np.zeros(80, dtype=np.uint32)
             expected[dst0 : dst0 + count] = (
                 source[5 : 5 + count].view(np.float16).astype(np.float32).view(np.uint32)

@@ -242,7 +242,7 @@ def _typed_array(arr: Any, dtype: Any) -> bool:
     return isinstance(arr, types.Array) and arr.dtype == dtype and arr.layout == "C"
 
 
-def _widen_codegen() -> Any:
+def _widen_codegen(nontemporal: bool) -> Any:
     lanes = HALF_LANES
     int16, int32 = ir.IntType(16), ir.IntType(32)
     halves_type = ir.VectorType(int16, lanes)
@@ -308,7 +308,7 @@ def _widen_codegen() -> Any:
         else:
             value = exact(builder, halves)
         target = builder.bitcast(builder.gep(out, [dst_unit]), bits_type.as_pointer())
-        builder.store(value, target, align=4)
+        _store(builder, value, target, 64 if nontemporal else 4, nontemporal)
         return context.get_dummy_value()
 
     return codegen
@@ -320,7 +320,16 @@ def widen_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: An
     ``src[src_unit : src_unit + 16]``; ``dst``: C-contiguous uint32, ``src``: uint16."""
     if not (_typed_array(dst, types.uint32) and _typed_array(src, types.uint16)):
         return None
-    return types.void(dst, types.uint64, src, types.uint64), _widen_codegen()
+    return types.void(dst, types.uint64, src, types.uint64), _widen_codegen(False)
+
+
+@_intrinsic
+def stream_halves(typingctx: Any, dst: Any, dst_unit: Any, src: Any, src_unit: Any) -> Any:
+    """:func:`widen_halves` with a non-temporal store; ``dst[dst_unit]`` must start a 64-byte
+    line. Issue :func:`store_fence` before the output is handed over."""
+    if not (_typed_array(dst, types.uint32) and _typed_array(src, types.uint16)):
+        return None
+    return types.void(dst, types.uint64, src, types.uint64), _widen_codegen(True)
 
 
 _LANES = np.uint64(HALF_LANES)
@@ -339,17 +348,33 @@ def _widen_short(
 
 @njit(inline="always")
 def widen_span(
-    dst: np.ndarray, dst0: Any, src: np.ndarray, src0: Any, count: Any, lut: np.ndarray
+    dst: np.ndarray,
+    dst0: Any,
+    src: np.ndarray,
+    src0: Any,
+    count: Any,
+    lut: np.ndarray,
+    streaming: bool,
 ) -> None:
     """``dst[dst0 : dst0 + count]`` = float32 bits of the float16 bits ``src[src0 : src0 +
     count]`` (uint32 / uint16 arrays): 16 at a time as vectors (the last vector overlapping
     the one before it), shorter spans through ``lut`` (:data:`marlbuf._kernels.plan.
-    HALF_TO_FLOAT_BITS`). Plain stores, also into large outputs: a widening loop, unlike a
-    copy, was measured faster with them than with streaming stores (the guard's float16 check
-    times the round that uses it)."""
+    HALF_TO_FLOAT_BITS`). With ``streaming``, the destination lines the span covers whole are
+    written with non-temporal stores, the partial ones at its ends through the table."""
     if count < _LANES:
         _widen_short(dst, dst0, src, src0, count, lut)
         return
+    if streaming:
+        # uint32 units to the first 64-byte line of the destination
+        lead = (_LANES - (word_address(dst) // np.uint64(4) + dst0) % _LANES) % _LANES
+        if count >= lead + _LANES:
+            _widen_short(dst, dst0, src, src0, lead, lut)
+            k = lead
+            while k + _LANES <= count:
+                stream_halves(dst, dst0 + k, src, src0 + k)
+                k += _LANES
+            _widen_short(dst, dst0 + k, src, src0 + k, count - k, lut)
+            return
     last = count - _LANES
     k = _ZERO
     while k < last:

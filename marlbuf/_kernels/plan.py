@@ -238,7 +238,7 @@ def _segment_rows(
             if indices[i] < 0:
                 _zero_units(out32, dst, length)
             else:
-                widen_span(out32, dst, rows16[i - lo], src0, length, half_lut)
+                widen_span(out32, dst, rows16[i - lo], src0, length, half_lut, False)
 
 
 @njit(cache=True, nogil=True)
@@ -364,7 +364,7 @@ def _apply_segment(
     elif kind == COPY8:
         _copy_units(out8, dst, rows8, row, src0, length)
     else:
-        widen_span(out32, dst, rows16[row], src0, length, half_lut)
+        widen_span(out32, dst, rows16[row], src0, length, half_lut, streaming)
 
 
 @njit(cache=True, nogil=True)
