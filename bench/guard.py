@@ -171,12 +171,13 @@ def output_write_floor(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
 
 
 def streaming_round(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
-    """The round as ``iter_trainers``: each batch read, then dropped before the next is drawn."""
+    """The round as ``iter_trainers`` with one batch alive: each batch's fields read, then the
+    batch and its arrays dropped before the next is drawn (so its block is recycled)."""
 
     def round_() -> None:
         for batch in buf.iter_trainers(BATCH):
-            _ = (batch.obs, batch.action, batch.reward, batch.next_obs, batch.done)
-            del batch
+            fields = (batch.obs, batch.action, batch.reward, batch.next_obs, batch.done)
+            del batch, fields
 
     return round_
 
