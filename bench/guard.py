@@ -13,24 +13,37 @@ The checks, each on both data kinds where it applies:
    capacity)`` with no options, over the same round of a buffer with ``next_obs="stored"``:
    at most 1.10 on streams, 1.25 on independent transitions (:data:`ROUND_LIMITS`).
 2. **dense round / bare row gather** — the dense round over N gathers of 1024 random rows of
-   the same table into one reused array by a bare Numba loop (the ``sampling`` suite's
-   yardstick): at most 1.3 at CN-3, 1.2 at CN-24 (:data:`BARE_LIMITS`).
-3. **Neighbor(64) round / uniform round**, default format: at most 0.60 at CN-24 and PP-24+8
+   the same table into one reused array by a plain Numba loop
+   (:func:`marlbuf.bench.sampling.bare_row_gather`, the ``sampling`` suite's yardstick): at most
+   1.3 at CN-3, 1.2 at CN-24 (:data:`BARE_LIMITS`).
+3. **iter_trainers round / bare row gather** — the default buffer's streaming round (one batch
+   alive at a time) over the same bare gather: at most 1.10 (:data:`STREAM_BARE_LIMITS`).
+4. **Neighbor(64) round / uniform round**, default format: at most 0.80 at CN-24 and PP-24+8
    (:data:`NEIGHBOR_LIMITS`). Its note gives the round's output-write floor over the uniform
    round: zero-filling one batch block per trainer (:func:`output_write_floor`, timed in the
    same repeats), below which no read locality can take a round that copies its batches.
-4. **PER sample + update, cpprb / marlbuf** — ``sample(1024)`` + ``update_priorities`` through a
-   prioritized ``MultiAgentReplayBuffer`` at capacity 1e6 against cpprb's
-   ``PrioritizedReplayBuffer`` (the ``prioritized`` suite's part 1): at least 3.5x
-   (:data:`PER_TARGET`); skipped, with a note, where cpprb is not installed.
-5. **add / NumPy row write** — one step from PettingZoo-style dicts with integer actions through
+5. **Neighbor(64) ratio / the bare kernel's** — check 4's ratio over the bare gather's own ratio
+   of runs of 64 consecutive rows to random rows, timed in the same repeats: at most 1.0 where
+   check 4 runs (the round keeps the read saving the bare kernel shows; :data:`KEEP_LIMITS`).
+6. **default round / memcpy floor** — the round over one contiguous copy per trainer of the
+   bytes its batch holds, from the stored table into a block of its own (:func:`memcpy_floor`):
+   at most 1.3 at CN-24 (:data:`MEMCPY_LIMITS`).
+7. **float16 round / float32 round** — the default round of the same streams stored with
+   float16 observations (float32 batches, widened in the gather) over the float32 one: at most
+   0.85 at CN-24 (:data:`FLOAT16_LIMITS`; streams only).
+8. **PER sample + update, cpprb / marlbuf** — ``sample(1024)`` + ``update_priorities`` through a
+   prioritized ``MultiAgentReplayBuffer`` against cpprb's ``PrioritizedReplayBuffer`` (the
+   ``prioritized`` suite's part 1): at least 4x at capacity 1e6, 3x at 1e5
+   (:data:`PER_TARGETS`); skipped, with a note, where cpprb is not installed.
+9. **add / NumPy row write** — one step from PettingZoo-style dicts with integer actions through
    a default buffer's ``add`` over a per-agent NumPy row write (the ``dropin`` suite's write
    micro-benchmark): at most 3x at N = 3 and 0.5x at N = 24 (:data:`ADD_LIMITS`).
 
 Workloads: cooperative navigation CN-3, CN-12 and CN-24 (obs 6N, action 5) and predator-prey
-PP-24+8 (:mod:`marlbuf.bench.workloads`); ``--quick`` runs CN-3 and CN-24 at small capacities
-and the PER check at capacity 1e5, in well under a minute on 2 cores. Each row also records the
-round's floor from this machine's copy bandwidth (bytes gathered / bandwidth).
+PP-24+8 (:mod:`marlbuf.bench.workloads`); ``--quick`` runs CN-3, CN-12 (streams) and CN-24 at
+small capacities and the PER check at capacity 1e5, in well under a minute on 2 cores. Each
+row also records the round's floor from this machine's copy bandwidth (bytes gathered /
+bandwidth).
 
 A check past its limit is printed as ``FAIL`` and listed in the payload's ``failed_checks``.
 ``marlbuf bench guard`` then exits non-zero; with ``--quick`` it does not (small sizes on a
@@ -59,6 +72,7 @@ from marlbuf.bench.common import (
     time_interleaved,
     time_once,
 )
+from marlbuf.bench.memory import half_specs
 from marlbuf.bench.workloads import DATA_KINDS, Workload, steps_of_kind
 from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor
@@ -72,14 +86,25 @@ NEIGHBOR_RUN = 64
 ROUND_LIMITS = {"streams": 1.10, "independent": 1.25}
 #: dense round / bare row gather, at most, per workload (the check runs where one is set)
 BARE_LIMITS = {"CN-3": 1.3, "CN-24": 1.2}
+#: iter_trainers round (default buffer) / bare row gather, at most, per workload
+STREAM_BARE_LIMITS = {"CN-3": 1.10, "CN-12": 1.10, "CN-24": 1.10}
 #: Neighbor(64) round / uniform round (default format), at most, per workload
-NEIGHBOR_LIMITS = {"CN-24": 0.60, "PP-24+8": 0.60}
-#: PER sample + update: cpprb's time / marlbuf's, at least
-PER_TARGET = 3.5
+NEIGHBOR_LIMITS = {"CN-24": 0.80, "PP-24+8": 0.80}
+#: (Neighbor(64) round / uniform round) / (bare gather of 64-row runs / bare gather), at most,
+#: where the Neighbor check runs: the round keeps the bare kernel's read saving
+KEEP_LIMIT = 1.0
+#: default round / memcpy of its bytes, at most, per workload
+MEMCPY_LIMITS = {"CN-24": 1.3}
+#: float16 round / float32 round (streams, default format), at most, per workload
+FLOAT16_LIMITS = {"CN-24": 0.85}
+#: PER sample + update: cpprb's time / marlbuf's, at least, per capacity (the largest capacity
+#: at or below the measured one applies)
+PER_TARGETS = {100_000: 3.0, 1_000_000: 4.0}
 #: add / NumPy row write, at most, per agent count
 ADD_LIMITS = {3: 3.0, 24: 0.5}
 
 FULL: dict[str, Any] = {
+    "streams_only": [],
     "workloads": [
         Workload("cooperative_navigation", 3),
         Workload("cooperative_navigation", 12),
@@ -96,7 +121,13 @@ FULL: dict[str, Any] = {
     "add_repeats": 15,
 }
 QUICK: dict[str, Any] = {
-    "workloads": [Workload("cooperative_navigation", 3), Workload("cooperative_navigation", 24)],
+    "workloads": [
+        Workload("cooperative_navigation", 3),
+        Workload("cooperative_navigation", 12),
+        Workload("cooperative_navigation", 24),
+    ],
+    #: workloads measured on streams only (their checks concern MPE streams)
+    "streams_only": ["CN-12"],
     "capacity": 20_000,
     "table_budget": 120_000_000,
     "repeats": 7,
@@ -139,6 +170,42 @@ def output_write_floor(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
     return round_
 
 
+def streaming_round(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
+    """The round as ``iter_trainers`` with one batch alive: each batch's fields read, then the
+    batch and its arrays dropped before the next is drawn (so its block is recycled)."""
+
+    def round_() -> None:
+        for batch in buf.iter_trainers(BATCH):
+            fields = (batch.obs, batch.action, batch.reward, batch.next_obs, batch.done)
+            del batch, fields
+
+    return round_
+
+
+def memcpy_floor(buf: MultiAgentReplayBuffer) -> Callable[[], None]:
+    """One contiguous copy per trainer of the bytes its batch block holds, from a random
+    place in the stored table into a block of its own (as a round keeps its batches): the
+    round's bytes moved at memcpy speed, from the memory the round reads."""
+    dtype, shape = buf.storage.block_spec(BATCH)
+    blocks = [
+        np.empty(shape, dtype=dtype).reshape(-1).view(np.uint8) for _ in range(buf.n_trainers)
+    ]
+    for block in blocks:
+        block.fill(0)  # fault the pages in
+    table = buf.storage.arrays()["table"].reshape(-1).view(np.uint8)
+    nbytes = blocks[0].shape[0]
+    span = max(1, table.shape[0] - nbytes)
+    rng = np.random.default_rng(0)
+
+    def round_() -> None:
+        for block in blocks:
+            start = int(rng.integers(0, span)) // 64 * 64
+            part = table[start : start + nbytes]
+            np.copyto(block[: part.shape[0]], part)
+
+    return round_
+
+
 def fill(
     buffers: list[MultiAgentReplayBuffer], workload: Workload, kind: str, seed: int
 ) -> list[str]:
@@ -159,20 +226,33 @@ def fill(
 def measure_rounds(
     workload: Workload, kind: str, cfg: dict[str, Any], bandwidth: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Timing rows and checks 1-3 for one workload and data kind."""
+    """Timing rows and checks 1-7 for one workload and data kind."""
     capacity = capacity_for(workload, cfg["capacity"], cfg["table_budget"])
     specs = workload.specs()
+    label = workload.label
     default = MultiAgentReplayBuffer(specs, capacity)  # no options: what a user gets
     dense = MultiAgentReplayBuffer(specs, capacity, next_obs="stored")
-    caught = fill([default, dense], workload, kind, seed=workload.n)
+    buffers = [default, dense]
+    half = None
+    if label in FLOAT16_LIMITS and kind == "streams":
+        half = MultiAgentReplayBuffer(half_specs(specs), capacity)  # float16 obs, default format
+        buffers.append(half)
+    caught = fill(buffers, workload, kind, seed=workload.n)
     neighbor = sampling._share_storage(default, Neighbor(NEIGHBOR_RUN), seed=1)
     cases = {
         "default": maddpg_round(default),
         "dense": maddpg_round(dense),
         "bare_row_gather": sampling._bare_gather(dense, workload.n_trainers),
+        "default_stream": streaming_round(default),
         f"default+neighbor{NEIGHBOR_RUN}": maddpg_round(neighbor),
+        f"bare_runs{NEIGHBOR_RUN}": sampling._bare_gather(
+            dense, workload.n_trainers, run_length=NEIGHBOR_RUN
+        ),
         "output_write_floor": output_write_floor(default),
+        "memcpy_floor": memcpy_floor(default),
     }
+    if half is not None:
+        cases["float16"] = maddpg_round(half)
     for fn in cases.values():  # JIT compilation and first-touch faults, before calibrating
         fn()
     slowest = max(time_once(fn) for fn in cases.values())
@@ -181,12 +261,14 @@ def measure_rounds(
         cases, repeats=cfg["repeats"], warmup=1, inner=inner, rotate=True, keep_samples=True
     )
     floor_ms = 1e3 * sampling.useful_bytes_per_round(workload) / bandwidth
-    formats = {"default": default.next_obs, "dense": dense.next_obs, "bare_row_gather": "stored"}
-    formats[f"default+neighbor{NEIGHBOR_RUN}"] = default.next_obs
-    formats["output_write_floor"] = default.next_obs
+    formats = {case: default.next_obs for case in cases}
+    formats.update({"dense": dense.next_obs, "bare_row_gather": "stored"})
+    formats[f"bare_runs{NEIGHBOR_RUN}"] = "stored"
+    if half is not None:
+        formats["float16"] = f"{half.next_obs}, float16 obs"
     rows = [
         {
-            "workload": workload.label,
+            "workload": label,
             "kind": kind,
             "case": case,
             "capacity": capacity,
@@ -203,7 +285,7 @@ def measure_rounds(
         }
         for case, t in timings.items()
     ]
-    ident: dict[str, Any] = {"workload": workload.label, "kind": kind}
+    ident: dict[str, Any] = {"workload": label, "kind": kind}
     note: dict[str, Any] = {"note": f"default fill warned: {', '.join(caught)}"} if caught else {}
     checks = [
         check(
@@ -214,24 +296,68 @@ def measure_rounds(
             **note,
         )
     ]
-    if workload.label in BARE_LIMITS:
+    if label in BARE_LIMITS:
         checks.append(
             check(
                 "dense round / bare row gather",
                 paired_ratio(timings["dense"], timings["bare_row_gather"]),
-                BARE_LIMITS[workload.label],
+                BARE_LIMITS[label],
                 **ident,
             )
         )
-    if workload.label in NEIGHBOR_LIMITS:
+    if label in STREAM_BARE_LIMITS:
+        checks.append(
+            check(
+                "iter_trainers round / bare row gather",
+                paired_ratio(timings["default_stream"], timings["bare_row_gather"]),
+                STREAM_BARE_LIMITS[label],
+                **ident,
+                note="default buffer; sample_for_trainers: "
+                f"{paired_ratio(timings['default'], timings['bare_row_gather']):.3g}x",
+            )
+        )
+    if label in NEIGHBOR_LIMITS:
         floor = paired_ratio(timings["output_write_floor"], timings["default"])
+        round_ratio = paired_ratio(timings[f"default+neighbor{NEIGHBOR_RUN}"], timings["default"])
+        bare_ratio = paired_ratio(timings[f"bare_runs{NEIGHBOR_RUN}"], timings["bare_row_gather"])
         checks.append(
             check(
                 f"Neighbor({NEIGHBOR_RUN}) round / uniform round, default format",
-                paired_ratio(timings[f"default+neighbor{NEIGHBOR_RUN}"], timings["default"]),
-                NEIGHBOR_LIMITS[workload.label],
+                round_ratio,
+                NEIGHBOR_LIMITS[label],
                 **ident,
                 note=f"writing the round's output blocks alone: {floor:.2f}x the uniform round",
+            )
+        )
+        checks.append(
+            check(
+                f"Neighbor({NEIGHBOR_RUN}) ratio / bare kernel's runs ratio",
+                round_ratio / bare_ratio,
+                KEEP_LIMIT,
+                **ident,
+                note=f"round {round_ratio:.3g}x uniform; bare gather of {NEIGHBOR_RUN}-row runs "
+                f"{bare_ratio:.3g}x random rows",
+            )
+        )
+    if label in MEMCPY_LIMITS:
+        checks.append(
+            check(
+                "default round / memcpy floor",
+                paired_ratio(timings["default"], timings["memcpy_floor"]),
+                MEMCPY_LIMITS[label],
+                **ident,
+                note="iter_trainers: "
+                f"{paired_ratio(timings['default_stream'], timings['memcpy_floor']):.3g}x",
+            )
+        )
+    if half is not None:
+        checks.append(
+            check(
+                "float16 round / float32 round",
+                paired_ratio(timings["float16"], timings["default"]),
+                FLOAT16_LIMITS[label],
+                **ident,
+                note="float16 observations, float32 batches (widened in the gather)",
             )
         )
     return rows, checks
@@ -248,8 +374,21 @@ def measure_per(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
     ident["note"] = note
     rows = [{"workload": "PER", "kind": "", **r} for r in per_rows]
     return rows, [
-        check("PER sample + update: cpprb / marlbuf", ratio, PER_TARGET, at_most=False, **ident)
+        check(
+            "PER sample + update: cpprb / marlbuf",
+            ratio,
+            per_target(cfg["per_capacity"]),
+            at_most=False,
+            **ident,
+        )
     ]
+
+
+def per_target(capacity: int) -> float:
+    """The PER check's target at ``capacity``: that of the largest capacity of
+    :data:`PER_TARGETS` at or below it (the smallest one's below them all)."""
+    fitting = [c for c in PER_TARGETS if c <= capacity]
+    return PER_TARGETS[max(fitting) if fitting else min(PER_TARGETS)]
 
 
 def measure_add(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -295,7 +434,8 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             )
 
     for workload in cfg["workloads"]:
-        for kind in DATA_KINDS:
+        kinds = ("streams",) if workload.label in cfg.get("streams_only", ()) else DATA_KINDS
+        for kind in kinds:
             new_rows, new_checks = measure_rounds(workload, kind, cfg, bandwidth)
             rows += new_rows
             report(new_checks)
@@ -347,6 +487,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             "repeats": cfg["repeats"],
             "per_capacity": cfg["per_capacity"],
             "per_repeats": cfg["per_repeats"],
+            "streams_only": cfg.get("streams_only", []),
             "add_steps": cfg["add_steps"],
             "add_repeats": cfg["add_repeats"],
             "data_kinds": list(DATA_KINDS),

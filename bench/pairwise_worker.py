@@ -143,6 +143,36 @@ def build_cases() -> dict[str, Callable[[], Callable[[], None]]]:
 
     cases["CN-3 Sequence(16) sample 64"] = lambda: sequences(16)
 
+    def sequences_prioritized() -> Callable[[], None]:
+        buf = _filled(cn3, 100_000, sampler=Sequence(16, burn_in=4, prioritized=True))
+        td = np.random.default_rng(1).random((64, 16)) + 0.01
+
+        def run() -> None:
+            batch = buf.sample(64)
+            buf.update_priorities(batch.indices, td, generations=batch.generations)
+
+        return run
+
+    cases["CN-3 Sequence(16) PER sample+update 64"] = sequences_prioritized
+
+    def episodes(prioritized: bool) -> Callable[[], None]:
+        # imported here: a version without Episodes answers nan for these cases only
+        from marlbuf.samplers import Episodes
+
+        sampler = Episodes(max_length=25, prioritized=prioritized)
+        buf = _filled(cn3, 100_000, sampler=sampler)
+        td = np.random.default_rng(2).random(32) + 0.01
+
+        def run() -> None:
+            batch = buf.sample(32)
+            if prioritized:
+                buf.update_priorities(batch.indices, td, generations=batch.generations)
+
+        return run
+
+    cases["CN-3 Episodes(25) sample 32"] = lambda: episodes(False)
+    cases["CN-3 Episodes(25) PER sample+update 32"] = lambda: episodes(True)
+
     def torch_round(n: int, next_obs: str) -> Callable[[], None]:
         import torch
 

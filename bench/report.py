@@ -49,6 +49,10 @@ CASE_TERMS: dict[str, str] = {
     "default": "MultiAgentReplayBuffer(specs, capacity) with no options",
     "dense": 'next_obs stored in every row (next_obs="stored")',
     "output_write_floor": "zero-filling one batch block per trainer: the round's writes alone",
+    "memcpy_floor": "one contiguous copy per trainer of its batch's bytes, from the stored table",
+    "default_stream": "the default buffer's iter_trainers round, one batch alive at a time",
+    "bare_runs": "the bare row gather of runs of <n> consecutive rows (as Neighbor(<n>) draws)",
+    "float16": "the default buffer with float16 observations (float32 batches)",
     "cpprb": "the cpprb library",
     "torchrl": "the TorchRL library",
     "adapter": "marlbuf.compat's drop-in adapter",
@@ -200,6 +204,8 @@ def case_terms(names: Iterable[str]) -> list[tuple[str, str]]:
             if re.fullmatch(r"neighbor_?\d+", part):
                 key = "neighbor"
                 part = re.sub(r"_?(\d+)", r"<n>", part)
+            elif re.fullmatch(r"bare_runs\d+", part):
+                key, part = "bare_runs", "bare_runs<n>"
             elif part.startswith("L="):
                 key, part = "L", "L=<n>"
             if key in CASE_TERMS and part not in seen:

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from marlbuf import MultiAgentReplayBuffer
-from marlbuf._kernels import gather_rows
 from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
 from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.memory import half_specs
@@ -201,17 +201,41 @@ def _round_fns(buffers: dict[str, Any], n_trainers: int) -> dict[str, Callable[[
     return fns
 
 
-def _bare_gather(buf: MultiAgentReplayBuffer, n_trainers: int) -> Callable[[], Any]:
-    """A bare Numba row-gather loop over ``buf``'s stored rows into one reused output array,
-    with uniform indices drawn as the buffer draws them: what moving the stored bytes costs
-    without batches, next-observation links or conversion (the streaming round's yardstick)."""
+@njit(cache=True, nogil=True)
+def bare_row_gather(table: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = table[indices[i]]`` by a plain Numba loop over the words: the yardstick the
+    rounds are measured against (defined here, so that no change to marlbuf's own kernels
+    moves it)."""
+    width = table.shape[1]
+    for i in range(indices.shape[0]):
+        row = indices[i]
+        for k in range(width):
+            out[i, k] = table[row, k]
+
+
+def _bare_gather(
+    buf: MultiAgentReplayBuffer, n_trainers: int, run_length: int = 1
+) -> Callable[[], Any]:
+    """A bare Numba row-gather loop (:func:`bare_row_gather`) over ``buf``'s stored rows into one
+    reused output array, with uniform indices drawn as the buffer draws them: what moving the
+    stored bytes costs without batches, next-observation links or conversion (the streaming
+    round's yardstick). ``run_length > 1``: runs of that many consecutive rows from uniform
+    starts, as ``Neighbor(run_length)`` draws them (the bare kernel's own neighbor gain)."""
     table = buf.storage.arrays()["table"]  # the yardstick reads the stored rows directly
     out = np.empty((BATCH, table.shape[1]), dtype=table.dtype)
     rng = np.random.default_rng(0)
+    size = len(buf)
+    offsets = np.arange(run_length, dtype=np.int64)
+    runs = max(1, BATCH // run_length)
 
     def round_() -> None:
         for _ in range(n_trainers):
-            gather_rows(table, rng.integers(0, len(buf), BATCH, dtype=np.int64), out)
+            if run_length == 1:
+                indices = rng.integers(0, size, BATCH, dtype=np.int64)
+            else:
+                starts = rng.integers(0, size - run_length + 1, runs, dtype=np.int64)
+                indices = (starts[:, None] + offsets).reshape(-1)
+            bare_row_gather(table, indices, out)
 
     return round_
 

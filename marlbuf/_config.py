@@ -33,6 +33,10 @@ SEQUENCE_REBUILD_SLOTS = 1 << 22
 #: its (agents, rows, hidden) activations stay in cache (the pass touches agents^2 * batch rows).
 TARGET_CHUNK_ROWS = 4096
 
+#: Priority-tree searches and updates prefetch the tree line a target (or updated leaf) this
+#: many places later in the batch will read at the same level.
+SEARCH_PREFETCH_AHEAD = 16
+
 #: Prioritized-locality sampling searches its reference slots in chunks of at least this many
 #: (one tree level at a time, so the cache misses of a chunk overlap); unused ones are dropped.
 SEARCH_CHUNK_MIN = 32
@@ -41,6 +45,18 @@ SEARCH_CHUNK_MIN = 32
 #: this large: measured on a quiet 2-core VM, 28 KB rows x 1024 (29 MB) gathered 1.4x faster on
 #: two threads, while 576-byte rows x 1024 (0.6 MB) were 0.9x (thread start-up dominates).
 PARALLEL_GATHER_MIN_BYTES = 4 * 1024 * 1024
+
+#: Row gathers prefetch the rows they will copy next (``_kernels.memops``): rows whose first
+#: bytes are this far ahead of the row being copied (at least one row), and at most
+#: ``PREFETCH_LINES`` cache lines of each (the hardware follows a long row once started).
+PREFETCH_AHEAD_BYTES = 4096
+PREFETCH_LINES = 16
+
+#: Row gathers write whole output lines with non-temporal (streaming) stores when the batch
+#: block is at least this large: such a block does not stay in the cache anyway, and a plain
+#: store first reads each output line into the cache (read-for-ownership), moving its bytes
+#: twice. Smaller blocks are written through the cache, where the learner then finds them.
+STREAMING_STORE_MIN_BYTES = 4 * 1024 * 1024
 
 #: The general gather (per-agent batches, float16 -> float32) copies the rows of a block into a
 #: staging area of about this many bytes (kept in cache), then applies its plan to them

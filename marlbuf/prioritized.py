@@ -241,6 +241,10 @@ class PriorityTrees:
     """One float64 sum-tree of ``priority ** alpha`` per trainer, over ``capacity`` slots, and
     optionally one max-tree of the raw priorities (for ``p / max p``).
 
+    The trees store every third level of a binary tree, 8 sibling nodes per cache line
+    (:mod:`marlbuf._kernels.sumtree`): the same totals, searches and weights as a full binary
+    tree, bit for bit, with a third of its levels to read and write.
+
     Parameters
     ----------
     capacity : int
@@ -255,7 +259,8 @@ class PriorityTrees:
     Attributes
     ----------
     sums : ndarray, shape (n_trees, 2 * leaf_offset), float64
-        The sum-trees (root at column 1, slot ``s`` at column ``leaf_offset + s``).
+        The sum-trees (root at column 1, slot ``s`` at column ``leaf_offset + s``; the nodes
+        of levels that are not stored are 0).
     maxes : ndarray, shape (n_trees, 2 * leaf_offset) or (n_trees, 0), float64
         The max-trees, if tracked.
     max_priority : ndarray, shape (n_trees,), float64
@@ -269,8 +274,8 @@ class PriorityTrees:
         self.track_max = bool(track_max)
         self.leaf_offset = 1 << max(0, (self.capacity - 1).bit_length())  # power of two >= cap
         width = 2 * self.leaf_offset
-        self.sums = np.zeros((self.n_trees, width), dtype=np.float64)
-        self.maxes = np.zeros((self.n_trees, width if self.track_max else 0), dtype=np.float64)
+        self.sums = _line_aligned_zeros(self.n_trees, width)
+        self.maxes = _line_aligned_zeros(self.n_trees, width if self.track_max else 0)
         self.max_priority = np.ones(self.n_trees, dtype=np.float64)
         self.empty = np.zeros(0, dtype=np.float64)
 
@@ -349,6 +354,14 @@ class PriorityTrees:
             for t in range(self.n_trees):
                 rebuild(self.maxes[t], self.leaf_offset, True)
         self.max_priority[:] = max_priority
+
+
+def _line_aligned_zeros(rows: int, width: int) -> np.ndarray:
+    """``np.zeros((rows, width))`` (float64) starting on a 64-byte cache line, so that every
+    stored line of 8 sibling nodes (:mod:`marlbuf._kernels.sumtree`) is one line."""
+    raw = np.zeros(rows * width + 8, dtype=np.float64)
+    start = (-raw.ctypes.data % 64) // 8
+    return raw[start : start + rows * width].reshape(rows, width)
 
 
 def checked_tree_state(

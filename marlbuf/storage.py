@@ -29,6 +29,7 @@ from marlbuf._kernels import (
     gather_rows_parallel,
     gather_segments,
     gather_spans,
+    gather_words,
     scatter_lean,
     scatter_rows,
 )
@@ -58,6 +59,9 @@ def allocate_in_memory(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np
     return aligned_empty(shape, dtype, _config.ARRAY_ALIGN_BYTES)
 
 
+_BYTES = np.dtype(np.uint8)
+
+
 class _Lease:
     """The owner of one pooled block while a batch uses it.
 
@@ -71,14 +75,23 @@ class _Lease:
 
     __slots__ = ("__array_interface__", "__weakref__", "_pool", "_raw", "_token")
 
-    def __init__(self, raw: np.ndarray, address: int, nbytes: int, pool: BlockPool, token: int):
+    def __init__(
+        self,
+        raw: np.ndarray,
+        address: int,
+        nbytes: int,
+        pool: BlockPool,
+        token: int,
+        dtype: np.dtype = _BYTES,
+        shape: tuple[int, ...] | None = None,
+    ):
         self._raw = raw
         self._pool = pool
         self._token = token
         self.__array_interface__ = {
             "data": (address, False),
-            "shape": (nbytes,),
-            "typestr": "|u1",
+            "shape": (nbytes,) if shape is None else shape,
+            "typestr": dtype.str,
             "version": 3,
         }
 
@@ -112,8 +125,12 @@ class BlockPool:
         with self._lock:
             self._busy.discard(token)
 
-    def acquire(self, nbytes: int) -> np.ndarray:
-        """A 64-byte-aligned ``uint8`` array of ``nbytes`` that no one else references."""
+    def acquire(
+        self, nbytes: int, dtype: np.dtype = _BYTES, shape: tuple[int, ...] | None = None
+    ) -> np.ndarray:
+        """A 64-byte-aligned array of ``nbytes`` that no one else references: ``uint8`` of
+        shape ``(nbytes,)``, or of ``dtype`` and ``shape`` (which must cover ``nbytes``
+        exactly) when given."""
         align = _config.ROW_ALIGN_BYTES
         with self._lock:
             chosen: tuple[int, np.ndarray, int] | None = None
@@ -133,7 +150,7 @@ class BlockPool:
                     self._busy.discard(forgotten)
             token, raw, address = chosen
             self._busy.add(token)
-        return np.asarray(_Lease(raw, address, nbytes, self, token))
+        return np.asarray(_Lease(raw, address, nbytes, self, token, dtype, shape))
 
 
 def available_memory_bytes() -> int | None:
@@ -146,6 +163,15 @@ def available_memory_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+def copy_options(row_bytes: int, out_nbytes: int) -> tuple[int, int, bool]:
+    """The copy settings of a row gather (:func:`marlbuf._kernels.gather_words` and the other
+    row kernels): rows prefetched ahead of the one copied and lines per row
+    (``_config.PREFETCH_AHEAD_BYTES``, ``PREFETCH_LINES``), and whether a block of
+    ``out_nbytes`` is written with streaming stores (``_config.STREAMING_STORE_MIN_BYTES``)."""
+    ahead = max(1, -(-_config.PREFETCH_AHEAD_BYTES // max(1, row_bytes)))
+    return ahead, _config.PREFETCH_LINES, out_nbytes >= _config.STREAMING_STORE_MIN_BYTES
 
 
 def ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:
@@ -255,6 +281,70 @@ def build_plan(
     return np.array(plan, dtype=np.int64).T.copy()
 
 
+class RowViewPlan:
+    """Per-field, per-agent strided views of gathered rows, made by indexing.
+
+    The block of a rows batch is viewed once per dtype present (``rows.view(np.float32)``:
+    shape ``(n, row_bytes // 4)``), and each (field, agent) array is a prebuilt basic index of
+    that view: ``typed[:, 5]`` for a scalar, ``typed[:, 20:38]`` for a vector (reshaped for
+    items of more dimensions). Indexing with a prebuilt key costs about a quarter of an
+    ``np.ndarray(shape, dtype, buffer, offset, strides)`` construction, and a MADDPG batch
+    makes five such arrays per agent. The views are those of
+    :meth:`marlbuf.staging.RowCodec.views`: the same shapes, strides and memory, and their base
+    chain ends where the block's does.
+
+    Parameters
+    ----------
+    slots : sequence of FieldSlot
+        Where each (field, agent) sits in a row (byte offsets).
+    field_names : sequence of str
+        The keys of the returned dict, in order.
+    row_bytes : int
+        Bytes per row (a multiple of 8).
+    """
+
+    def __init__(self, slots: Sequence[FieldSlot], field_names: Sequence[str], row_bytes: int):
+        self.field_names = tuple(field_names)
+        #: (field, agent) of every slot, in slot order (the order of the returned dicts)
+        self._keys = [(fs.field, fs.agent) for fs in slots]
+        by_dtype: dict[np.dtype, list[tuple[int, Any, tuple[int, ...] | None]]] = {}
+        #: slots that indexing cannot express (an item size that does not divide the row or the
+        #: offset): built by one ``np.ndarray`` call each
+        self._direct: list[tuple[int, int, tuple[int, ...], np.dtype, tuple[int, ...]]] = []
+        for position, fs in enumerate(slots):
+            size = fs.dtype.itemsize
+            if row_bytes % size or fs.offset % size:
+                self._direct.append((position, fs.offset, fs.shape, fs.dtype, _item_strides(fs)))
+                continue
+            first = fs.offset // size
+            key: Any = (
+                (slice(None), first)
+                if fs.shape == ()
+                else (slice(None), slice(first, first + math.prod(fs.shape)))
+            )
+            inner = fs.shape if len(fs.shape) > 1 else None
+            by_dtype.setdefault(fs.dtype, []).append((position, key, inner))
+        self._by_dtype = list(by_dtype.items())
+
+    def views(self, rows: np.ndarray) -> RowViews:
+        """The views of ``rows`` (shape (n, row_words), uint64, C-contiguous)."""
+        n = rows.shape[0]
+        made: list[Any] = [None] * len(self._keys)
+        for dtype, items in self._by_dtype:
+            typed = rows.view(dtype)
+            for position, key, inner in items:
+                view = typed[key]
+                made[position] = view if inner is None else view.reshape((n, *inner))
+        if self._direct:
+            row_bytes = rows.shape[1] * rows.itemsize
+            for position, offset, shape, dtype, strides in self._direct:
+                made[position] = np.ndarray((n, *shape), dtype, rows, offset, (row_bytes, *strides))
+        out: RowViews = {f: {} for f in self.field_names}
+        for (field_name, agent), view in zip(self._keys, made):
+            out[field_name][agent] = view
+        return out
+
+
 class FieldSelection:
     """The fields one batch gathers (``fields=`` of ``sample``/``gather``/...): a restricted
     row format, described as :class:`marlbuf.staging.RowCodec` describes the full one.
@@ -315,11 +405,7 @@ class FieldSelection:
         self.row_words = self.row_bytes // 8
         # a selection's rows are never lean (duck-typed for the torch store's RowLayout)
         self.lean_slots, self.lean_row_bytes = self.slots, self.row_bytes
-        # per slot: (field, agent, offset, shape, dtype, strides of one item) for views
-        self._view_plan = [
-            (fs.field, fs.agent, fs.offset, fs.shape, fs.dtype, _item_strides(fs))
-            for fs in self.slots
-        ]
+        self._view_plan = RowViewPlan(self.slots, self.field_names, self.row_bytes)
 
     def not_gathered(self, name: str) -> NotGathered:
         """What stands in a batch of this selection for the left-out field ``name``."""
@@ -327,16 +413,8 @@ class FieldSelection:
 
     def views(self, rows: np.ndarray) -> RowViews:
         """Per chosen field, per agent, strided views of ``rows`` (shape (n, row_words),
-        uint64, C-contiguous)."""
-        n = rows.shape[0]
-        row_bytes = rows.shape[1] * rows.itemsize
-        out: RowViews = {f: {} for f in self.field_names}
-        # one ndarray construction per view (its base is ``rows``, which it keeps alive)
-        for field_name, agent, offset, shape, dtype, inner in self._view_plan:
-            out[field_name][agent] = np.ndarray(
-                (n, *shape), dtype, rows, offset, (row_bytes, *inner)
-            )
-        return out
+        uint64, C-contiguous): see :class:`RowViewPlan`."""
+        return self._view_plan.views(rows)
 
     def carving(self, n: int) -> tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]:
         """Per-agent arrays of an ``n``-row per-agent batch: ``(field, agent, byte offset,
@@ -498,6 +576,10 @@ class Storage(ABC):
                 == [(fs.field, fs.agent, fs.offset) for fs in self.codec.lean_slots]
             )
         )
+        #: the views of a rows batch of every field (see :class:`RowViewPlan`)
+        self._row_views = RowViewPlan(
+            self.batch_codec.slots, self.batch_codec.field_names, self.batch_codec.row_bytes
+        )
         #: agents whose actions are one-hot (``AgentSpec(n_discrete_actions=K)``): their
         #: batches offer ``action_index``
         self.discrete_agents = tuple(
@@ -521,6 +603,14 @@ class Storage(ABC):
         if self.parallel_gather and out_nbytes >= _config.PARALLEL_GATHER_MIN_BYTES:
             return gather_rows_parallel
         return gather_rows
+
+    def _gather_table_rows(self, table: np.ndarray, indices: np.ndarray, block: np.ndarray) -> None:
+        """``block[i] = table[indices[i]]`` (uint64 rows of one width; -1: zeros): the
+        threaded kernel when opted in and the block is large, else :func:`gather_words`."""
+        if self.parallel_gather and block.nbytes >= _config.PARALLEL_GATHER_MIN_BYTES:
+            gather_rows_parallel(table, indices, block)
+            return
+        gather_words(table, indices, block, *copy_options(table.shape[1] * 8, block.nbytes))
 
     def _carving(self, n: int) -> tuple[list[tuple[str, str, int, int, np.dtype, tuple]], int]:
         """Per-agent output arrays of an ``n``-row batch inside one block: ``(field, agent,
@@ -605,7 +695,7 @@ class Storage(ABC):
         if self.default_select is not None:
             return self._select_views(block, n, self.default_select)
         if self.layout == "interleaved" and self.batch_layout == "rows":
-            return self.batch_codec.views(block)
+            return self._row_views.views(block)
         return self._carve(block, n)
 
     def _select_views(
@@ -622,8 +712,7 @@ class Storage(ABC):
 
     def _new_block(self, n: int, select: FieldSelection | None = None) -> np.ndarray:
         dtype, shape = self.block_spec(n, select)
-        raw = self.pool.acquire(math.prod(shape) * dtype.itemsize)
-        return raw.view(dtype).reshape(shape)
+        return self.pool.acquire(math.prod(shape) * dtype.itemsize, dtype, shape)
 
     @property
     @abstractmethod
@@ -1045,8 +1134,8 @@ class InterleavedStorage(Storage):
         rows = self.batch_layout == "rows"
         if rows and self.links is None and not self.converts:
             # stored rows are batch rows: one straight word copy per row
-            self._gather_kernel(block.nbytes)(self.table, indices, block)
-            return self.batch_codec.views(block), block
+            self._gather_table_rows(self.table, indices, block)
+            return self._row_views.views(block), block
         links = self.links
         if rows and links is not None and not self.converts:
             # observations stored once, rows batch: head, next_obs and tail as block copies
@@ -1065,11 +1154,14 @@ class InterleavedStorage(Storage):
                 tail_dst,
                 tail,
                 block,
+                *copy_options(self.table_row_bytes, block.nbytes),
             )
-            return self.batch_codec.views(block), block
-        self._run_segments(indices, self._plan(n), links, block.reshape(-1))
+            return self._row_views.views(block), block
+        # rows batch: a few long segments, run straight from the table; per-agent arrays:
+        # many short ones, run over staged blocks of rows
+        self._run_plan(indices, self._plan(n), links, block.reshape(-1), rows, staged=not rows)
         if rows:
-            return self.batch_codec.views(block), block
+            return self._row_views.views(block), block
         return self._carve(block, n), block
 
     def _gather_selected(
@@ -1083,50 +1175,41 @@ class InterleavedStorage(Storage):
         rows = self.batch_layout == "rows"
         if rows and select is self.default_select and self.rows_are_batch_rows:
             # next_obs="none", rows batch: stored rows are batch rows, one word copy per row
-            self._gather_kernel(block.nbytes)(self.table, indices, block)
+            self._gather_table_rows(self.table, indices, block)
             return select.views(block), block
         plan, direct = self._selected_plan(select, n)
-        kind, src, dst, length, step, _ = plan
-        flat = block.reshape(-1)
-        if direct:
-            # copies out of the row itself: straight from the table, no staging of whole rows
-            gather_spans(
-                self.table,
-                indices,
-                kind,
-                src,
-                dst,
-                length,
-                step,
-                flat.view(np.uint64),
-                flat.view(np.uint32),
-                flat.view(np.uint8),
-            )
-        else:  # next observations (looked up only when chosen), float16 conversions
-            links = self.links if "next_obs" in select.names else None
-            self._run_segments(indices, plan, links, flat)
+        # next observations are looked up only when chosen; a plan that copies out of the row
+        # itself runs straight from the table (staging whole rows would copy the fields left
+        # out for nothing), as does any plan of a rows batch (a few long segments)
+        links = self.links if "next_obs" in select.names else None
+        self._run_plan(indices, plan, links, block.reshape(-1), rows, staged=not (rows or direct))
         return self._select_views(block, n, select), block
 
-    def _run_segments(
+    def _run_plan(
         self,
         indices: np.ndarray,
         plan: np.ndarray,
         links: NextObsLinks | None,
         flat: np.ndarray,
+        rows: bool,
+        staged: bool,
     ) -> None:
         """Run the gather ``plan`` (:func:`build_plan`'s rows) for ``indices`` into the flat
-        batch block ``flat`` with the general kernel; ``links``: where next observations live
-        (``None`` when the plan reads none)."""
+        batch block ``flat``: with ``staged``, over staged blocks of rows (``gather_segments``:
+        plans of many short segments), else row by row straight from the table
+        (``gather_spans``); ``links``: where next observations live (``None`` when the plan
+        reads none). Streaming stores only for ``rows`` batches: per-agent arrays are written
+        as many short runs into as many arrays, which streaming stores make slower."""
         kind, src, dst, length, step, from_next = plan
         side = links.side if links is not None else self._no_side
         # every batch block is a whole number of 8-byte words (rows of words, or per-agent
         # arrays each starting on a cache line), so all three views cover it
-        gather_segments(
+        arguments = (
             self.table,
             side.view(np.uint64),
             indices,
-            links.next_slot if links is not None else self._no_links,
-            links.side_row if links is not None else self._no_links,
+            self._no_links if links is None else links.next_slot,
+            self._no_links if links is None else links.side_row,
             kind,
             src,
             dst,
@@ -1137,13 +1220,17 @@ class InterleavedStorage(Storage):
             flat.view(np.uint64),
             flat.view(np.uint32),
             flat.view(np.uint8),
-            self._block_rows,
         )
+        ahead, lines, streaming = copy_options(self.table_row_bytes, flat.nbytes)
+        if staged:
+            gather_segments(*arguments, self._block_rows, ahead, lines)
+        else:
+            gather_spans(*arguments, ahead, lines, streaming and rows)
 
     def _selected_plan(self, select: FieldSelection, n: int) -> tuple[np.ndarray, bool]:
         """The gather plan of ``select``'s fields for ``n``-row batches (kept per selection
         and, for per-agent batches, per ``n``), and whether it only copies out of the row
-        itself (no next observations, no float16 conversion: ``gather_spans`` runs it)."""
+        itself (no next observations, no float16 conversion: run straight from the table)."""
         plans = self._selected_plans.setdefault(select.names, {})
         key = 0 if self.batch_layout == "rows" else n
         if key not in plans:

@@ -18,6 +18,15 @@ def gather_rows(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.stack([table[i].copy() for i in indices]) if len(indices) else table[:0].copy()
 
 
+def gather_rows_or_zeros(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``table[indices]``, one row at a time, with a row of zeros for the index -1."""
+    out = np.zeros((len(indices), *table.shape[1:]), dtype=table.dtype)
+    for i, slot in enumerate(indices):
+        if slot >= 0:
+            out[i] = table[slot]
+    return out
+
+
 def scatter_rows(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """A copy of ``table`` with ``rows[i]`` written at ``slots[i]`` in order."""
     out = table.copy()
@@ -78,6 +87,33 @@ def naive_tree(leaves: np.ndarray, leaf_offset: int, is_max: bool = False) -> np
         tree[level_start // 2 : level_start] = parents
         level_start //= 2
     return tree
+
+
+def naive_stored_nodes(leaf_offset: int) -> np.ndarray:
+    """Which nodes a priority tree stores (bool, shape (2 * leaf_offset,)): the root, the
+    leaves' level ``D = log2(leaf_offset)`` and every third level above it (``D - 3``, ...)."""
+    depth = leaf_offset.bit_length() - 1
+    stored = np.zeros(2 * leaf_offset, dtype=bool)
+    stored[1] = True
+    for level in range(depth, -1, -3):
+        stored[1 << level : 2 << level] = True
+    return stored
+
+
+def naive_binary_find(tree: np.ndarray, leaf_offset: int, targets: np.ndarray) -> np.ndarray:
+    """The descent of a full binary tree (``naive_tree``), one target and one level at a time:
+    go right when the target is not below the left child's sum and the right child is not
+    empty, subtracting the left sum as the kernels do (``remaining - left * go_right``)."""
+    found = np.empty(targets.shape[0], dtype=np.int64)
+    for i, target in enumerate(targets):
+        node, remaining = 1, float(target)
+        while node < leaf_offset:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            go_right = bool(remaining >= left and right > 0.0)
+            remaining = remaining - left * go_right
+            node = 2 * node + go_right
+        found[i] = node - leaf_offset
+    return found
 
 
 def naive_find(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:

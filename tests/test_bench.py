@@ -83,8 +83,11 @@ def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
     tiny.update(repeats=2, min_sample_s=0.0, per_capacity=5_000, per_repeats=2)
     tiny.update(add_steps=5, add_repeats=1)
     monkeypatch.setattr(guard, "QUICK", tiny)
-    # the Neighbor check's limits are set at 24 agents; give CN-3 one to run its path here
+    # the Neighbor, memcpy and float16 checks' limits are set at 24 agents; give CN-3 one to
+    # run their paths here
     monkeypatch.setattr(guard, "NEIGHBOR_LIMITS", {"CN-3": 0.6})
+    monkeypatch.setattr(guard, "MEMCPY_LIMITS", {"CN-3": 1.3})
+    monkeypatch.setattr(guard, "FLOAT16_LIMITS", {"CN-3": 0.85})
     payload = guard.run(quick=True, progress=False)
     check_schema(payload)
     kinds = ("streams", "independent")
@@ -94,9 +97,13 @@ def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
         for name in (
             "default round / dense round",
             "dense round / bare row gather",
+            "iter_trainers round / bare row gather",
             "Neighbor(64) round / uniform round, default format",
+            "Neighbor(64) ratio / bare kernel's runs ratio",
+            "default round / memcpy floor",
         )
     }
+    expected.add(("float16 round / float32 round", "CN-3", "streams"))
     expected |= {("add / NumPy row write", f"N={n}", kind) for n in (3, 24) for kind in kinds}
     expected.add(("PER sample + update: cpprb / marlbuf", "capacity 5,000", ""))
     checks = payload["checks"]
@@ -121,13 +128,20 @@ def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
         "default",
         "dense",
         "bare_row_gather",
+        "default_stream",
         "default+neighbor64",
+        "bare_runs64",
         "output_write_floor",
+        "memcpy_floor",
+        "float16",
     }
+    assert {r["kind"] for r in rounds if r["case"] == "float16"} == {"streams"}
     for row in rounds:
         assert row["ms_median"] > 0 and row["floor_ms_from_bandwidth"] > 0
-    neighbor = [c for c in checks if c["check"].startswith("Neighbor")]
+    neighbor = [c for c in checks if c["check"].startswith("Neighbor(64) round")]
     assert neighbor and all("output blocks alone" in c["note"] for c in neighbor)
+    keep = [c for c in checks if c["check"].startswith("Neighbor(64) ratio")]
+    assert keep and all("bare gather of 64-row runs" in c["note"] for c in keep)
     assert payload["config"]["copy_bandwidth_GBps"] > 0
     for name, *_ in expected:
         assert name in payload["markdown"]

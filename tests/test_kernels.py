@@ -21,6 +21,52 @@ def test_gather_rows_matches_naive(dtype, capacity, width, batch):
     np.testing.assert_array_equal(out, naive.gather_rows(table, idx))
 
 
+@pytest.mark.parametrize("width", [1, 3, 8, 9, 37, 72])
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("ahead, lines", [(1, 1), (4, 16)])
+def test_gather_words_matches_naive(width, streaming, ahead, lines):
+    """Random rows, runs of consecutive slots (one span each), a run ending at the last slot
+    (no wrap into slot 0), rows of zeros (-1), every row width around a line, both store
+    kinds, into a block that starts off a line boundary as well as on one."""
+    from marlbuf._kernels import gather_words
+
+    capacity = 50
+    rng = np.random.default_rng(width)
+    table = rng.integers(0, 2**63, (capacity, width), dtype=np.uint64)
+    runs = [np.arange(5, 17), [capacity - 3, capacity - 2, capacity - 1, 0, 1], [-1, -1]]
+    idx = np.concatenate([rng.integers(0, capacity, 20), *runs, [3, -1, 4, 5]]).astype(np.int64)
+    raw = np.full(idx.shape[0] * width + 8, 7, np.uint64)
+    for skip in (0, 1, 3):
+        out = raw[skip : skip + idx.shape[0] * width].reshape(idx.shape[0], width)
+        out[:] = 7
+        gather_words(table, idx, out, ahead, lines, streaming)
+        np.testing.assert_array_equal(out, naive.gather_rows_or_zeros(table, idx))
+    gather_words(table, idx[:0], out[:0], ahead, lines, streaming)  # an empty batch
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_word_spans_match_slices(streaming):
+    """The span copies of every length up to three lines, at every source and destination
+    phase within a line: exactly the slice assignment, nothing outside it written."""
+    from numba import njit
+
+    from marlbuf._kernels.memops import move_words
+
+    @njit
+    def move(dst, dst0, src, src0, count, stream):
+        move_words(dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), stream)
+
+    src = np.arange(1, 65, dtype=np.uint64)
+    for count in range(25):
+        for src0 in range(8):
+            for dst0 in range(8):
+                dst = np.zeros(40, np.uint64)
+                move(dst, dst0, src, src0, count, streaming)
+                expected = np.zeros(40, np.uint64)
+                expected[dst0 : dst0 + count] = src[src0 : src0 + count]
+                np.testing.assert_array_equal(dst, expected)
+
+
 def test_gather_rows_empty_batch():
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
     out = np.empty((0, 3), np.float32)
@@ -80,14 +126,16 @@ def test_gather_rows_parallel_matches_naive(capacity, width, batch):
 
 @pytest.mark.parametrize("rows_output", [True, False])
 def test_gather_plan_matches_naive(rows_output):
-    """Every segment kind, from the row itself and from the successor or the side table."""
+    """Every segment kind, from the row itself and from the successor or the side table; spans
+    shorter than a vector and longer (float16 widened 16 at a time, the last vector
+    overlapping), every half bit pattern class (subnormals, infinities, NaN payloads)."""
     from marlbuf._kernels import HALF_TO_FLOAT_BITS, gather_plan
     from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 
     rng = np.random.default_rng(0)
-    table = rng.integers(0, 256, size=(20, 64), dtype=np.uint8)
+    table = rng.integers(0, 256, size=(20, 256), dtype=np.uint8)
     table.view(np.float16)[:, 20:28] = rng.standard_normal((20, 8)).astype(np.float16)
-    side = rng.integers(0, 256, size=(4, 64), dtype=np.uint8)
+    side = rng.integers(0, 256, size=(4, 256), dtype=np.uint8)
     next_slot = np.where(rng.random(20) < 0.3, -1, (np.arange(20) + 1) % 20).astype(np.int64)
     side_row = np.where(next_slot < 0, rng.integers(0, 4, 20), -1).astype(np.int64)
     idx = rng.integers(0, 20, size=9).astype(np.int64)
@@ -101,8 +149,11 @@ def test_gather_plan_matches_naive(rows_output):
         (HALF_TO_FLOAT, 20, 8, 4, 0),
         (COPY64, 1, 3, 8, 1),
         (HALF_TO_FLOAT, 22, 4, 4, 1),
+        (HALF_TO_FLOAT, 40, 37, 4, 0),  # random bits: every class of half, NaNs included
+        (HALF_TO_FLOAT, 61, 16, 4, 1),
+        (COPY64, 12, 17, 8, 0),
     ]
-    plan, offset, row_bytes = [], 0, 128
+    plan, offset, row_bytes = [], 0, 512
     for kind, src, length, unit, nxt in segments:
         nbytes = length * unit
         if rows_output:  # one row of row_bytes per gathered row
@@ -122,23 +173,80 @@ def test_gather_plan_matches_naive(rows_output):
     )  # fmt: skip
     expected = naive.gather_plan(table, side, idx, next_slot, side_row, plan_arr, total)
     np.testing.assert_array_equal(out, expected)
-    # the blocked kernel the storages run: the same plan, the same bytes, any block size
+    # the blocked kernel the storages run: the same plan, the same bytes, any block size and
+    # prefetch distance, into a block on a line boundary or off it
     from marlbuf._kernels import gather_segments
 
-    for block_rows in (1, 4, 64):
-        fast = np.zeros(total, dtype=np.uint8)
+    raw = np.zeros(total + 64, dtype=np.uint8)
+    for block_rows, ahead, skip in ((1, 1, 0), (4, 3, 8), (64, 8, 0)):
+        start = (-raw.ctypes.data) % 64 + skip
+        fast = raw[start : start + total]
+        fast[:] = 0
         gather_segments(
             table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
             HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast, block_rows,
+            ahead, 16,
         )  # fmt: skip
         np.testing.assert_array_equal(fast, expected, err_msg=f"block_rows={block_rows}")
+    # the row-by-row kernel of rows batches: the same bytes, with links and float16
+    from marlbuf._kernels import gather_spans
+
+    for ahead, streaming, skip in ((1, False, 0), (3, True, 8), (8, True, 0)):
+        start = (-raw.ctypes.data) % 64 + skip
+        fast = raw[start : start + total]
+        fast[:] = 0
+        gather_spans(
+            table.view(np.uint64), side.view(np.uint64), idx, next_slot, side_row, *plan_arr,
+            HALF_TO_FLOAT_BITS, fast.view(np.uint64), fast.view(np.uint32), fast,
+            ahead, 16, streaming,
+        )  # fmt: skip
+        np.testing.assert_array_equal(fast, expected, err_msg=f"gather_spans ahead={ahead}")
+
+
+@pytest.mark.parametrize("f16c", [True, False])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_widen_span_is_astype_for_every_half(monkeypatch, f16c, streaming):
+    """The vector widening equals NumPy's ``astype(np.float32)`` for all 65,536 float16 bit
+    patterns (NaN payloads, signalling ones included; subnormals; zeros of both signs), with
+    F16C conversions and with the integer arithmetic used where the CPU has none, at every
+    length up to three vectors and every phase of the destination within a line."""
+    from numba import njit
+
+    from marlbuf._kernels import HALF_TO_FLOAT_BITS, memops
+
+    if f16c and not memops._has_f16c():
+        pytest.skip("this CPU has no F16C")
+    monkeypatch.setattr(memops, "_has_f16c", lambda: f16c)
+
+    @njit  # compiled here, after the patch: the intrinsic picks its conversion at compile time
+    def widen(dst, dst0, src, src0, count, stream):
+        memops.widen_span(
+            dst, np.uint64(dst0), src, np.uint64(src0), np.uint64(count), HALF_TO_FLOAT_BITS,
+            stream,
+        )  # fmt: skip
+
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    want = halves.view(np.float16).astype(np.float32).view(np.uint32)
+    got = np.zeros(1 << 16, dtype=np.uint32)
+    widen(got, 0, halves, 0, halves.shape[0], streaming)
+    np.testing.assert_array_equal(got, want)
+    source = halves[np.random.default_rng(3).permutation(1 << 16)[:64]]
+    for count in range(50):
+        for dst0 in range(16):
+            out = np.zeros(80, dtype=np.uint32)
+            widen(out, dst0, source, 5, count, streaming)
+            expected = np.zeros(80, dtype=np.uint32)
+            expected[dst0 : dst0 + count] = (
+                source[5 : 5 + count].view(np.float16).astype(np.float32).view(np.uint32)
+            )
+            np.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.parametrize("rows_output", [True, False])
 def test_gather_spans_matches_naive(rows_output):
     """The direct kernel of field selections: copies of every width out of the row itself,
     rows or per-segment outputs, masked rows (-1) zero, against the naive plan interpreter."""
-    from marlbuf._kernels import gather_spans
+    from marlbuf._kernels import HALF_TO_FLOAT_BITS, gather_spans
     from marlbuf._kernels.plan import COPY8, COPY32, COPY64
 
     rng = np.random.default_rng(1)
@@ -162,9 +270,11 @@ def test_gather_spans_matches_naive(rows_output):
     total = n * row_bytes if rows_output else offset
     expected = naive.gather_plan(table, table[:1], idx, no_links, no_links, plan_arr, total)
     out = np.full(total, 7, dtype=np.uint8)  # bytes outside the segments are left alone
+    side = np.zeros((1, 1), dtype=np.uint64)
     gather_spans(
-        table.view(np.uint64), idx, *plan_arr[:5], out.view(np.uint64), out.view(np.uint32), out
-    )
+        table.view(np.uint64), side, idx, no_links, no_links, *plan_arr, HALF_TO_FLOAT_BITS,
+        out.view(np.uint64), out.view(np.uint32), out, 2, 16, False,
+    )  # fmt: skip
     written = np.zeros(total, dtype=bool)
     ones = naive.gather_plan(
         np.ones_like(table), table[:1], np.zeros_like(idx), no_links, no_links, plan_arr, total
@@ -178,7 +288,8 @@ def test_gather_spans_matches_naive(rows_output):
     "obs_shape, obs_dtype",
     [((18,), np.float32), ((7,), np.float32), ((5,), np.uint8), ((3,), np.float64)],
 )
-def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype):
+@pytest.mark.parametrize("ahead, lines, streaming", [(1, 1, False), (13, 16, False), (3, 2, True)])
+def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype, ahead, lines, streaming):
     """The default gather against its twin and against the dense format: successor rows, side
     rows (episode ends and independent steps), two streams, wraparound, masked steps (-1), and
     sections that end on a word or inside one."""
@@ -220,7 +331,7 @@ def test_gather_lean_rows_matches_naive(obs_shape, obs_dtype):
     out = np.full((idx.shape[0], storage.batch_codec.row_words), 7, dtype=np.uint64)
     gather_lean_rows(
         storage.table, links.side.view(np.uint64), idx, links.next_slot, links.side_row,
-        *storage._lean_rows_args, out,
+        *storage._lean_rows_args, out, ahead, lines, streaming,
     )  # fmt: skip
     expected = naive.gather_lean_rows(
         storage.table, links.side, idx, links.next_slot, links.side_row, storage.codec

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive import (
+    naive_binary_find,
     naive_find,
     naive_inclusion_probabilities,
     naive_locality_sample,
     naive_per_sample,
+    naive_stored_nodes,
     naive_tree,
 )
 from scipy.stats import chisquare
@@ -65,6 +67,14 @@ def set_priorities(buf: MultiAgentReplayBuffer, priorities: np.ndarray, trainer:
     buf.update_priorities(idx, priorities, trainer=trainer)
 
 
+def assert_binary_tree(tree: np.ndarray, leaves: np.ndarray, leaf_offset: int, is_max=False):
+    """``tree`` holds the stored levels of the full binary tree of ``leaves`` bit for bit (the
+    root and total included), and zeros in the levels it does not store."""
+    stored = naive_stored_nodes(leaf_offset)
+    np.testing.assert_array_equal(tree[stored], naive_tree(leaves, leaf_offset, is_max)[stored])
+    assert not tree[~stored].any()
+
+
 # --------------------------------------------------------------------------- sum-tree kernels
 @settings(max_examples=60, deadline=None)
 @given(
@@ -87,8 +97,8 @@ def test_tree_matches_naive_under_random_updates(capacity: int, data: st.DataObj
         set_leaves(trees.sums[0], trees.maxes[0], trees.leaf_offset, slots, values, values, True)
         for s, v in zip(slots, values):  # last duplicate wins
             leaves[s] = v
-    np.testing.assert_array_equal(trees.sums[0], naive_tree(leaves, trees.leaf_offset))
-    np.testing.assert_array_equal(trees.maxes[0], naive_tree(leaves, trees.leaf_offset, True))
+    assert_binary_tree(trees.sums[0], leaves, trees.leaf_offset)
+    assert_binary_tree(trees.maxes[0], leaves, trees.leaf_offset, True)
     np.testing.assert_array_equal(trees.leaves(0), leaves)
     total = leaves.sum()
     assert trees.total(0) == total
@@ -108,12 +118,14 @@ def test_fill_new_slots_and_rebuild_match_naive() -> None:
     for t, value in enumerate([1.0, 4.0, 9.0]):
         leaves = np.zeros(13)
         leaves[[0, 5, 12]] = value
-        np.testing.assert_array_equal(trees.sums[t], naive_tree(leaves**0.5, trees.leaf_offset))
-        np.testing.assert_array_equal(trees.maxes[t], naive_tree(leaves, trees.leaf_offset, True))
+        assert_binary_tree(trees.sums[t], leaves**0.5, trees.leaf_offset)
+        assert_binary_tree(trees.maxes[t], leaves, trees.leaf_offset, True)
     copy = trees.sums[1].copy()
     copy[1 : trees.leaf_offset] = -1.0
     rebuild(copy, trees.leaf_offset, False)
-    np.testing.assert_array_equal(copy, trees.sums[1])
+    stored = naive_stored_nodes(trees.leaf_offset)
+    np.testing.assert_array_equal(copy[stored], trees.sums[1][stored])
+    assert (copy[~stored][1:] == -1.0).all()  # levels not stored are left alone
 
 
 def test_fill_new_slots_without_max_tree() -> None:
@@ -129,6 +141,31 @@ def test_fill_new_slots_without_max_tree() -> None:
     )
     assert trees.maxes.shape == (2, 0)
     assert trees.total(0) == 4.0 and trees.total(1) == 6.0
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 5, 8, 9, 16, 33, 64, 65, 100, 300, 1000, 5000])
+def test_searches_are_those_of_the_binary_tree(capacity: int) -> None:
+    """The same slot as a full binary tree's descent for the same targets, for every shape of
+    the stored levels (leaf level 0 to 13; the root's line of 2, 4 or 8 nodes): real-valued
+    priorities (rounding in the subtractions), zero leaves, targets at both ends of the total
+    and at every prefix sum."""
+    rng = np.random.default_rng(capacity)
+    leaves = rng.random(capacity) ** 3 * 5.0
+    leaves[rng.random(capacity) < 0.3] = 0.0
+    leaves[0] = max(leaves[0], 1e-3)
+    trees = PriorityTrees(capacity, 1, alpha=1.0, track_max=False)
+    order = rng.permutation(capacity).astype(np.int64)
+    set_leaves(trees.sums[0], EMPTY, trees.leaf_offset, order, leaves[order], EMPTY, False)
+    binary = naive_tree(leaves, trees.leaf_offset)
+    assert trees.total(0) == binary[1]
+    assert_binary_tree(trees.sums[0], leaves, trees.leaf_offset)
+    total = binary[1]
+    edges = [0.0, np.nextafter(total, 0.0), total, *np.cumsum(leaves)]
+    targets = np.concatenate([rng.random(3000) * total, edges])
+    found = np.empty(targets.shape[0], np.int64)
+    find_prefix(trees.sums[0], trees.leaf_offset, targets, found)
+    np.testing.assert_array_equal(found, naive_binary_find(binary, trees.leaf_offset, targets))
+    assert (leaves[found] > 0).all()
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
@@ -372,7 +409,7 @@ def test_no_drift_after_millions_of_small_updates() -> None:
         set_leaves(
             trees.sums[0], EMPTY, trees.leaf_offset, slots, rng.random(1000) * 1e-9, EMPTY, False
         )
-    np.testing.assert_array_equal(trees.sums[0], naive_tree(trees.leaves(0), trees.leaf_offset))
+    assert_binary_tree(trees.sums[0], trees.leaves(0), trees.leaf_offset)
     found = np.empty(200_000, np.int64)
     per_sample(
         trees.sums[0],
@@ -574,3 +611,24 @@ def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
     assert payload["summary"]["per_vs_numpy"] > 0
     assert payload["config"]["per_capacity"] == 4_000
     json.dumps(payload, default=common._json_default)
+
+
+@pytest.mark.parametrize("name", ["per", "locality"])
+def test_state_files_of_the_binary_trees_load_and_draw_alike(name: str) -> None:
+    """A prioritized buffer saved by marlbuf before the trees stored every third level
+    (``tests/data``, written with the full binary trees) loads, and draws what that version
+    drew from it: the same slots, the same totals, the same weights (to float32 rounding: the
+    weights' power is now taken in single precision)."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    buf = MultiAgentReplayBuffer.load(data / f"prioritized_{name}.npz")
+    with np.load(data / "prioritized_draws.npz") as drawn:
+        for t in range(buf.n_trainers):
+            trees = buf.sampler.trees
+            leaves = trees.leaves(t)
+            assert_binary_tree(trees.sums[t], leaves, trees.leaf_offset)
+            assert trees.total(t) == float(drawn[f"{name}_total_{t}"])
+            batch = buf.sample(32, trainer=t)
+            np.testing.assert_array_equal(batch.indices, drawn[f"{name}_indices_{t}"])
+            np.testing.assert_allclose(batch.weights, drawn[f"{name}_weights_{t}"], rtol=1e-6)

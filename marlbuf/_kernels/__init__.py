@@ -28,6 +28,7 @@ from marlbuf._kernels.rows import (
     first_nonfinite,
     gather_rows,
     gather_rows_parallel,
+    gather_words,
     neighbor_indices,
     scatter_rows,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "gather_rows_parallel",
     "gather_segments",
     "gather_spans",
+    "gather_words",
     "locality_sample",
     "merge_distinct",
     "neighbor_indices",

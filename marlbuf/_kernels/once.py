@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from marlbuf._kernels.memops import move_words, prefetch_words, store_fence, zero_words
+
 
 @njit(cache=True, nogil=True)
 def scatter_lean(
@@ -121,6 +123,37 @@ def _zero_words(dst: np.ndarray, lo: Any, hi: Any) -> None:
         dst[w] = 0
 
 
+@njit(inline="always")
+def next_sources(indices: np.ndarray, next_slot: np.ndarray, side_row: np.ndarray) -> np.ndarray:
+    """Where each gathered row's next observation lives: ``successor + 1``, or ``-1 - side
+    row``, or 0 for a masked row (index -1); empty links (``next_slot`` of length 0): zeros.
+
+    One pass of its own before the copies: the link reads are independent, so their cache
+    misses overlap, and the copy pass then knows every address (in one pass each successor's
+    address would wait for its own link read, serialising two misses per row).
+    """
+    n = indices.shape[0]
+    where = np.zeros(n, dtype=np.int64)
+    if next_slot.shape[0] > 0:
+        for i in range(n):
+            slot = indices[i]
+            if slot >= 0:
+                successor = next_slot[slot]
+                where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    return where
+
+
+@njit(inline="always")
+def prefetch_next(table: np.ndarray, side: np.ndarray, at: Any, count: Any, max_lines: Any) -> None:
+    """Prefetch the first ``count`` words (at most ``max_lines`` lines) of the next-observation
+    source ``at`` (:func:`next_sources`: the successor's row, or the side row)."""
+    zero = np.uint64(0)
+    if at > 0:
+        prefetch_words(table[at - 1], zero, count, max_lines)
+    else:
+        prefetch_words(side[-1 - at], zero, count, max_lines)
+
+
 @njit(cache=True, nogil=True)
 def gather_lean_rows(
     table: np.ndarray,
@@ -136,6 +169,9 @@ def gather_lean_rows(
     tail_dst: np.uint64,
     tail_words: np.uint64,
     out: np.ndarray,
+    ahead: int,
+    prefetch_lines: int,
+    streaming: bool,
 ) -> None:
     """Lean rows -> dense batch rows: the default gather (observations stored once, rows batch,
     no dtype conversion), three block copies per row.
@@ -145,7 +181,14 @@ def gather_lean_rows(
     and the tail (done onwards) from the row itself and the next_obs section from the
     successor's obs section (``next_slot[slot] >= 0``) or the side row, and writes zeros in
     every padding word, so the block equals a dense gather bit for bit. All offsets and
-    lengths are in 8-byte words and unsigned (loops without a wraparound test vectorise).
+    lengths are in 8-byte words and unsigned; spans move as whole vector lines
+    (:mod:`marlbuf._kernels.memops`).
+
+    A first pass reads every row's link (the link reads are independent, so their cache misses
+    overlap); the copy pass then knows every source address, and prefetches the row and the
+    next-observation source ``ahead`` rows before copying them: a lean row's copy is three
+    spans and the padding, more instructions than a dense row's, so without the hint fewer
+    rows' misses fit the CPU's reorder window and the gather waits on them one row at a time.
 
     Parameters
     ----------
@@ -169,37 +212,41 @@ def gather_lean_rows(
         ``tail_dst`` of a dense row.
     out : ndarray, shape (batch, row_words), uint64
         Dense batch rows; overwritten.
+    ahead : int
+        How many rows ahead of the one copied the prefetches run, ``>= 1``.
+    prefetch_lines : int
+        Lines prefetched per source span, ``>= 1``.
+    streaming : bool
+        Write the output's whole lines with non-temporal stores
+        (:func:`marlbuf._kernels.memops.stream_words`).
     """
     n = indices.shape[0]
-    # first pass: where each row's next observation lives (successor + 1, or -1 - side row).
-    # The link reads are independent, so their cache misses overlap; in one pass each row's
-    # successor address would wait for its own link read, serialising two misses per row.
-    where = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        slot = indices[i]
-        if slot < 0:
-            where[i] = 0
-            continue
-        successor = next_slot[slot]
-        where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    where = next_sources(indices, next_slot, side_row)
     row_words = np.uint64(out.shape[1])
+    lean_words = np.uint64(table.shape[1])
+    section = next_words + np.uint64(1)
+    lines = np.uint64(prefetch_lines)
     zero = np.uint64(0)
-    one = np.uint64(1)
     for i in range(n):
+        ahead_row = i + ahead
+        if ahead_row < n and indices[ahead_row] >= 0:
+            prefetch_words(table[indices[ahead_row]], zero, lean_words, lines)
+            prefetch_next(table, side, where[ahead_row], section, lines)
         slot = indices[i]
         dst = out[i]
         if slot < 0:
-            _zero_words(dst, zero, row_words)
+            zero_words(dst, zero, row_words)
             continue
         src = table[slot]
-        _copy_words(dst, zero, src, zero, head_words)
-        _zero_words(dst, head_words, next_dst)
+        move_words(dst, zero, src, zero, head_words, streaming)
+        zero_words(dst, head_words, next_dst)
         at = where[i]
         nxt = table[at - 1] if at > 0 else side[-1 - at]
-        _copy_words(dst, next_dst, nxt, zero, next_words)
+        move_words(dst, next_dst, nxt, zero, next_words, streaming)
         end = next_dst + next_words
         dst[end] = nxt[next_words] & last_mask
-        end += one
-        _zero_words(dst, end, tail_dst)
-        _copy_words(dst, tail_dst, src, tail_src, tail_words)
-        _zero_words(dst, tail_dst + tail_words, row_words)
+        zero_words(dst, end + np.uint64(1), tail_dst)
+        move_words(dst, tail_dst, src, tail_src, tail_words, streaming)
+        zero_words(dst, tail_dst + tail_words, row_words)
+    if streaming:
+        store_fence()

@@ -23,6 +23,15 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from marlbuf._kernels.memops import (
+    copy_words,
+    move_words,
+    prefetch_words,
+    store_fence,
+    widen_span,
+)
+from marlbuf._kernels.once import next_sources, prefetch_next
+
 COPY64 = 0
 COPY32 = 1
 COPY8 = 2
@@ -171,45 +180,65 @@ def _copy_units(
 
 
 @njit(inline="always")
-def _widen_units(
-    out: np.ndarray, dst0: Any, source: np.ndarray, row: int, src0: Any, count: Any, lut: Any
-) -> None:
-    for k in range(count):
-        out[dst0 + k] = lut[source[row, src0 + k]]
-
-
-@njit(inline="always")
 def _zero_units(out: np.ndarray, dst0: Any, count: Any) -> None:
     for k in range(count):
         out[dst0 + k] = 0
 
 
 @njit(inline="always")
-def _segment(
-    rows: np.ndarray,
-    nexts: np.ndarray,
-    out: np.ndarray,
+def _segment_rows(
+    kind: Any,
+    rows64: np.ndarray,
+    rows32: np.ndarray,
+    rows16: np.ndarray,
+    rows8: np.ndarray,
     indices: np.ndarray,
     lo: int,
     hi: int,
-    src0: Any,
-    dst0: int,
-    step: int,
-    length: Any,
-    from_next: bool,
-    widen: bool,
-    lut: np.ndarray,
+    src: Any,
+    dst0: Any,
+    step: Any,
+    count: Any,
+    half_lut: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out8: np.ndarray,
 ) -> None:
-    """One plan segment for the rows ``[lo, hi)`` staged in ``rows`` / ``nexts``."""
-    source = nexts if from_next else rows
-    for i in range(lo, hi):
-        dst = np.uint64(dst0 + i * step)
-        if indices[i] < 0:
-            _zero_units(out, dst, length)
-        elif widen:
-            _widen_units(out, dst, source, i - lo, src0, length, lut)
-        else:
-            _copy_units(out, dst, source, i - lo, src0, length)
+    """One plan segment for the rows ``[lo, hi)`` staged in ``rows64`` (and its unit views):
+    row ``i`` of the batch is staged row ``i - lo``; a masked row (index -1) gets zeros. The
+    kind is decided once, outside the row loops (a test per row keeps the loop from being
+    specialised). Word segments are plain loops: here they are a row's slice of one agent's
+    field, short and at any alignment, which vector lines copy more slowly."""
+    src0 = np.uint64(src)
+    length = np.uint64(count)
+    if kind == COPY64:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out64, dst, length)
+            else:
+                _copy_units(out64, dst, rows64, i - lo, src0, length)
+    elif kind == COPY32:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out32, dst, length)
+            else:
+                _copy_units(out32, dst, rows32, i - lo, src0, length)
+    elif kind == COPY8:
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out8, dst, length)
+            else:
+                _copy_units(out8, dst, rows8, i - lo, src0, length)
+    else:  # float16 -> float32, in 32-bit units
+        for i in range(lo, hi):
+            dst = np.uint64(dst0 + i * step)
+            if indices[i] < 0:
+                _zero_units(out32, dst, length)
+            else:
+                widen_span(out32, dst, rows16[i - lo], src0, length, half_lut, False)
 
 
 @njit(cache=True, nogil=True)
@@ -230,17 +259,23 @@ def gather_segments(
     out32: np.ndarray,
     out8: np.ndarray,
     block_rows: int,
+    ahead: int,
+    prefetch_lines: int,
 ) -> None:
     """:func:`gather_plan`, fast: the same plan and the same result, bit for bit.
 
     The rows are worked on in blocks of ``block_rows``. For a block, the stored rows (and,
     with links, the next-observation sections from the successor rows or the side table) are
     first copied whole into a small staging area that stays in cache: long copies that stream
-    at memory speed. Then the plan runs segment by segment over the block, reading the staging
-    area: a segment's kind, offsets and source are decided once per block, and each row's copy
-    is a short loop with unsigned offsets (no negative-index wraparound test). Applying the
-    plan straight to the table instead interleaves short copies with cache misses, and per
-    element decisions (what :func:`gather_plan` does) cost more than the copies.
+    at memory speed, as vector lines, with the rows ``ahead`` of the one copied prefetched.
+    Then the plan runs segment by segment over the block, reading the staging area: a
+    segment's kind, offsets and source are decided once per block, and float16 -> float32
+    segments are widened 16 values per vector (:func:`marlbuf._kernels.memops.widen_span`,
+    exact as ``astype``). Applying the plan straight to the table instead interleaves short
+    copies with cache misses, and per element decisions (what :func:`gather_plan` does) cost
+    more than the copies. The kernel of per-agent batches: their segments are many short
+    slices written into as many arrays, for which plain stores are faster than streaming ones
+    (rows batches take :func:`gather_spans`).
 
     Parameters
     ----------
@@ -252,6 +287,9 @@ def gather_segments(
         As for :func:`gather_plan` (next_slot empty: no links).
     block_rows : int
         Rows per block (``_config.GATHER_BLOCK_BYTES`` over the row size).
+    ahead, prefetch_lines : int
+        How many rows ahead of the one staged the prefetches run, and lines prefetched per
+        row.
     """
     n = indices.shape[0]
     links = next_slot.shape[0] > 0
@@ -266,103 +304,154 @@ def gather_segments(
     nexts32 = staged_next.view(np.uint32)
     nexts16 = staged_next.view(np.uint16)
     nexts8 = staged_next.view(np.uint8)
-    # where[i]: successor slot + 1, or -1 - side row (read first: the misses overlap)
-    where = np.zeros(n, dtype=np.int64)
-    if links:
-        for i in range(n):
-            slot = indices[i]
-            if slot >= 0:
-                successor = next_slot[slot]
-                where[i] = successor + 1 if successor >= 0 else -1 - side_row[slot]
+    where = next_sources(indices, next_slot, side_row)
     width = np.uint64(row_words)
     nwidth = np.uint64(next_words)
+    lines = np.uint64(prefetch_lines)
+    zero = np.uint64(0)
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         for i in range(lo, hi):
+            later = i + ahead
+            if later < n and indices[later] >= 0:
+                prefetch_words(table64[indices[later]], zero, width, lines)
+                if links:
+                    prefetch_next(table64, side64, where[later], nwidth, lines)
             slot = indices[i]
             if slot < 0:
                 continue  # every segment writes zeros for it
-            for k in range(width):
-                staged[i - lo, k] = table64[slot, k]
+            copy_words(staged[i - lo], zero, table64[slot], zero, width)
             if links:
                 at = where[i]
-                if at > 0:
-                    for k in range(nwidth):
-                        staged_next[i - lo, k] = table64[at - 1, k]
-                else:
-                    for k in range(nwidth):
-                        staged_next[i - lo, k] = side64[-1 - at, k]
+                nxt = table64[at - 1] if at > 0 else side64[-1 - at]
+                copy_words(staged_next[i - lo], zero, nxt, zero, nwidth)
         for s in range(seg_kind.shape[0]):
-            kind = seg_kind[s]
-            src0 = np.uint64(seg_src[s])
-            length = np.uint64(seg_len[s])
-            dst0 = seg_dst[s]
-            step = seg_step[s]
-            from_next = seg_next[s] != 0
-            if kind == COPY64:
-                _segment(staged, staged_next, out64, indices, lo, hi, src0, dst0, step, length,
-                         from_next, False, half_lut)  # fmt: skip
-            elif kind == COPY32:
-                _segment(rows32, nexts32, out32, indices, lo, hi, src0, dst0, step, length,
-                         from_next, False, half_lut)  # fmt: skip
-            elif kind == COPY8:
-                _segment(rows8, nexts8, out8, indices, lo, hi, src0, dst0, step, length,
-                         from_next, False, half_lut)  # fmt: skip
+            # the source views are chosen once per segment, not per row: a choice between two
+            # arrays inside the row loop costs reference counting on every row
+            if seg_next[s]:
+                _segment_rows(seg_kind[s], staged_next, nexts32, nexts16, nexts8, indices, lo,
+                              hi, seg_src[s], seg_dst[s], seg_step[s], seg_len[s], half_lut,
+                              out64, out32, out8)  # fmt: skip
             else:
-                _segment(rows16, nexts16, out32, indices, lo, hi, src0, dst0, step, length,
-                         from_next, True, half_lut)  # fmt: skip
+                _segment_rows(seg_kind[s], staged, rows32, rows16, rows8, indices, lo, hi,
+                              seg_src[s], seg_dst[s], seg_step[s], seg_len[s], half_lut, out64,
+                              out32, out8)  # fmt: skip
+
+
+@njit(inline="always")
+def _apply_segment(
+    kind: Any,
+    rows64: np.ndarray,
+    rows32: np.ndarray,
+    rows16: np.ndarray,
+    rows8: np.ndarray,
+    row: Any,
+    src0: Any,
+    dst: Any,
+    length: Any,
+    half_lut: np.ndarray,
+    out64: np.ndarray,
+    out32: np.ndarray,
+    out8: np.ndarray,
+    streaming: bool,
+) -> None:
+    """One segment of one gathered row, from row ``row`` of one source (the table or the side
+    table, in its four unit views)."""
+    if kind == COPY64:
+        move_words(out64, dst, rows64[row], src0, length, streaming)
+    elif kind == COPY32:
+        _copy_units(out32, dst, rows32, row, src0, length)
+    elif kind == COPY8:
+        _copy_units(out8, dst, rows8, row, src0, length)
+    else:
+        widen_span(out32, dst, rows16[row], src0, length, half_lut, streaming)
 
 
 @njit(cache=True, nogil=True)
 def gather_spans(
     table64: np.ndarray,
+    side64: np.ndarray,
     indices: np.ndarray,
+    next_slot: np.ndarray,
+    side_row: np.ndarray,
     seg_kind: np.ndarray,
     seg_src: np.ndarray,
     seg_dst: np.ndarray,
     seg_len: np.ndarray,
     seg_step: np.ndarray,
+    seg_next: np.ndarray,
+    half_lut: np.ndarray,
     out64: np.ndarray,
     out32: np.ndarray,
     out8: np.ndarray,
+    ahead: int,
+    prefetch_lines: int,
+    streaming: bool,
 ) -> None:
-    """:func:`gather_plan` for plans of copies from the gathered row itself (kinds
-    :data:`COPY64`, :data:`COPY32`, :data:`COPY8`; no next observations, no float16
-    conversion): each segment is copied straight from the table row, without the staging area
-    of :func:`gather_segments`. For batches of a few chosen fields (``fields=``) the segments
-    are a part of the row, and staging whole rows would copy the rest for nothing.
+    """:func:`gather_plan` row by row, each segment copied or widened straight from its source
+    (the row, or its next observation: the successor's obs section or the side row), without
+    the staging area of :func:`gather_segments`: the kernel of plans of a few long segments
+    (rows batches: float16 widening, chosen fields). Spans move as vector lines, float16 is
+    widened 16 values per vector, rows ``ahead`` are prefetched (the row and its next-observation
+    source), and with ``streaming`` whole output lines are written with non-temporal stores
+    (:mod:`marlbuf._kernels.memops`). Plans of many short segments (per-agent batches) are
+    faster through :func:`gather_segments`, which decides a segment's kind once per block.
 
     Parameters
     ----------
     table64 : ndarray, shape (capacity, row_words), uint64
         The storage table.
-    indices : ndarray, shape (n,), int64
-        Slots to gather; -1 writes zeros in every segment of that row.
-    seg_kind, seg_src, seg_dst, seg_len, seg_step : ndarray, shape (n_segments,), int64
-        The plan, as for :func:`gather_plan` (``seg_next`` all 0, no ``HALF_TO_FLOAT``).
-    out64, out32, out8 : ndarray, uint64 / uint32 / uint8
-        Views of one output block.
+    side64 : ndarray, shape (side_rows, side_words), uint64
+        The next_obs side table (any one-row array when no segment reads next observations).
+    indices, next_slot, side_row, seg_*, half_lut, out64, out32, out8
+        As for :func:`gather_plan` (``next_slot`` empty: no links; then no segment has
+        ``seg_next``).
+    ahead, prefetch_lines : int
+        How many rows ahead of the one gathered the prefetches run, and lines per source.
+    streaming : bool
+        Non-temporal stores for the output's whole lines.
     """
-    rows32 = table64.view(np.uint32).reshape(table64.shape[0], -1)
-    rows8 = table64.view(np.uint8).reshape(table64.shape[0], -1)
-    for i in range(indices.shape[0]):
+    n = indices.shape[0]
+    capacity = table64.shape[0]
+    table32 = table64.view(np.uint32).reshape(capacity, -1)
+    table16 = table64.view(np.uint16).reshape(capacity, -1)
+    table8 = table64.view(np.uint8).reshape(capacity, -1)
+    side_rows = side64.shape[0]
+    side32 = side64.view(np.uint32).reshape(side_rows, -1)
+    side16 = side64.view(np.uint16).reshape(side_rows, -1)
+    side8 = side64.view(np.uint8).reshape(side_rows, -1)
+    links = next_slot.shape[0] > 0
+    where = next_sources(indices, next_slot, side_row)
+    width = np.uint64(table64.shape[1])
+    nwidth = np.uint64(side64.shape[1])
+    lines = np.uint64(prefetch_lines)
+    zero = np.uint64(0)
+    for i in range(n):
+        later = i + ahead
+        if later < n and indices[later] >= 0:
+            prefetch_words(table64[indices[later]], zero, width, lines)
+            if links:
+                prefetch_next(table64, side64, where[later], nwidth, lines)
         slot = indices[i]
+        at = where[i]
         for s in range(seg_kind.shape[0]):
             kind = seg_kind[s]
             src0 = np.uint64(seg_src[s])
             dst = np.uint64(seg_dst[s] + i * seg_step[s])
             length = np.uint64(seg_len[s])
-            if kind == COPY64:
-                if slot < 0:
+            if slot < 0:
+                if kind == COPY64:
                     _zero_units(out64, dst, length)
-                else:
-                    _copy_units(out64, dst, table64, slot, src0, length)
-            elif kind == COPY32:
-                if slot < 0:
+                elif kind == COPY8:
+                    _zero_units(out8, dst, length)
+                else:  # COPY32 and half -> float32 both write 32-bit units
                     _zero_units(out32, dst, length)
-                else:
-                    _copy_units(out32, dst, rows32, slot, src0, length)
-            elif slot < 0:
-                _zero_units(out8, dst, length)
+            elif seg_next[s] and at < 0:
+                _apply_segment(kind, side64, side32, side16, side8, -1 - at, src0, dst, length,
+                               half_lut, out64, out32, out8, streaming)  # fmt: skip
             else:
-                _copy_units(out8, dst, rows8, slot, src0, length)
+                row = at - 1 if seg_next[s] else slot
+                _apply_segment(kind, table64, table32, table16, table8, row, src0, dst, length,
+                               half_lut, out64, out32, out8, streaming)  # fmt: skip
+    if streaming:
+        store_fence()
