@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
@@ -19,7 +20,7 @@ from marlbuf._kernels import (
 )
 from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
-from marlbuf.convert import convert_state
+from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.options import check_capacity, check_header, check_row_options, row_options_of
 from marlbuf.samplers import Episodes as EpisodesSampler
@@ -196,6 +197,12 @@ class MultiAgentReplayBuffer:
     #: ``next_obs="auto"`` in RAM or on a device: a first write without next_obs (while nothing
     #: was written yet) makes the buffer ``next_obs="none"``
     _auto_none = False
+    #: ``next_obs="auto"`` not yet decided by a committed write (nor by a loaded state): every
+    #: write goes through :meth:`_stand_in` and the general commit, which decides
+    _deciding = False
+    #: whether a write's ``next_obs`` goes through :meth:`_stand_in` even when given: buffers
+    #: without next observations, and ``"auto"`` buffers still deciding
+    _stand_ins = False
     #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
     _breaks_warned = False
     #: environments of the latest ``add_envs`` call (0: none yet)
@@ -234,7 +241,11 @@ class MultiAgentReplayBuffer:
             )
         #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
         self._choose_format = next_obs == "auto" and path is None and _store is None
-        self._auto_none = self._choose_format
+        self._auto_none = self._deciding = self._choose_format
+        self._stand_ins = next_obs == "none" or self._deciding
+        #: per thread, whether the write being made left ``next_obs`` out (read by the first
+        #: commit of an ``"auto"`` buffer, which then chooses ``"none"``)
+        self._write_call = threading.local()
         next_obs = "once" if next_obs == "auto" else next_obs
         self._format_warned = False
         #: fields stored once per step for all agents (``global_fields=``), and whether each
@@ -345,14 +356,18 @@ class MultiAgentReplayBuffer:
         )
         #: updates of ``update_priorities(..., sync=False)`` waiting for their device copies:
         #: (trainer, indices, generations, a function returning the host TD errors)
-        self._deferred: list[tuple[int, np.ndarray, np.ndarray, Any]] = []
+        #: an entry ``(-1, None, None, error)`` keeps the error of an update applied by a later
+        #: call for the next call that reads priorities
+        self._deferred: list[tuple[int, Any, Any, Any]] = []
         if store is not None:
             store.bind(
                 mapped.BufferHooks(
-                    commit=self._commit,
-                    state=lambda: self._state(copy=False),
-                    load=lambda state: self._load_state(state, adopt=True),
+                    commit=self._replay,
+                    state=lambda: self._state(copy=False, errors=False),
+                    load=lambda state: self._load_state(state, adopt=True, table_ahead=True),
+                    replayed=self._replayed,
                     attach=self._attach_store,
+                    total_writes=lambda: self.writer.total_writes,
                     row_words=self._codec.row_words,
                 )
             )
@@ -457,7 +472,7 @@ class MultiAgentReplayBuffer:
         required. A buffer with ``next_obs="auto"`` whose first write leaves it out becomes
         ``next_obs="none"``.
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "add")
         codec = self._codec
         values = (obs, action, reward, next_obs, done)
@@ -515,7 +530,7 @@ class MultiAgentReplayBuffer:
         every value is valid. ``next_obs`` as in :meth:`add`: left out with
         ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "extend")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
@@ -544,7 +559,7 @@ class MultiAgentReplayBuffer:
         dict or sequence of (K,) arrays. Nothing is written unless every value is valid.
         ``next_obs`` as in :meth:`add`: left out with ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "add_envs")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
@@ -555,9 +570,11 @@ class MultiAgentReplayBuffer:
         """What a write passes as ``next_obs`` when it leaves it out or the buffer stores none
         (``next_obs="none"``): ``obs`` itself, staged in the next_obs section of the staging
         rows and dropped by the lean row (so the staging paths stay those of every format);
-        else a clear error. An ``"auto"`` buffer that nothing was written to yet becomes
-        ``next_obs="none"`` here. Called only when ``next_obs`` or ``done`` is missing, or the
-        buffer stores no next observations: one check per call, none per row."""
+        else a clear error. While an ``"auto"`` buffer is still deciding, every write comes
+        here: it notes whether this call left ``next_obs`` out, and the call's commit (only
+        once the call is validated: a rejected write changes nothing) chooses the format. Called
+        only when ``next_obs`` or ``done`` is missing, or the buffer stores no next
+        observations or is deciding: one check per call, none per row."""
         if done is None:
             if self.next_obs == "none" and next_obs is not None:
                 raise TypeError(
@@ -566,9 +583,10 @@ class MultiAgentReplayBuffer:
                     f"{call}(obs, action, reward, done=done)"
                 )
             raise TypeError(f"{call}() missing the required argument done")
+        if self._deciding:
+            self._write_call.none = next_obs is None
+            return obs if next_obs is None else next_obs
         if next_obs is None:
-            if self.next_obs != "none" and self._auto_none and self.writer.total_writes == 0:
-                self._drop_next_obs()
             if self.next_obs == "none":
                 return obs
             if self._auto_none:
@@ -597,18 +615,34 @@ class MultiAgentReplayBuffer:
             "them"
         )
 
+    def _decide(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
+        """The first commit of a ``next_obs="auto"`` buffer (under ``writer.lock``, the call
+        validated, nothing stored yet) chooses its format: ``"none"`` when the call left
+        ``next_obs`` out, ``"stored"`` for an ``extend`` of independent transitions (see
+        :meth:`_independent`), else the format it has. Writers that race to be the first write,
+        one with and one without ``next_obs``, are not told apart: the first to commit
+        decides."""
+        if getattr(self._write_call, "none", False) and self._auto_none:
+            self._drop_next_obs()
+        elif self._choose_format and steps > 1 and isinstance(streams, int):
+            if self._independent(rows):
+                self._store_next_obs()
+        self._decided()
+
+    def _decided(self) -> None:
+        """The format is final: writes take their usual paths from now on."""
+        self._deciding = self._choose_format = False
+        self._stand_ins = self.next_obs == "none"
+        self._step = None  # add's one-step target, recomputed for the chosen store
+
     def _drop_next_obs(self) -> None:
         """Make this ``next_obs="auto"`` buffer, still empty, ``next_obs="none"`` (its first
         write has no next observations): a store of lean rows without links takes the place of
         the one built for the format ``"auto"`` assumed, and the episode index stops looking
         for stream breaks (which it finds by comparing obs with the previous next_obs)."""
-        with self.writer.write_lock, self.writer.lock:
-            if self.writer.total_writes or self.next_obs == "none":
-                return  # another thread wrote (or decided) first
-            self._switch_format("none")
-            self._choose_format = False
-            if self.episodes is not None:
-                self.episodes.obs_bytes = 0
+        self._switch_format("none")
+        if self.episodes is not None:
+            self.episodes.obs_bytes = 0
 
     def _extend(
         self,
@@ -743,10 +777,8 @@ class MultiAgentReplayBuffer:
             if truncated is not None and truncated is not False:
                 ends = ends | truncated
         with writer.lock:
-            if self._choose_format:
-                self._choose_format = False  # decided by the first write, whatever it is
-                if steps > 1 and isinstance(streams, int) and self._independent(rows):
-                    self._store_next_obs()
+            if self._deciding:  # next_obs="auto": the first write chooses the format
+                self._decide(rows, steps, streams)
             if self._mapped is not None:  # the redo record first: a crash never sees half a write
                 self._mapped.log(rows, steps, streams, truncated)
             skip, slots = writer.plan(steps)
@@ -807,6 +839,22 @@ class MultiAgentReplayBuffer:
             if self.links is not None and not self._format_warned:
                 self._check_side_share()
 
+    def _replay(
+        self,
+        rows: np.ndarray,
+        steps: int,
+        streams: int | np.ndarray,
+        truncated: bool | np.ndarray | None = None,
+    ) -> None:
+        """:meth:`_commit` of a write logged by the process that made it (a memory-mapped
+        folder's redo log, run again on reopening): that process gave the warnings."""
+        warned = self._breaks_warned, self._format_warned
+        self._breaks_warned = self._format_warned = True
+        try:
+            self._commit(rows, steps, streams, truncated)
+        finally:
+            self._breaks_warned, self._format_warned = warned
+
     def _step_target(self) -> tuple[Any, ...]:
         """What ``add`` needs to write one step, for the current storage and sampler:
         ``(storage, sampler, table, direct, on_write, typed)``. ``table`` is the storage's row table
@@ -826,6 +874,7 @@ class MultiAgentReplayBuffer:
             and table.dtype == np.uint64
             and table.flags.c_contiguous
         )
+        kernel = kernel and not self._deciding  # the first write of "auto" chooses in _commit
         plan = self._codec.step_plan
         direct = kernel and plan is not None and self.episodes is None and not self._codec.more
         on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
@@ -1721,7 +1770,10 @@ class MultiAgentReplayBuffer:
         next call that reads or changes priorities (``sample``, ``update_priorities``,
         ``state_dict``, :meth:`check_priority_errors`): the learner does not stall on the
         device, and the next draw still sees the update. A bad deferred update (non-finite TD
-        errors) raises at that later call.
+        errors) changes nothing, and its error is raised once, by the next call that reads
+        priorities (``sample``, ``state_dict``, :meth:`check_priority_errors`); a later
+        ``update_priorities`` applies the deferred updates before its own and is applied
+        itself, leaving that error for such a call.
         """
         trainer = self._check_trainer(trainer)
         if not isinstance(sync, bool):
@@ -1732,8 +1784,10 @@ class MultiAgentReplayBuffer:
         on_device = getattr(self.sampler, "priorities_on_device", False)
         defer = not on_device and not sync and hasattr(td_errors, "detach")
         with self.writer.lock:
-            if not (on_device or defer):
-                self.apply_deferred_updates()
+            if not (on_device or defer) and self._deferred:
+                # earlier deferred updates first, in order; an error of theirs waits for the
+                # next call that reads priorities, and this update is still applied
+                self._settle_deferred()
             idx = self._check_indices(_host_array(indices))
             gens = self._update_generations(trainer, indices, idx, generations)
             if defer:
@@ -1765,9 +1819,10 @@ class MultiAgentReplayBuffer:
         """Apply the updates of ``update_priorities(..., sync=False)`` still waiting, in the
         order they were made (each waits for its own copy from the device). Every good update
         is applied; a bad one changes nothing, and the first bad one's error is raised once they
-        have all been tried. Called by every method that reads or changes priorities. With
-        priorities on the device (``Prioritized(index="device")``) the updates are written
-        already, and this raises the first error among those not yet checked."""
+        have all been tried (or, if a later ``update_priorities`` applied them, here, once).
+        Called by every method that reads priorities. With priorities on the device
+        (``Prioritized(index="device")``) the updates are written already, and this raises the
+        first error among those not yet checked."""
         check_device = getattr(self.sampler, "raise_pending_errors", None)
         if check_device is not None:
             with self.writer.lock:
@@ -1775,15 +1830,31 @@ class MultiAgentReplayBuffer:
         if not self._deferred:
             return
         with self.writer.lock:
-            pending, self._deferred = self._deferred, []
-            first_error: ValueError | None = None
-            for trainer, idx, gens, ready in pending:
-                try:
-                    self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
-                except ValueError as exc:
-                    first_error = first_error or exc
-            if first_error is not None:
-                raise first_error
+            error = self._apply_deferred()
+            if error is not None:
+                raise error
+
+    def _apply_deferred(self) -> ValueError | None:
+        """Apply the waiting deferred updates (under ``writer.lock``); the first error among
+        them (or kept from an earlier application) is returned, not raised."""
+        pending, self._deferred = self._deferred, []
+        first_error: ValueError | None = None
+        for trainer, idx, gens, ready in pending:
+            if idx is None:  # the error of an update applied by an earlier call, still unseen
+                first_error = first_error or ready
+                continue
+            try:
+                self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
+            except ValueError as exc:
+                first_error = first_error or exc
+        return first_error
+
+    def _settle_deferred(self) -> None:
+        """Apply the waiting deferred updates and keep their first error for the next call that
+        reads priorities (an update or a checkpoint must not raise another call's error)."""
+        error = self._apply_deferred()
+        if error is not None:
+            self._deferred.append((-1, None, None, error))
 
     #: :meth:`apply_deferred_updates` under the name the learners use to surface errors
     check_priority_errors = apply_deferred_updates
@@ -1841,14 +1912,17 @@ class MultiAgentReplayBuffer:
         with self.writer.lock:
             return self._state(copy=True)
 
-    def _state(self, copy: bool, live: bool = False) -> dict[str, Any]:
+    def _state(self, copy: bool, live: bool = False, errors: bool = True) -> dict[str, Any]:
         """:meth:`state_dict` (call under ``writer.lock``); with ``copy=False`` the buffer's own
         arrays are views of the live memory (what a checkpoint writes from, so that it copies
         nothing). With ``live=True`` everything but the storage rows is copied, and each storage
         array is a :class:`marlbuf.persistence.LiveRows` whose rows are copied later, a chunk
         at a time under the lock, as long as their write generations are still those of this
         state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
-        self.apply_deferred_updates()  # the state holds every priority update made so far
+        if errors:
+            self.apply_deferred_updates()  # the state holds every priority update made so far
+        elif self._deferred:
+            self._settle_deferred()
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
         copy = copy or live
 
@@ -1913,13 +1987,17 @@ class MultiAgentReplayBuffer:
         """
         self._load_state(state, adopt=False)
 
-    def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_state(self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False) -> None:
+        """:meth:`load_state_dict`; ``adopt``: keep the state's arrays (nobody else holds
+        them); ``table_ahead``: the storage holds the state's rows already, and may hold newer
+        ones (a memory-mapped checkpoint before its log is replayed), so the parts are
+        cross-checked against the rows after the replay (:meth:`_replayed`)."""
         if not isinstance(state, Mapping):
             raise TypeError(
                 f"a buffer state is a mapping (what state_dict() returns); got {state!r:.80}"
             )
         try:
-            self._load_header_checked(state, adopt)
+            self._load_header_checked(state, adopt, table_ahead)
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             # a field of the wrong type or missing: the checks below index freely
             raise ValueError(
@@ -1927,7 +2005,9 @@ class MultiAgentReplayBuffer:
                 f"{exc}); pass what state_dict() returned or a file written by save()"
             ) from exc
 
-    def _load_header_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_header_checked(
+        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
+    ) -> None:
         """:meth:`_load_state`: the header compared with this buffer's configuration."""
         check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
@@ -1935,13 +2015,9 @@ class MultiAgentReplayBuffer:
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
         # chose "stored" or "none" from its first write loads into a new default buffer)
         saved_format = state.get("next_obs", "stored")
-        adopt_dense = self._choose_format and self.size == 0 and saved_format == "stored"
-        adopt_none = (
-            self._auto_none
-            and self.writer.total_writes == 0
-            and self.next_obs != "none"
-            and saved_format == "none"
-        )
+        deciding = self._deciding and self.writer.total_writes == 0
+        adopt_dense = deciding and self._choose_format and saved_format == "stored"
+        adopt_none = deciding and self.next_obs != "none" and saved_format == "none"
         mismatch = [
             (k, mine, theirs)
             for k, mine, theirs in (
@@ -1960,24 +2036,32 @@ class MultiAgentReplayBuffer:
                 "the state; build the buffer with MultiAgentReplayBuffer.load instead"
             )
         if not (adopt_dense or adopt_none):  # another layout or format is converted first
-            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
+            converted = convert_state(state, self._codec, self.layout, self.next_obs)
+            self._load_checked(converted, adopt, table_ahead)
+            if self._deciding and self.writer.total_writes:
+                self._decided()  # steps are stored: the format stays
             return
-        before = (self.storage, self.links, self.next_obs, self._choose_format)
-        obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
-        if adopt_none:
-            self._drop_next_obs()
-        else:
-            self._choose_format = False
-            self._store_next_obs()
-        try:
-            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
-        except BaseException:  # a rejected state leaves the buffer as it was
-            self.storage, self.links, self.next_obs, self._choose_format = before
-            if self.episodes is not None and obs_bytes is not None:
-                self.episodes.obs_bytes = obs_bytes
-            raise
+        with self.writer.write_lock, self.writer.lock:
+            before = (self.storage, self.links, self.next_obs, self._choose_format)
+            obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
+            if adopt_none:
+                self._drop_next_obs()
+            else:
+                self._choose_format = False
+                self._store_next_obs()
+            try:
+                converted = convert_state(state, self._codec, self.layout, self.next_obs)
+                self._load_checked(converted, adopt)
+            except BaseException:  # a rejected state leaves the buffer as it was
+                self.storage, self.links, self.next_obs, self._choose_format = before
+                if self.episodes is not None and obs_bytes is not None:
+                    self.episodes.obs_bytes = obs_bytes
+                raise
+            self._decided()
 
-    def _load_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_checked(
+        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
+    ) -> None:
         """:meth:`_load_state` once the state's format matches this buffer's: every field
         checked against the others before anything changes."""
         size, _, _, generations = persistence.check_ring(state, self.capacity)
@@ -1993,8 +2077,9 @@ class MultiAgentReplayBuffer:
         if self.links is not None:
             self.links.check_state(state["links"])
         episodes_state = state.get("episodes") or {}
+        stored_next = None if table_ahead else self._stored_next(state)
         if self.episodes is not None and episodes_state:
-            self.episodes.check_state(episodes_state, size)
+            self.episodes.check_state(episodes_state, size, generations, stored_next)
         try:
             scratch = type(self.rng.bit_generator)()
             scratch.state = state["rng"]
@@ -2019,7 +2104,7 @@ class MultiAgentReplayBuffer:
                 self.links.load_state_dict(state["links"], adopt=adopt)
             if self.episodes is not None:
                 if episodes_state:
-                    self.episodes.load_state_dict(episodes_state, size)
+                    self.episodes.load_state_dict(episodes_state, size, generations, stored_next)
                 else:  # saved without an index: rebuilt from done flags and next_obs links
                     self.episodes.reconstruct(
                         size,
@@ -2033,6 +2118,38 @@ class MultiAgentReplayBuffer:
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)
+
+    def _replayed(self) -> None:
+        """A memory-mapped checkpoint was loaded and its log replayed: the table now holds
+        exactly the loaded state's rows, so the episode index's record of each open stream's
+        last next_obs is checked against them (or, for a checkpoint of an earlier version
+        without one, taken from them)."""
+        if self.episodes is None or not self.episodes.obs_bytes:
+            return
+        size = self.size
+        live = {
+            "layout": self.layout,
+            "next_obs": self.next_obs,
+            "storage": self.storage.arrays(),
+            "links": {} if self.links is None else self.links.state_dict(copy=False),
+        }
+        self.episodes.settle_stream_next(
+            size, self.writer.write_generation[:size], self._stored_next(live)
+        )
+
+    def _stored_next(self, state: Mapping[str, Any]) -> Any:
+        """The episode index's ``stored_next`` for ``state`` (in this buffer's format): the
+        next_obs section of filled slots as the writer staged it, and whether the stream-break
+        check compares it (:class:`marlbuf.writer.StoredNext`)."""
+        codec = self._codec
+        start, width = codec.next_obs_start, codec.obs_bytes
+
+        def read(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            rows = staged_rows(state, codec, slots)
+            quiet, _ = self._break_flags(rows)
+            return rows.view(np.uint8)[:, start : start + width], quiet
+
+        return read
 
     def _stored_ends(self, size: int) -> np.ndarray:
         """Per filled slot (shape (size,), bool), whether every (alive) agent's stored done is

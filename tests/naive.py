@@ -751,3 +751,59 @@ def link_stream_steps(
                 index["next_slot"][prev] = slot
     _, ident, number, _ = out[-1]
     return next_episode, ident, number, breaks
+
+
+def log_checksum(segments: list[np.ndarray]) -> tuple[int, int]:
+    """The obvious twin of the log-format-4 checksum (:mod:`marlbuf._kernels.checksum`): word
+    ``i`` of each segment (uint64 or int64, read as uint64) to lane ``i % 4``, where
+    ``first += word`` then ``second += first`` modulo 2**64; the lanes folded as the kernels
+    fold them."""
+    mask = (1 << 64) - 1
+    first, second = [0] * 4, [0] * 4
+    for segment in segments:
+        for i, word in enumerate(np.asarray(segment).reshape(-1).view(np.uint64).tolist()):
+            lane = i % 4
+            first[lane] = (first[lane] + word) & mask
+            second[lane] = (second[lane] + first[lane]) & mask
+
+    def rotl(value: int, bits: int) -> int:
+        return ((value << bits) | (value >> (64 - bits))) & mask
+
+    seed = 0x9E3779B97F4A7C15
+    total = (seed + sum(first)) & mask
+    folded = second[0] ^ rotl(second[1], 16) ^ rotl(second[2], 32) ^ rotl(second[3], 48)
+    return total, folded
+
+
+def log_record(
+    rows: np.ndarray,
+    streams: np.ndarray,
+    flags: np.ndarray,
+    ident: int,
+    seq: int,
+    first_generation: int,
+    stream: int,
+    flag_bits: int,
+) -> np.ndarray:
+    """The words of one log-format-4 record, built field by field (the twin of
+    :func:`marlbuf._kernels.checksum.write_record`)."""
+    payload = [rows.reshape(-1).view(np.uint64), streams.view(np.uint64), flags.view(np.uint64)]
+    p_sum = log_checksum(payload)
+    size = sum(part.shape[0] for part in payload)
+    head = [
+        int.from_bytes(b"MBUFREC4", "little"),
+        ident,
+        seq,
+        first_generation,
+        rows.shape[0],
+        stream & ((1 << 64) - 1),
+        flag_bits,
+        size,
+        *p_sum,
+    ]
+    h_sum = log_checksum([np.array(head, dtype=np.uint64)])
+    tail = [int.from_bytes(b"MBUFEND4", "little"), seq, size, *p_sum, *h_sum]
+    t_sum = log_checksum([np.array(tail, dtype=np.uint64)])
+    return np.concatenate(
+        [np.array([*head, *h_sum], dtype=np.uint64), *payload, np.array([*tail, *t_sum], np.uint64)]
+    )
