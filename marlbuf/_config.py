@@ -69,3 +69,9 @@ SELECTION_SAMPLING_FRACTION = 0.2
 #: field selections (``fields=`` of a sample or gather) a storage keeps built; a learner uses
 #: one or two, so the cache is cleared when a program cycles through more
 MAX_FIELD_SELECTIONS = 16
+
+#: A discrete agent's action given as a vector must be probabilities (one-hot included): each
+#: in [0, 1], summing to 1 within this (plus 4 ulps of the stored dtype per action when checked
+#: as stored). The one-step kernels check the values before they are stored against this alone,
+#: so they never accept what the complete checks refuse.
+DISCRETE_SUM_TOLERANCE = 1e-3

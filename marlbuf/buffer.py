@@ -18,6 +18,7 @@ from marlbuf._kernels import (
     store_dense_step,
     store_lean_step,
 )
+from marlbuf._kernels.drawn import judge_update
 from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
 from marlbuf.convert import convert_state, staged_rows
@@ -46,6 +47,30 @@ _NO_PENDING = (-1, -1)
 NEXT_OBS_MODES = ("once", "stored", "none")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
+
+
+#: an empty int64 array: nothing to compare indices with (``generations=`` was given)
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+#: why indices written to after their draw are refused
+_CHANGED_IN_PLACE = (
+    "indices were written to after the draw: they hold slots their batch did not draw, so "
+    "the write generations they carry say nothing about those slots (a slot overwritten since "
+    "would be given another step's priority). Leave batch.indices as drawn (reordering it in "
+    "place is fine), or pass generations= for the slots you update (generations="
+    "buffer.write_generation[indices] to set the priorities of the slots as they are now)"
+)
+
+
+def _untrusted(trainer: int, why: str) -> str:
+    """Why indices without write generations are refused for ``trainer``."""
+    return (
+        f"indices carry no write generations (a copy, slice, tensor or list of a batch's "
+        f"indices, or slots never drawn) and {why} (trainer {trainer}), so the buffer cannot "
+        "tell whether their slots were overwritten since they were drawn: pass "
+        "generations=batch.generations of the batch they came from, or "
+        "generations=buffer.write_generation[indices] to set the priorities of the slots as "
+        "they are now"
+    )
 
 
 class StreamBreakWarning(UserWarning):
@@ -260,12 +285,15 @@ class MultiAgentReplayBuffer:
             raise ValueError(
                 f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
             )
-        # validation + staging of add/extend
-        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
+        # sizes first: nothing that depends on a declared shape is allocated before the whole
+        # buffer is known to fit (the staging row of add() is one dense row)
+        row_options = {"global_fields": self.global_fields, "alive": self.alive}
+        staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
         if (
             self._choose_format
             and layout == "interleaved"
-            and self._codec.lean_row_bytes >= self._codec.row_bytes
+            and estimate(self.specs, 1, layout, "once", **row_options).table_row_bytes
+            >= staging_row.table_row_bytes
         ):
             # rows so small that padding to a cache line eats what storing observations once
             # saves: the dense format costs no more memory and gathers without links
@@ -279,8 +307,7 @@ class MultiAgentReplayBuffer:
             prioritized=sampler.weighted,
             n_trainers=self.n_trainers,
             episodes=sampler.needs_episodes,
-            global_fields=self.global_fields,
-            alive=self.alive,
+            **row_options,
         )
         _check_memory(
             mapped.resident(needed) if in_files or self.device is not None else needed,
@@ -289,7 +316,10 @@ class MultiAgentReplayBuffer:
             next_obs,
             self.global_fields,
             self.alive,
+            working=staging_row.table_row_bytes,
         )
+        # validation + staging of add/extend
+        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
@@ -1747,12 +1777,21 @@ class MultiAgentReplayBuffer:
 
         * ``update_priorities(batch.indices, td, trainer=t)``: ``batch.indices`` (a
           :class:`marlbuf.batch.DrawnIndices`) carries the write generations of its draw, so
-          this is exact in any order of updates (an older batch updated after a newer one);
+          this is exact in any order of updates (an older batch updated after a newer one).
+          The array keeps a copy of its entries as drawn: reordered in place since (sorted,
+          shuffled), each entry is judged by its slot's generation at the draw; an entry
+          written that is not a slot of the draw is refused (``ValueError`` naming
+          ``generations=``);
         * ``generations=batch.generations``: the same, for indices that travelled elsewhere
-          (copied, converted to a tensor and back, sent to another process);
-        * plain indices without generations: the buffer's record of the write generation of
-          every slot it last handed to trainer ``t`` (right for the usual sample-then-update
-          loop).
+          (copied, converted to a tensor and back, sent to another process), and
+          ``generations=buffer.write_generation[indices]`` to set the priorities of slots as
+          they are now (indices never drawn);
+        * plain indices without generations: taken as trainer ``t``'s latest batch, and judged
+          by its generations, when they are exactly its indices in order (a copy or a list of
+          them: the usual sample-then-update loop); any other plain indices are refused with a
+          ``ValueError`` naming ``generations=``, since the buffer cannot tell whether their
+          slots were overwritten since they were drawn. Checking costs one pass over the
+          indices (the same pass that finds the stale slots).
 
         With a prioritized :class:`marlbuf.samplers.Sequence` sampler, ``indices`` are the
         sequences' training starts (``batch.indices``) and ``td_errors`` one value per sequence
@@ -1789,19 +1828,22 @@ class MultiAgentReplayBuffer:
                 # next call that reads priorities, and this update is still applied
                 self._settle_deferred()
             idx = self._check_indices(_host_array(indices))
-            gens = self._update_generations(trainer, indices, idx, generations)
-            if defer:
-                self._deferred.append((trainer, idx, gens, self.storage.to_host_later(td_errors)))
+            gens, stale = self._judged(trainer, indices, idx, generations)
+            if defer:  # judged again when applied (the slots may be overwritten meanwhile)
+                ready = self.storage.to_host_later(td_errors)
+                self._deferred.append((trainer, idx.copy(), gens.copy(), ready))
                 return
             values = td_errors if on_device else _host_array(td_errors)
-            self.sampler.update_priorities(idx, values, trainer, self._stale(idx, gens))
+            self.sampler.update_priorities(idx, values, trainer, stale)
             if on_device and sync:
                 self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
 
     def _stale(self, idx: np.ndarray, generations: np.ndarray) -> np.ndarray:
         """Which of the slots ``idx`` were overwritten since their draw at ``generations``
         (shape of ``idx``, bool; under ``writer.lock``)."""
-        return generations.astype(np.int64, copy=False) != self.writer.write_generation[idx]
+        stale = np.empty(idx.shape[0], dtype=np.bool_)
+        judge_update(idx, _NO_SLOTS, generations, self.writer.write_generation, stale)
+        return stale
 
     def update_priorities_for_trainers(
         self,
@@ -1861,9 +1903,10 @@ class MultiAgentReplayBuffer:
 
     def _update_generations(
         self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
-    ) -> np.ndarray:
-        """The write generations ``idx`` (checked indices) were drawn at (under the lock)."""
-        current = self.writer.write_generation[idx]
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """What an update of ``idx`` (checked indices) is judged by: ``(generations, the
+        indices they belong to, whether idx may be a reordering of those)`` (the second empty
+        when ``generations=`` was given: nothing to compare). See :meth:`update_priorities`."""
         if generations is not None:
             gens = _host_array(generations)
             if gens.shape != idx.shape or gens.dtype.kind not in "iu":
@@ -1872,21 +1915,38 @@ class MultiAgentReplayBuffer:
                     f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
                     f"dtype {gens.dtype}"
                 )
-            return gens
-        if isinstance(indices, DrawnIndices) and indices.generations is not None:
-            return indices.generations  # exact: the generations of this very draw
-        return self._generations_of_latest(trainer, idx, current)
-
-    def _generations_of_latest(
-        self, trainer: int, idx: np.ndarray, current: np.ndarray
-    ) -> np.ndarray:
-        """The generations to judge plain ``idx`` (no generations of their own) against: those
-        of ``trainer``'s latest batch when ``idx`` are its indices (a copy or a list of them),
-        else the current ones (indices that were never handed out: nothing to drop)."""
+            return gens.astype(np.int64, copy=False), _NO_SLOTS, False
+        if isinstance(indices, DrawnIndices) and indices.as_drawn is not None:
+            assert indices.generations is not None
+            return indices.generations, indices.as_drawn, True  # its own draw
         latest = self._last_drawn[trainer] if self._last_drawn else None
-        if latest is not None and latest.generations is not None and np.array_equal(latest, idx):
-            return latest.generations
-        return current
+        if latest is None or latest.as_drawn is None or latest.generations is None:
+            raise ValueError(_untrusted(trainer, "no batch was drawn for it since"))
+        return latest.generations, latest.as_drawn, False
+
+    def _judged(
+        self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(generations, stale)`` of an update of ``idx``: the write generations it is
+        judged against and which of its slots were overwritten since (shape of ``idx``, bool);
+        a ``ValueError`` naming ``generations=`` for indices that cannot be trusted."""
+        gens, as_drawn, own = self._update_generations(trainer, indices, idx, generations)
+        stale = np.empty(idx.shape[0], dtype=np.bool_)
+        current = self.writer.write_generation
+        if judge_update(idx, as_drawn, gens, current, stale):
+            return gens, stale
+        if not own:  # plain indices that are not the trainer's latest batch, in order
+            raise ValueError(
+                _untrusted(trainer, "they are not its latest batch's indices, in order")
+            )
+        # batch.indices changed in place since its draw: each entry that is a slot of that
+        # draw takes the slot's generation then (the same for every entry of a slot)
+        assert isinstance(indices, DrawnIndices)
+        remapped = indices.generations_of(idx)
+        if remapped is None:
+            raise ValueError(_CHANGED_IN_PLACE)
+        judge_update(idx, _NO_SLOTS, remapped, current, stale)
+        return remapped, stale
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -2375,21 +2435,26 @@ def _check_memory(
     next_obs: str,
     global_fields: Mapping[str, FieldSpec] | None = None,
     alive: bool = False,
+    working: int = 0,
 ) -> None:
-    """Refuse (``MemoryError``, listing every storage format that would fit, with its size,
-    and the largest capacity that fits) or warn (:class:`marlbuf.memory.MemoryWarning`, a
-    ``UserWarning``) before allocating a buffer that will not fit in the memory the OS reports
-    available. ``next_obs`` is the format ``needed`` was estimated for."""
-    from marlbuf.memory import MemoryWarning, advice
+    """Refuse (``MemoryError``, naming the largest declared fields, listing every storage
+    format that would fit, with its size, and the largest capacity that fits) or warn
+    (:class:`marlbuf.memory.MemoryWarning`, a ``UserWarning``) before allocating a buffer that
+    will not fit in the memory the OS and the process's limits leave available. ``next_obs`` is
+    the format ``needed`` was estimated for; ``working`` the bytes the buffer allocates besides
+    (its staging row)."""
+    from marlbuf.memory import MemoryWarning, advice, largest_fields
 
     available = available_memory_bytes()
     if available is None:
         return
     gib = 1024**3
-    if needed.total_bytes > available:
+    total = needed.total_bytes + working
+    if total > available:
         raise MemoryError(
             f"this buffer (next_obs={next_obs!r}, capacity={needed.capacity:,}) needs {needed} "
-            f"but only {available / gib:.2f} GiB is available; "
+            f"(rows of {largest_fields(specs, global_fields)}) but only "
+            f"{available / gib:.2f} GiB is available; "
             + advice(
                 needed,
                 available,
@@ -2401,7 +2466,7 @@ def _check_memory(
             )
             + " (marlbuf.memory.format_options lists every format's size)"
         )
-    if needed.total_bytes > _config.MEMORY_WARN_FRACTION * available:
+    if total > _config.MEMORY_WARN_FRACTION * available:
         warnings.warn(
             f"this buffer needs {needed} of the {available / gib:.2f} GiB available; the "
             "machine may start swapping (marlbuf.memory.format_options lists smaller formats)",

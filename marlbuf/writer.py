@@ -174,7 +174,9 @@ class NextObsLinks:
         self.pointers = np.full((2, self.capacity), -1, dtype=np.int64)
         self.next_slot = self.pointers[0]
         self.side_row = self.pointers[1]
-        self.side = np.zeros((max(1, min(initial_rows, self.capacity + 1)), width), np.uint8)
+        # the side table grows by doubling: start small when rows are huge (a few MiB at most)
+        rows = min(initial_rows, self.capacity + 1, max(2, (4 << 20) // max(1, width)))
+        self.side = np.zeros((max(1, rows), width), np.uint8)
         self.free: list[int] = list(range(self.side.shape[0] - 1, -1, -1))  # a stack
         self.pending: dict[int, tuple[int, int]] = {}
         self._geometries: dict[int, np.ndarray] = {}

@@ -807,3 +807,13 @@ def log_record(
     return np.concatenate(
         [np.array([*head, *h_sum], dtype=np.uint64), *payload, np.array([*tail, *t_sum], np.uint64)]
     )
+
+
+def judge_update(
+    indices: np.ndarray, as_drawn: np.ndarray, generations: np.ndarray, write_generation: np.ndarray
+) -> np.ndarray | None:
+    """The twin of :func:`marlbuf._kernels.drawn.judge_update`: the stale mask, or ``None``
+    when ``indices`` are not ``as_drawn`` (an empty ``as_drawn`` checks nothing)."""
+    if as_drawn.shape[0] and not np.array_equal(indices, as_drawn):
+        return None
+    return np.asarray(generations) != np.asarray(write_generation)[indices]

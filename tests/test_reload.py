@@ -226,7 +226,7 @@ def test_complete_episodes_survive_a_reload(tmp_path, how):
 def test_the_constructor_checks_sizes_before_it_allocates():
     from marlbuf.storage import available_memory_bytes
 
-    huge = {"a": AgentSpec(obs_shape=(10**9,), action_shape=(2,))}
+    huge = {"a": AgentSpec(obs_shape=(10**11,), action_shape=(2,))}
     if available_memory_bytes() is None:
         pytest.skip("the machine does not report its memory")
     with pytest.raises(MemoryError, match="obs_shape"):
@@ -274,14 +274,24 @@ def _prioritized(capacity: int = 32) -> MultiAgentReplayBuffer:
     return buf
 
 
-def test_indices_reordered_in_place_are_not_trusted():
-    """batch.indices sorted in place: its generations stay in the old order. Before: each slot
-    was judged against another slot's generation and fresh updates were dropped."""
-    buf = _prioritized()
-    batch = buf.sample(16)
-    batch.indices.sort()
+def test_indices_reordered_in_place_are_judged_by_their_own_slots():
+    """batch.indices sorted in place: its generations stay in the order of the draw. Before:
+    each slot was judged against another slot's generation and fresh updates were dropped."""
+    buf, twin = _prioritized(), _prioritized()
+    batch, same = buf.sample(16), twin.sample(16)
+    buf.extend(**steps(32, 6))  # overwrites slots 0-5: their updates are stale
+    twin.extend(**steps(32, 6))
+    order = np.argsort(batch.indices, kind="stable")
+    td = np.arange(16.0) + 1.0
+    twin.update_priorities(same.indices, td)  # as drawn
+    batch.indices.sort()  # in place
+    buf.update_priorities(batch.indices, td[order])
+    np.testing.assert_array_equal(
+        buf.sampler.state_dict()["leaves"], twin.sampler.state_dict()["leaves"]
+    )
+    batch.indices[0] = int(np.setdiff1d(np.arange(32), batch.indices)[0])  # never drawn
     with pytest.raises(ValueError, match="generations="):
-        buf.update_priorities(batch.indices, np.ones(16))
+        buf.update_priorities(batch.indices, td)
 
 
 def test_plain_copies_of_an_old_batch_are_not_taken_as_fresh():
