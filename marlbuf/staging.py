@@ -726,9 +726,10 @@ class RowCodec:
                 slot, step = bad
                 n = self.specs[slot.agent].n_discrete_actions
                 values = rows.view(np.uint8)[step, slot.offset : slot.offset + slot.nbytes]
+                where = "" if steps is None else f" at step {step}"
                 raise ValueError(
                     f"action[{slot.agent!r}] of a discrete agent ({n} actions) is "
-                    f"{values.view(slot.dtype).tolist()}{'' if steps is None else f' at step {step}'}"
+                    f"{values.view(slot.dtype).tolist()}{where}"
                     ", which is no action: a discrete action is an integer in "
                     f"[0, {n}), a one-hot vector or a vector of probabilities (each in [0, 1], "
                     "summing to 1)"

@@ -37,14 +37,16 @@ def status(key):
 case, arg = sys.argv[1], sys.argv[2]
 # warm up what the refusal path imports and compiles, then limit the address space
 MultiAgentReplayBuffer({"a": AgentSpec(obs_shape=(2,), action_shape=(2,))}, 4).state_dict()
-resource.setrlimit(resource.RLIMIT_AS, (status("VmSize") + int(sys.argv[3]), resource.RLIM_INFINITY))
+limit = status("VmSize") + int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 rss = status("VmRSS")
 try:
     if case == "constructor":
         MultiAgentReplayBuffer({"a": AgentSpec(obs_shape=(int(arg),), action_shape=(2,))}, 1)
     elif case == "discrete":
         n = int(arg)
-        MultiAgentReplayBuffer({"a": AgentSpec(obs_shape=(2,), action_shape=(n,), n_discrete_actions=n)}, 1)
+        spec = AgentSpec(obs_shape=(2,), action_shape=(n,), n_discrete_actions=n)
+        MultiAgentReplayBuffer({"a": spec}, 1)
     elif case == "load":
         MultiAgentReplayBuffer.load(arg)
     else:
