@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--calls", type=int, default=100)
     args = parser.parse_args()
-    results = {"copy_bandwidth_gb_s": copy_bandwidth() / 1e9}
+    results: dict[str, Any] = {"copy_bandwidth_gb_s": copy_bandwidth() / 1e9}
     results["runs"] = [run(n, args.rounds, args.calls) for n in args.agents]
     print(json.dumps(results, indent=1))
 

@@ -20,10 +20,12 @@ SIDE_TABLE_WARN_ROWS = 1024
 
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
-SAVE_VERSION = 3
+SAVE_VERSION = 4
 #: version 1 (marlbuf 0.1): next observations stored in every row, no word-aligned sections;
-#: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3)
-READABLE_SAVE_VERSIONS = (1, 2, 3)
+#: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3);
+#: version 3: an episode index without the stream-break record of its open streams (taken from
+#: the stored rows on load where they still hold it)
+READABLE_SAVE_VERSIONS = (1, 2, 3, 4)
 
 #: Sequence sampling: slots whose sequences are walked at once when the starts of a loaded
 #: state are recomputed (bounds the temporary slot matrix to this many entries).

@@ -287,7 +287,7 @@ class MultiAgentReplayBuffer:
             )
         # sizes first: nothing that depends on a declared shape is allocated before the whole
         # buffer is known to fit (the staging row of add() is one dense row)
-        row_options = {"global_fields": self.global_fields, "alive": self.alive}
+        row_options: dict[str, Any] = {"global_fields": self.global_fields, "alive": self.alive}
         staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
         if (
             self._choose_format

@@ -817,3 +817,39 @@ def judge_update(
     if as_drawn.shape[0] and not np.array_equal(indices, as_drawn):
         return None
     return np.asarray(generations) != np.asarray(write_generation)[indices]
+
+
+class NaiveStreams:
+    """A list-of-episodes model of the ring with stream breaks: :class:`NaiveEpisodeRing`, plus
+    what the episode index compares. A write names its stream, its observation and next
+    observation (any hashable values), whether it ends its episode (all agents done, or
+    truncated), whether it may be followed by a comparison (``quiet``: no agent done) and
+    whether its own observation may be compared (``full``: every agent present). A step of a
+    stream whose previous step was neither done nor truncated, was quiet, and whose next
+    observation differs from the step's observation breaks the stream: the open episode ends
+    at the previous step, the step begins a new one (counted in :attr:`breaks`)."""
+
+    def __init__(self, capacity: int, compares: bool = True) -> None:
+        self.ring = NaiveEpisodeRing(capacity)
+        self.compares = compares
+        self.last_next: dict[int, Any] = {}
+        self.breaks = 0
+
+    def write(
+        self,
+        stream: int,
+        obs: Any,
+        next_obs: Any,
+        ends: bool,
+        quiet: bool = True,
+        full: bool = True,
+    ) -> None:
+        ring = self.ring
+        expected = self.last_next.pop(stream, None)
+        if self.compares and expected is not None and full and obs != expected:
+            self.breaks += 1
+            episode, _ = ring.open.pop(stream)
+            ring.ended.add(episode)
+        ring.write(stream, ends)
+        if not ends and quiet and self.compares:
+            self.last_next[stream] = next_obs
