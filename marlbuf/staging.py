@@ -26,6 +26,7 @@ from numba.core import errors as numba_errors
 
 from marlbuf import _config
 from marlbuf._kernels import first_nonfinite, first_nonfinite_half, stage_step
+from marlbuf._kernels.actions import first_bad_action
 from marlbuf._kernels.staging import (
     DENSE_DONE,
     DENSE_NEXT_OBS,
@@ -950,11 +951,16 @@ class RowCodec:
         are not checked."""
         raw = rows.view(np.uint8)
         for dt, columns, starts, slots, limits, alive in self._discrete:
+            if alive is None and dt != np.float16:  # one kernel pass (Numba has no float16)
+                found = first_bad_action(raw.view(dt), columns, starts, limits)
+                if found < 0:
+                    continue
+                return slots[found % len(slots)], found // len(slots)
             values = raw.view(dt)[:, columns].astype(np.float64)  # (T, actions of all agents)
-            outside = (values < 0) | (values > 1)
+            outside = ~((values >= 0) & (values <= 1))
             bad = np.logical_or.reduceat(outside, starts, axis=1)
             sums = np.add.reduceat(values, starts, axis=1)
-            bad |= np.abs(sums - 1.0) > limits
+            bad |= ~(np.abs(sums - 1.0) <= limits)
             if alive is not None:
                 bad &= raw[:, alive] != 0
             if bad.any():

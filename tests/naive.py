@@ -853,3 +853,18 @@ class NaiveStreams:
         ring.write(stream, ends)
         if not ends and quiet and self.compares:
             self.last_next[stream] = next_obs
+
+
+def first_bad_action(
+    rows: np.ndarray, columns: np.ndarray, starts: np.ndarray, limits: np.ndarray
+) -> int:
+    """The twin of :func:`marlbuf._kernels.actions.first_bad_action`."""
+    bounds = [*starts.tolist(), columns.shape[0]]
+    agents = starts.shape[0]
+    for t in range(rows.shape[0]):
+        for a in range(agents):
+            values = [float(rows[t, c]) for c in columns[bounds[a] : bounds[a + 1]]]
+            inside = all(0.0 <= v <= 1.0 for v in values)
+            if not inside or not abs(sum(values) - 1.0) <= limits[a]:
+                return t * agents + a
+    return -1
