@@ -360,3 +360,37 @@ def test_a_discrete_action_vector_must_be_one_action():
     with pytest.raises(ValueError, match="action"):
         buf.add(**step)
     assert len(buf) == 0
+
+
+# ---------------------------------------------------------------------------- cross-checks
+def test_the_stream_break_record_is_checked_against_the_stored_rows():
+    buf = MultiAgentReplayBuffer(SPECS, 16, sampler=Episodes(), next_obs="stored", seed=0)
+    buf.extend(**steps(0, 5))
+    state = buf.state_dict()
+    episodes = state["episodes"]
+    assert episodes["next_streams"].tolist() == [0]
+    for name, mutate in (
+        ("wrong bytes", lambda e: e["next_obs"].__setitem__((0, 0), e["next_obs"][0, 0] ^ 1)),
+        (
+            "missing",
+            lambda e: e.update(next_streams=e["next_streams"][:0], next_obs=e["next_obs"][:0]),
+        ),
+        ("no open episode", lambda e: e.update(next_streams=np.array([7]))),
+    ):
+        copied = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in episodes.items()}
+        copy = {**state, "episodes": copied}
+        mutate(copy["episodes"])
+        fresh = MultiAgentReplayBuffer(SPECS, 16, sampler=Episodes(), next_obs="stored", seed=0)
+        with pytest.raises(ValueError, match="corrupt state"):
+            fresh.load_state_dict(copy)
+        assert len(fresh) == 0, name
+
+
+def test_a_complete_set_that_the_links_do_not_give_is_refused():
+    buf = MultiAgentReplayBuffer(SPECS, 16, sampler=Episodes(), seed=0)
+    buf.extend(**steps(0, 6, done_at=(2,)))
+    state = buf.state_dict()
+    assert state["episodes"]["complete"].tolist() == [0]
+    state["episodes"] = {**state["episodes"], "complete": np.array([3])}
+    with pytest.raises(ValueError, match="complete episodes"):
+        MultiAgentReplayBuffer(SPECS, 16, sampler=Episodes(), seed=0).load_state_dict(state)

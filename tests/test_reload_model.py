@@ -78,7 +78,11 @@ class Run:
         truncated = ~done_all & (rng.random(n) < 0.05)
         obs, nxt = np.zeros((n, 2)), np.zeros((n, 2))
         for k, stream in enumerate(streams):
-            if stream not in self.env or rng.random() < 0.12:
+            # another environment on the stream: at a call's first step only (an extend whose
+            # every step switches would be refused as environments given to extend)
+            if stream not in self.env or (
+                (k == 0 or streams[k - 1] != stream) and rng.random() < 0.12
+            ):
                 self._switch(stream)
             obs[k] = self.env[stream], self.t[stream]
             nxt[k] = self.env[stream], self.t[stream] + 1
