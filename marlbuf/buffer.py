@@ -2323,23 +2323,26 @@ class MultiAgentReplayBuffer:
 
         The storage files are mapped, not read, so this takes about as long as reading the
         metadata. Specs, layout, next_obs mode, batch options, sampler and its state, RNG state,
-        ring counters and next-observation links are restored; writes logged since the last
-        checkpoint are applied again after checking that the log follows this checkpoint and
-        that its records are whole (see :mod:`marlbuf.mapped` for what survives a crash and
-        what is refused). ``durable`` and ``parallel_gather`` are runtime settings, as for the
-        constructor.
+        ring counters, next-observation links and the episode index are restored; writes logged
+        since the last checkpoint are applied again after checking that the checkpoint is this
+        folder's, that the log follows it and that its records are whole; then the table's
+        stamps must agree with the state this gives every slot (see :mod:`marlbuf.mapped` for
+        what survives a crash and what is refused). ``durable`` and ``parallel_gather`` are
+        runtime settings, as for the constructor. A folder written by an earlier version is
+        rewritten in this version's format when opened with ``mode="r+"``.
 
         ``mode="r"`` opens the folder read-only (a shared lock; the files mapped read-only, so
-        it works on read-only media): sampling, ``gather``, ``latest`` and
-        ``update_priorities`` work (priorities and RNG are not saved), writes are refused. A
-        folder that was not closed cleanly and holds writes to apply again must be opened once
-        with ``mode="r+"`` first.
+        it works on read-only media; a log left by a crash is applied in memory only):
+        sampling, ``gather``, ``latest`` and ``update_priorities`` work (priorities and RNG are
+        not saved), writes are refused.
 
         Raises ``FileNotFoundError`` for a missing folder, ``NotADirectoryError`` for a file,
-        ``ValueError`` for a folder that holds no (or a corrupt, incomplete or altered) buffer
-        or whose redo log is missing or damaged after an unclean close
-        (:class:`marlbuf.mapped.LogDamaged`), and ``BlockingIOError`` while another buffer
-        object has it open for writing.
+        ``ValueError`` for a folder that holds no (or a corrupt, incomplete or altered) buffer,
+        a checkpoint of another folder, or rows that the checkpoint and the redo log do not
+        account for (a log missing, damaged or older than the table:
+        :class:`marlbuf.mapped.LogDamaged`, which says what was found and how to recover),
+        ``MemoryError`` for a manifest whose buffer does not fit, and ``BlockingIOError`` while
+        another buffer object has it open for writing.
         """
         return mapped.open_buffer(cls, path, durable, parallel_gather, mode)
 
