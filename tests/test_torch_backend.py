@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-from datagen import random_step_data, step_slice
+from datagen import random_actions, random_step_data, step_slice
 
 torch = pytest.importorskip("torch")
 
@@ -598,10 +598,15 @@ def test_batched_update_equals_per_trainer_updates():
     idx = [rng.integers(0, 64, 32) for _ in range(3)]
     td = [torch.tensor(rng.normal(size=32)) for _ in range(3)]
     for t in range(3):
-        ref.update_priorities(idx[t], td[t].numpy(), trainer=t)
+        ref.update_priorities(
+            idx[t], td[t].numpy(), trainer=t, generations=ref.write_generation[idx[t]]
+        )
         one.update_priorities(idx[t], td[t], trainer=t, generations=one.write_generation[idx[t]])
     many.update_priorities_for_trainers(
-        [torch.as_tensor(i) for i in idx], torch.stack(td), sync=False
+        [torch.as_tensor(i) for i in idx],
+        torch.stack(td),
+        [many.write_generation[i] for i in idx],
+        sync=False,
     )  # a (T, B) tensor: split along its first axis
     many.check_priority_errors()
     assert_same_priorities(ref, one)
@@ -1264,10 +1269,7 @@ class Streams:
             out.append(
                 {
                     "obs": obs,
-                    "action": {
-                        a: self.rng.standard_normal(s.action_shape).astype(s.action_dtype)
-                        for a, s in self.specs.items()
-                    },
+                    "action": {a: random_actions(s, 1, self.rng)[0] for a, s in self.specs.items()},
                     "reward": {a: float(self.rng.standard_normal()) for a in self.specs},
                     "next_obs": nxt,
                     "done": {a: float(end) for a in self.specs},
