@@ -578,20 +578,27 @@ class MappedStore:
                 f"{name!r}; storage files are plain names 'array-<i>.bin' inside the folder "
                 "(corrupt or crafted manifest: nothing outside the folder is opened)"
             )
-        file = named
+        return self._map_file(named, "storage", shape, dtype)
+
+    def _map_file(
+        self, file: str, what: str, shape: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray:
+        """Map the existing ``file`` of the folder (read-only with ``mode="r"``), which must
+        hold exactly an array of ``shape`` and ``dtype``; ``what`` it is, for the errors."""
+        nbytes = math.prod(shape) * dtype.itemsize
         mapped_file = self.folder / file
         try:
             fd = self._open_file(file, write=not self.readonly)
         except FileNotFoundError:
             raise ValueError(
-                f"the memory-mapped buffer at {str(self.folder)!r} lacks its storage file "
+                f"the memory-mapped buffer at {str(self.folder)!r} lacks its {what} file "
                 f"{str(mapped_file)!r} (incomplete copy?)"
             ) from None
         try:
             size = os.fstat(fd).st_size
             if size != nbytes:
                 raise ValueError(
-                    f"storage file {str(mapped_file)!r} holds {size} bytes; the buffer needs "
+                    f"{what} file {str(mapped_file)!r} holds {size} bytes; the buffer needs "
                     f"{nbytes} (truncated or corrupt)"
                 )
             return self._map(fd, nbytes, shape, dtype)
@@ -645,23 +652,7 @@ class MappedStore:
                 f"buffer of capacity {capacity} has {{'file': {STAMPS!r}, 'dtype': '<i8', "
                 f"'shape': [{capacity}]}} (corrupt or crafted manifest)"
             )
-        try:
-            fd = self._open_file(STAMPS, write=not self.readonly)
-        except FileNotFoundError:
-            raise ValueError(
-                f"the memory-mapped buffer at {str(self.folder)!r} lacks its stamps file "
-                f"{STAMPS!r} (incomplete copy?)"
-            ) from None
-        try:
-            size = os.fstat(fd).st_size
-            if size != 8 * capacity:
-                raise ValueError(
-                    f"stamps file {str(self.folder / STAMPS)!r} holds {size} bytes; the buffer "
-                    f"needs {8 * capacity} (truncated or corrupt)"
-                )
-            self._stamps = self._map(fd, 8 * capacity, (capacity,), np.dtype(np.int64))
-        finally:
-            os.close(fd)
+        self._stamps = self._map_file(STAMPS, "stamps", (capacity,), np.dtype(np.int64))
 
     def _create_stamps(self, capacity: int) -> None:
         """A new stamps file of ``capacity`` zeros (one left by an interrupted upgrade is
