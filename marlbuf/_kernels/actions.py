@@ -30,12 +30,12 @@ def first_bad_action(
         for a in range(agents):
             stop = columns.shape[0] if a + 1 == agents else starts[a + 1]
             total = 0.0
-            ok = True
+            inside = 0
             for c in range(starts[a], stop):
                 value = np.float64(rows[t, columns[c]])
-                ok &= 0.0 <= value <= 1.0  # False for NaN
+                inside += 0.0 <= value <= 1.0  # False for NaN
                 total += value
-            if not ok or abs(total - 1.0) > limits[a]:
+            if inside < stop - starts[a] or not abs(total - 1.0) <= limits[a]:
                 return t * agents + a
     return -1
 
