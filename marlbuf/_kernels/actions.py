@@ -33,7 +33,8 @@ def first_bad_action(
             inside = 0
             for c in range(starts[a], stop):
                 value = np.float64(rows[t, columns[c]])
-                inside += 0.0 <= value <= 1.0  # False for NaN
+                if 0.0 <= value <= 1.0:  # False for NaN
+                    inside += 1
                 total += value
             if inside < stop - starts[a] or not abs(total - 1.0) <= limits[a]:
                 return t * agents + a
