@@ -1,14 +1,22 @@
 """What the redo log's checksums cost a memory-mapped buffer's writes, same run.
 
-Times ``add`` (one step) and ``extend`` (64 steps) of a memory-mapped buffer (``path=``) with
-the log's payload checksum as shipped (:mod:`marlbuf._kernels.checksum`), with ``zlib.crc32``
-in its place (what the log used before), and with none (a constant: records then go
-unverified; only for this measurement). The three are interleaved round by round, in a rotating
-order, and the result is the median over rounds of each one's time over the unchecked one's in
-the same round. Rows are MPE-sized (``agents`` agents, 18 observation and 5 action floats each,
-``next_obs="stored"``); the log limit is raised so that no checkpoint falls in a timed call.
+A memory-mapped buffer (``path=``) writes each call's staged rows into its mapped log with one
+kernel (:func:`marlbuf._kernels.checksum.write_record`) that copies the rows and checksums
+them in the same pass. This suite times ``add`` (one step) and ``extend`` (64 steps) of such a
+buffer with three record writers in turn:
 
-Run: ``python bench/log_checksums.py [--agents 3] [--rounds 60] [--calls 100]``; prints JSON.
+* ``shipped``: the kernel as shipped;
+* ``separate``: a separate checksum pass over the payload before the record is written (what a
+  log whose checksum is not folded into the copy costs);
+* ``none``: the same record written without any checksum (a copy-only twin of the kernel, only
+  for this measurement: its records would not verify).
+
+The three are interleaved round by round, in a rotating order, and each result is the median
+over rounds of its time over ``none``'s in the same round. Rows are MPE-sized (``agents``
+agents, 18 observation and 5 action floats each, ``next_obs="stored"``); the log limit is
+raised so that no checkpoint falls in a timed call. The machine's copy bandwidth is recorded.
+
+Run: ``python bench/log_checksums.py [--agents 3 24] [--rounds 60] [--calls 100]``; prints JSON.
 """
 
 from __future__ import annotations
@@ -17,27 +25,82 @@ import argparse
 import json
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config, mapped
+from marlbuf._kernels.checksum import (
+    RECORD_HEAD_WORDS,
+    RECORD_MAGIC,
+    RECORD_TAIL_WORDS,
+    TRAILER_MAGIC,
+    payload_checksum,
+    write_record,
+)
+from marlbuf.bench.common import copy_bandwidth
 
 
-def _none(rows: np.ndarray, streams: np.ndarray, state: np.ndarray, *cut: np.ndarray) -> int:
-    return 0
+@njit(cache=True, nogil=True)
+def _copy(dst: np.ndarray, at: int, src: np.ndarray) -> None:
+    out = dst[at : at + src.shape[0]]
+    for i in range(src.shape[0]):
+        out[i] = src[i]
 
 
-def _crc32(rows: np.ndarray, streams: np.ndarray, state: np.ndarray, *cut: np.ndarray) -> int:
-    crc = zlib.crc32(streams.data, zlib.crc32(rows.data))
-    return zlib.crc32(cut[0].data, crc) if cut else crc
+@njit(cache=True, nogil=True)
+def write_unchecked(
+    log: np.ndarray,
+    at: int,
+    rows: np.ndarray,
+    streams: np.ndarray,
+    flags: np.ndarray,
+    ident: int,
+    seq: int,
+    first_generation: int,
+    stream: int,
+    flag_bits: int,
+) -> int:
+    """:func:`write_record` without checksums (zeros in their place): the same words copied."""
+    body = at + RECORD_HEAD_WORDS
+    flat = rows.reshape(rows.size)
+    _copy(log, body, flat)
+    _copy(log, body + flat.shape[0], streams.view(np.uint64))
+    _copy(log, body + flat.shape[0] + streams.shape[0], flags.view(np.uint64))
+    payload = flat.shape[0] + streams.shape[0] + flags.shape[0]
+    head = log[at : at + RECORD_HEAD_WORDS]
+    head[0] = np.uint64(RECORD_MAGIC)
+    head[1] = np.uint64(ident)
+    head[2] = np.uint64(seq)
+    head[3] = np.uint64(first_generation)
+    head[4] = np.uint64(rows.shape[0])
+    head[5] = np.uint64(stream)
+    head[6] = np.uint64(flag_bits)
+    head[7] = np.uint64(payload)
+    for i in range(8, RECORD_HEAD_WORDS):
+        head[i] = 0
+    end = body + payload
+    tail = log[end : end + RECORD_TAIL_WORDS]
+    tail[0] = np.uint64(TRAILER_MAGIC)
+    tail[1] = np.uint64(seq)
+    tail[2] = np.uint64(payload)
+    for i in range(3, RECORD_TAIL_WORDS):
+        tail[i] = 0
+    return end + RECORD_TAIL_WORDS
 
 
-def run(agents: int = 3, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
-    """Per-call medians and same-round ratios of mapped ``add``/``extend`` by checksum."""
+def write_separate(log: np.ndarray, at: int, rows: np.ndarray, streams: np.ndarray,
+                   flags: np.ndarray, *rest: int) -> int:  # fmt: skip
+    """A checksum pass over the payload, then the record (the pass folding saves)."""
+    payload_checksum(rows, streams, flags)
+    return int(write_record(log, at, rows, streams, flags, *rest))
+
+
+def run(agents: int = 24, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
+    """Per-call medians and same-round ratios of mapped ``add``/``extend`` by record writer."""
     specs = {f"agent_{i}": AgentSpec(obs_shape=(18,), action_shape=(5,)) for i in range(agents)}
     rng = np.random.default_rng(0)
 
@@ -52,11 +115,10 @@ def run(agents: int = 3, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
 
     one = {f: {a: x[0] for a, x in per.items()} for f, per in steps(1).items()}
     block = steps(64)
-    shipped = mapped._payload_checksum
-    checksums: dict[str, Callable[..., int]] = {
-        "shipped": shipped,
-        "crc32": _crc32,
-        "none": _none,
+    writers: dict[str, Callable[..., int]] = {
+        "shipped": write_record,
+        "separate": write_separate,
+        "none": write_unchecked,
     }
     limit = _config.MAPPED_LOG_BYTES
     _config.MAPPED_LOG_BYTES = 1 << 30  # no checkpoint inside the timed calls
@@ -66,23 +128,24 @@ def run(agents: int = 3, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
             buf = MultiAgentReplayBuffer(
                 specs, 100_000, path=Path(folder) / "m", next_obs="stored", seed=0
             )
+            out["row_bytes"] = buf._codec.row_bytes
             writes: dict[str, Callable[[], None]] = {
                 "add": lambda: buf.add(**one),
                 "extend64": lambda: buf.extend(**block),
             }
             for op, write in writes.items():
-                samples: dict[str, list[float]] = {name: [] for name in checksums}
-                names = list(checksums)
+                samples: dict[str, list[float]] = {name: [] for name in writers}
+                names = list(writers)
                 for r in range(rounds + 2):  # two warm-up rounds
                     for name in names[r % 3 :] + names[: r % 3]:  # rotating order
-                        mapped._payload_checksum = checksums[name]
+                        mapped.write_record = writers[name]  # type: ignore[assignment]
                         start = time.perf_counter()
                         for _ in range(calls):
                             write()
                         elapsed = (time.perf_counter() - start) / calls
                         if r >= 2:
                             samples[name].append(elapsed)
-                mapped._payload_checksum = shipped
+                mapped.write_record = write_record
                 base = np.asarray(samples["none"])
                 for name, times in samples.items():
                     out[f"{op}_{name}_us"] = float(np.median(times)) * 1e6
@@ -91,18 +154,20 @@ def run(agents: int = 3, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
                         out[f"{op}_{name}_ratio"] = ratio
             buf.close()
     finally:
-        mapped._payload_checksum = shipped
+        mapped.write_record = write_record
         _config.MAPPED_LOG_BYTES = limit
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--agents", type=int, default=3)
+    parser.add_argument("--agents", type=int, nargs="+", default=[3, 24])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--calls", type=int, default=100)
     args = parser.parse_args()
-    print(json.dumps(run(args.agents, args.rounds, args.calls), indent=1))
+    results: dict[str, Any] = {"copy_bandwidth_gb_s": copy_bandwidth() / 1e9}
+    results["runs"] = [run(n, args.rounds, args.calls) for n in args.agents]
+    print(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -130,8 +130,19 @@ def build_cases() -> dict[str, Callable[[], Callable[[], None]]]:
 
         return run
 
+    def per_drawn(capacity: int) -> Callable[[], None]:
+        buf = _filled(cn3, capacity, sampler=Prioritized())
+        td = np.random.default_rng(0).random(BATCH) + 0.01
+
+        def run() -> None:
+            batch = buf.sample(BATCH)
+            buf.update_priorities(batch.indices, td)  # judged by the indices' own draw
+
+        return run
+
     cases["CN-3 PER sample+update 1e5"] = lambda: per(100_000)
     cases["CN-3 PER sample+update 1e6"] = lambda: per(1_000_000)
+    cases["CN-3 PER sample+update(batch.indices) 1e5"] = lambda: per_drawn(100_000)
 
     def sequences(length: int) -> Callable[[], None]:
         buf = _filled(cn3, 100_000, sampler=Sequence(length, burn_in=4))

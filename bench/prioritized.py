@@ -103,7 +103,9 @@ def bench_per(capacity: int, repeats: int) -> tuple[list[dict[str, Any]], dict[s
         next_obs={"agent": zeros},
         done={"agent": zeros[:, 0]},
     )
-    buf.update_priorities(all_slots, initial, trainer=0)
+    buf.update_priorities(
+        all_slots, initial, trainer=0, generations=buf.write_generation[all_slots]
+    )
 
     def marlbuf_buffer() -> None:
         batch = buf.sample(BATCH)

@@ -20,10 +20,12 @@ SIDE_TABLE_WARN_ROWS = 1024
 
 #: File format written by ``MultiAgentReplayBuffer.save``; bump on incompatible changes.
 SAVE_FORMAT = "marlbuf-buffer"
-SAVE_VERSION = 3
+SAVE_VERSION = 4
 #: version 1 (marlbuf 0.1): next observations stored in every row, no word-aligned sections;
-#: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3)
-READABLE_SAVE_VERSIONS = (1, 2, 3)
+#: version 2: no extra fields, global fields or alive masks (their rows are laid out as in 3);
+#: version 3: an episode index without the stream-break record of its open streams (taken from
+#: the stored rows on load where they still hold it)
+READABLE_SAVE_VERSIONS = (1, 2, 3, 4)
 
 #: Sequence sampling: slots whose sequences are walked at once when the starts of a loaded
 #: state are recomputed (bounds the temporary slot matrix to this many entries).
@@ -85,3 +87,9 @@ SELECTION_SAMPLING_FRACTION = 0.2
 #: field selections (``fields=`` of a sample or gather) a storage keeps built; a learner uses
 #: one or two, so the cache is cleared when a program cycles through more
 MAX_FIELD_SELECTIONS = 16
+
+#: A discrete agent's action given as a vector must be probabilities (one-hot included): each
+#: in [0, 1], summing to 1 within this (plus 4 ulps of the stored dtype per action when checked
+#: as stored). The one-step kernels check the values before they are stored against this alone,
+#: so they never accept what the complete checks refuse.
+DISCRETE_SUM_TOLERANCE = 1e-3

@@ -18,23 +18,60 @@ class DrawnIndices(np.ndarray):
 
     ``update_priorities(batch.indices, td)`` reads them, so an update is judged against its own
     draw in any order of updates (an older batch updated after a newer batch of the same slots
-    is still exact). Only the array the batch handed out carries them: any array derived from
-    it (a slice, a copy, arithmetic, ``np.asarray`` of a list) has ``generations = None``, and
-    ``update_priorities`` then falls back to the buffer's record of the latest hand-out (pass
-    ``generations=`` for indices that come from elsewhere).
+    is still exact). The array keeps a private copy of its entries as drawn (:attr:`as_drawn`):
+    reordered in place since (sorted, shuffled), each entry is still judged by its slot's
+    generation at the draw; written to with slots the batch did not draw, it is refused with a
+    ``ValueError`` naming ``generations=``. Indexing it (a slice, ``indices[order]``, a mask)
+    keeps the generations of the entries taken. Any other array derived from it (a copy,
+    arithmetic, a tensor, ``np.asarray`` of a list, a pickle) has ``generations = None``:
+    ``update_priorities`` then takes the generations of the
+    trainer's latest batch if the array holds exactly that batch's indices, in order, and
+    refuses it otherwise (pass ``generations=`` for indices that come from elsewhere).
     """
 
     generations: np.ndarray | None
+    #: the entries as drawn (a private copy; ``None`` for derived arrays)
+    as_drawn: np.ndarray | None
 
     def __array_finalize__(self, obj: Any) -> None:
         self.generations = None  # a derived array: its entries may be reordered or filtered
+        self.as_drawn = None
+
+    def __getitem__(self, key: Any) -> Any:
+        """Indexing (a slice, a reordering ``indices[order]``, a mask) keeps the generations
+        of the entries it takes."""
+        out = super().__getitem__(key)
+        if isinstance(out, DrawnIndices) and self.generations is not None:
+            out.generations = np.asarray(self.generations[key])
+            out.as_drawn = None if self.as_drawn is None else np.asarray(self.as_drawn[key])
+        return out
 
     @staticmethod
     def of(indices: np.ndarray, generations: np.ndarray) -> DrawnIndices:
         """``indices`` (shape (B,), int64) viewed as drawn at ``generations`` (shape (B,))."""
         drawn = indices.view(DrawnIndices)
         drawn.generations = generations
+        drawn.as_drawn = indices.copy()
         return drawn
+
+    def generations_of(self, entries: np.ndarray) -> np.ndarray | None:
+        """The generations at the draw of ``entries`` (shape (B,), int64: this array's entries
+        now, perhaps reordered in place since the draw): each entry's slot's generation then
+        (the same for every entry of one slot), or ``None`` when an entry is no slot of the
+        draw (written to since) or the array carries no generations."""
+        if self.generations is None or self.as_drawn is None:
+            return None
+        drawn, generations = np.asarray(self.as_drawn), np.asarray(self.generations)
+        if np.array_equal(drawn, entries):
+            return generations
+        if not drawn.shape[0]:
+            return None
+        order = np.argsort(drawn, kind="stable")
+        slots = drawn[order]
+        where = np.minimum(np.searchsorted(slots, entries), slots.shape[0] - 1)
+        if np.any(slots[where] != entries):
+            return None
+        return np.ascontiguousarray(generations[order][where])
 
 
 #: Why a batch of a buffer built with ``next_obs="none"`` holds no ``next_obs`` (the message of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
@@ -17,9 +18,10 @@ from marlbuf._kernels import (
     store_dense_step,
     store_lean_step,
 )
+from marlbuf._kernels.drawn import judge_update
 from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
-from marlbuf.convert import convert_state
+from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.options import check_capacity, check_header, check_row_options, row_options_of
 from marlbuf.samplers import Episodes as EpisodesSampler
@@ -45,6 +47,30 @@ _NO_PENDING = (-1, -1)
 NEXT_OBS_MODES = ("once", "stored", "none")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
+
+
+#: an empty int64 array: nothing to compare indices with (``generations=`` was given)
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+#: why indices written to after their draw are refused
+_CHANGED_IN_PLACE = (
+    "indices were written to after the draw: they hold slots their batch did not draw, so "
+    "the write generations they carry say nothing about those slots (a slot overwritten since "
+    "would be given another step's priority). Leave batch.indices as drawn (reordering it in "
+    "place is fine), or pass generations= for the slots you update (generations="
+    "buffer.write_generation[indices] to set the priorities of the slots as they are now)"
+)
+
+
+def _untrusted(trainer: int, why: str) -> str:
+    """Why indices without write generations are refused for ``trainer``."""
+    return (
+        f"indices carry no write generations (a copy, slice, tensor or list of a batch's "
+        f"indices, or slots never drawn) and {why} (trainer {trainer}), so the buffer cannot "
+        "tell whether their slots were overwritten since they were drawn: pass "
+        "generations=batch.generations of the batch they came from, or "
+        "generations=buffer.write_generation[indices] to set the priorities of the slots as "
+        "they are now"
+    )
 
 
 class StreamBreakWarning(UserWarning):
@@ -204,6 +230,12 @@ class MultiAgentReplayBuffer:
     #: ``next_obs="auto"`` in RAM or on a device: a first write without next_obs (while nothing
     #: was written yet) makes the buffer ``next_obs="none"``
     _auto_none = False
+    #: ``next_obs="auto"`` not yet decided by a committed write (nor by a loaded state): every
+    #: write goes through :meth:`_stand_in` and the general commit, which decides
+    _deciding = False
+    #: whether a write's ``next_obs`` goes through :meth:`_stand_in` even when given: buffers
+    #: without next observations, and ``"auto"`` buffers still deciding
+    _stand_ins = False
     #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
     _breaks_warned = False
     #: environments of the latest ``add_envs`` call (0: none yet)
@@ -242,7 +274,11 @@ class MultiAgentReplayBuffer:
             )
         #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
         self._choose_format = next_obs == "auto" and path is None and _store is None
-        self._auto_none = self._choose_format
+        self._auto_none = self._deciding = self._choose_format
+        self._stand_ins = next_obs == "none" or self._deciding
+        #: per thread, whether the write being made left ``next_obs`` out (read by the first
+        #: commit of an ``"auto"`` buffer, which then chooses ``"none"``)
+        self._write_call = threading.local()
         next_obs = "once" if next_obs == "auto" else next_obs
         self._format_warned = False
         #: fields stored once per step for all agents (``global_fields=``), and whether each
@@ -257,12 +293,15 @@ class MultiAgentReplayBuffer:
             raise ValueError(
                 f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
             )
-        # validation + staging of add/extend
-        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
+        # sizes first: nothing that depends on a declared shape is allocated before the whole
+        # buffer is known to fit (the staging row of add() is one dense row)
+        row_options: dict[str, Any] = {"global_fields": self.global_fields, "alive": self.alive}
+        staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
         if (
             self._choose_format
             and layout == "interleaved"
-            and self._codec.lean_row_bytes >= self._codec.row_bytes
+            and estimate(self.specs, 1, layout, "once", **row_options).table_row_bytes
+            >= staging_row.table_row_bytes
         ):
             # rows so small that padding to a cache line eats what storing observations once
             # saves: the dense format costs no more memory and gathers without links
@@ -276,8 +315,7 @@ class MultiAgentReplayBuffer:
             prioritized=sampler.weighted,
             n_trainers=self.n_trainers,
             episodes=sampler.needs_episodes,
-            global_fields=self.global_fields,
-            alive=self.alive,
+            **row_options,
         )
         _check_memory(
             mapped.resident(needed) if in_files or self.device is not None else needed,
@@ -286,7 +324,10 @@ class MultiAgentReplayBuffer:
             next_obs,
             self.global_fields,
             self.alive,
+            working=staging_row.table_row_bytes,
         )
+        # validation + staging of add/extend
+        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
@@ -353,14 +394,18 @@ class MultiAgentReplayBuffer:
         )
         #: updates of ``update_priorities(..., sync=False)`` waiting for their device copies:
         #: (trainer, indices, generations, a function returning the host TD errors)
-        self._deferred: list[tuple[int, np.ndarray, np.ndarray, Any]] = []
+        #: an entry ``(-1, None, None, error)`` keeps the error of an update applied by a later
+        #: call for the next call that reads priorities
+        self._deferred: list[tuple[int, Any, Any, Any]] = []
         if store is not None:
             store.bind(
                 mapped.BufferHooks(
-                    commit=self._commit,
-                    state=lambda: self._state(copy=False),
-                    load=lambda state: self._load_state(state, adopt=True),
+                    commit=self._replay,
+                    state=lambda: self._state(copy=False, errors=False),
+                    load=lambda state: self._load_state(state, adopt=True, table_ahead=True),
+                    replayed=self._replayed,
                     attach=self._attach_store,
+                    total_writes=lambda: self.writer.total_writes,
                     row_words=self._codec.row_words,
                 )
             )
@@ -474,7 +519,7 @@ class MultiAgentReplayBuffer:
         required. A buffer with ``next_obs="auto"`` whose first write leaves it out becomes
         ``next_obs="none"`` and warns once (:class:`NextObsDroppedWarning`).
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "add")
         codec = self._codec
         values = (obs, action, reward, next_obs, done)
@@ -532,7 +577,7 @@ class MultiAgentReplayBuffer:
         every value is valid. ``next_obs`` as in :meth:`add`: left out with
         ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "extend")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
@@ -561,7 +606,7 @@ class MultiAgentReplayBuffer:
         dict or sequence of (K,) arrays. Nothing is written unless every value is valid.
         ``next_obs`` as in :meth:`add`: left out with ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self.next_obs == "none":
+        if next_obs is None or done is None or self._stand_ins:
             next_obs = self._stand_in(obs, next_obs, done, "add_envs")
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
@@ -572,9 +617,11 @@ class MultiAgentReplayBuffer:
         """What a write passes as ``next_obs`` when it leaves it out or the buffer stores none
         (``next_obs="none"``): ``obs`` itself, staged in the next_obs section of the staging
         rows and dropped by the lean row (so the staging paths stay those of every format);
-        else a clear error. An ``"auto"`` buffer that nothing was written to yet becomes
-        ``next_obs="none"`` here. Called only when ``next_obs`` or ``done`` is missing, or the
-        buffer stores no next observations: one check per call, none per row."""
+        else a clear error. While an ``"auto"`` buffer is still deciding, every write comes
+        here: it notes whether this call left ``next_obs`` out, and the call's commit (only
+        once the call is validated: a rejected write changes nothing) chooses the format. Called
+        only when ``next_obs`` or ``done`` is missing, or the buffer stores no next
+        observations or is deciding: one check per call, none per row."""
         if done is None:
             if self.next_obs == "none" and next_obs is not None:
                 raise TypeError(
@@ -583,9 +630,11 @@ class MultiAgentReplayBuffer:
                     f"{call}(obs, action, reward, done=done)"
                 )
             raise TypeError(f"{call}() missing the required argument done")
-        if next_obs is None:
-            if self.next_obs != "none" and self._auto_none and self.writer.total_writes == 0:
-                # warned before the format changes: where warnings are errors, nothing changed
+        if self._deciding:
+            self._write_call.none = next_obs is None
+            if next_obs is None and self._auto_none and self.next_obs != "none":
+                # warned before the call's commit decides: where warnings are errors, the call
+                # raises here and nothing changed
                 warnings.warn(
                     f"{call}() got no next_obs, so this next_obs='auto' buffer now stores none "
                     "(next_obs='none'): batches will hold no next observations and later writes "
@@ -595,7 +644,8 @@ class MultiAgentReplayBuffer:
                     NextObsDroppedWarning,
                     stacklevel=3,
                 )
-                self._drop_next_obs()
+            return obs if next_obs is None else next_obs
+        if next_obs is None:
             if self.next_obs == "none":
                 return obs
             if self._auto_none:
@@ -624,18 +674,34 @@ class MultiAgentReplayBuffer:
             "them"
         )
 
+    def _decide(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
+        """The first commit of a ``next_obs="auto"`` buffer (under ``writer.lock``, the call
+        validated, nothing stored yet) chooses its format: ``"none"`` when the call left
+        ``next_obs`` out, ``"stored"`` for an ``extend`` of independent transitions (see
+        :meth:`_independent`), else the format it has. Writers that race to be the first write,
+        one with and one without ``next_obs``, are not told apart: the first to commit
+        decides."""
+        if getattr(self._write_call, "none", False) and self._auto_none:
+            self._drop_next_obs()
+        elif self._choose_format and steps > 1 and isinstance(streams, int):
+            if self._independent(rows):
+                self._store_next_obs()
+        self._decided()
+
+    def _decided(self) -> None:
+        """The format is final: writes take their usual paths from now on."""
+        self._deciding = self._choose_format = False
+        self._stand_ins = self.next_obs == "none"
+        self._step = None  # add's one-step target, recomputed for the chosen store
+
     def _drop_next_obs(self) -> None:
         """Make this ``next_obs="auto"`` buffer, still empty, ``next_obs="none"`` (its first
         write has no next observations): a store of lean rows without links takes the place of
         the one built for the format ``"auto"`` assumed, and the episode index stops looking
         for stream breaks (which it finds by comparing obs with the previous next_obs)."""
-        with self.writer.write_lock, self.writer.lock:
-            if self.writer.total_writes or self.next_obs == "none":
-                return  # another thread wrote (or decided) first
-            self._switch_format("none")
-            self._choose_format = False
-            if self.episodes is not None:
-                self.episodes.obs_bytes = 0
+        self._switch_format("none")
+        if self.episodes is not None:
+            self.episodes.obs_bytes = 0
 
     def _extend(
         self,
@@ -770,10 +836,8 @@ class MultiAgentReplayBuffer:
             if truncated is not None and truncated is not False:
                 ends = ends | truncated
         with writer.lock:
-            if self._choose_format:
-                self._choose_format = False  # decided by the first write, whatever it is
-                if steps > 1 and isinstance(streams, int) and self._independent(rows):
-                    self._store_next_obs()
+            if self._deciding:  # next_obs="auto": the first write chooses the format
+                self._decide(rows, steps, streams)
             if self._mapped is not None:  # the redo record first: a crash never sees half a write
                 self._mapped.log(rows, steps, streams, truncated)
             skip, slots = writer.plan(steps)
@@ -834,6 +898,22 @@ class MultiAgentReplayBuffer:
             if self.links is not None and not self._format_warned:
                 self._check_side_share()
 
+    def _replay(
+        self,
+        rows: np.ndarray,
+        steps: int,
+        streams: int | np.ndarray,
+        truncated: bool | np.ndarray | None = None,
+    ) -> None:
+        """:meth:`_commit` of a write logged by the process that made it (a memory-mapped
+        folder's redo log, run again on reopening): that process gave the warnings."""
+        warned = self._breaks_warned, self._format_warned
+        self._breaks_warned = self._format_warned = True
+        try:
+            self._commit(rows, steps, streams, truncated)
+        finally:
+            self._breaks_warned, self._format_warned = warned
+
     def _step_target(self) -> tuple[Any, ...]:
         """What ``add`` needs to write one step, for the current storage and sampler:
         ``(storage, sampler, table, direct, on_write, typed)``. ``table`` is the storage's row table
@@ -853,6 +933,7 @@ class MultiAgentReplayBuffer:
             and table.dtype == np.uint64
             and table.flags.c_contiguous
         )
+        kernel = kernel and not self._deciding  # the first write of "auto" chooses in _commit
         plan = self._codec.step_plan
         direct = kernel and plan is not None and self.episodes is None and not self._codec.more
         on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
@@ -1724,12 +1805,21 @@ class MultiAgentReplayBuffer:
 
         * ``update_priorities(batch.indices, td, trainer=t)``: ``batch.indices`` (a
           :class:`marlbuf.batch.DrawnIndices`) carries the write generations of its draw, so
-          this is exact in any order of updates (an older batch updated after a newer one);
+          this is exact in any order of updates (an older batch updated after a newer one).
+          The array keeps a copy of its entries as drawn: reordered in place since (sorted,
+          shuffled), each entry is judged by its slot's generation at the draw; an entry
+          written that is not a slot of the draw is refused (``ValueError`` naming
+          ``generations=``);
         * ``generations=batch.generations``: the same, for indices that travelled elsewhere
-          (copied, converted to a tensor and back, sent to another process);
-        * plain indices without generations: the buffer's record of the write generation of
-          every slot it last handed to trainer ``t`` (right for the usual sample-then-update
-          loop).
+          (copied, converted to a tensor and back, sent to another process), and
+          ``generations=buffer.write_generation[indices]`` to set the priorities of slots as
+          they are now (indices never drawn);
+        * plain indices without generations: taken as trainer ``t``'s latest batch, and judged
+          by its generations, when they are exactly its indices in order (a copy or a list of
+          them: the usual sample-then-update loop); any other plain indices are refused with a
+          ``ValueError`` naming ``generations=``, since the buffer cannot tell whether their
+          slots were overwritten since they were drawn. Checking costs one pass over the
+          indices (the same pass that finds the stale slots).
 
         With a prioritized :class:`marlbuf.samplers.Sequence` sampler, ``indices`` are the
         sequences' training starts (``batch.indices``) and ``td_errors`` one value per sequence
@@ -1747,7 +1837,10 @@ class MultiAgentReplayBuffer:
         next call that reads or changes priorities (``sample``, ``update_priorities``,
         ``state_dict``, :meth:`check_priority_errors`): the learner does not stall on the
         device, and the next draw still sees the update. A bad deferred update (non-finite TD
-        errors) raises at that later call.
+        errors) changes nothing, and its error is raised once, by the next call that reads
+        priorities (``sample``, ``state_dict``, :meth:`check_priority_errors`); a later
+        ``update_priorities`` applies the deferred updates before its own and is applied
+        itself, leaving that error for such a call.
         """
         trainer = self._check_trainer(trainer)
         if not isinstance(sync, bool):
@@ -1758,22 +1851,27 @@ class MultiAgentReplayBuffer:
         on_device = getattr(self.sampler, "priorities_on_device", False)
         defer = not on_device and not sync and hasattr(td_errors, "detach")
         with self.writer.lock:
-            if not (on_device or defer):
-                self.apply_deferred_updates()
+            if not (on_device or defer) and self._deferred:
+                # earlier deferred updates first, in order; an error of theirs waits for the
+                # next call that reads priorities, and this update is still applied
+                self._settle_deferred()
             idx = self._check_indices(_host_array(indices))
-            gens = self._update_generations(trainer, indices, idx, generations)
-            if defer:
-                self._deferred.append((trainer, idx, gens, self.storage.to_host_later(td_errors)))
+            gens, stale = self._judged(trainer, indices, idx, generations)
+            if defer:  # judged again when applied (the slots may be overwritten meanwhile)
+                ready = self.storage.to_host_later(td_errors)
+                self._deferred.append((trainer, idx.copy(), gens.copy(), ready))
                 return
             values = td_errors if on_device else _host_array(td_errors)
-            self.sampler.update_priorities(idx, values, trainer, self._stale(idx, gens))
+            self.sampler.update_priorities(idx, values, trainer, stale)
             if on_device and sync:
                 self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
 
     def _stale(self, idx: np.ndarray, generations: np.ndarray) -> np.ndarray:
         """Which of the slots ``idx`` were overwritten since their draw at ``generations``
         (shape of ``idx``, bool; under ``writer.lock``)."""
-        return generations.astype(np.int64, copy=False) != self.writer.write_generation[idx]
+        stale = np.empty(idx.shape[0], dtype=np.bool_)
+        judge_update(idx, _NO_SLOTS, generations, self.writer.write_generation, stale)
+        return stale
 
     def update_priorities_for_trainers(
         self,
@@ -1791,9 +1889,10 @@ class MultiAgentReplayBuffer:
         """Apply the updates of ``update_priorities(..., sync=False)`` still waiting, in the
         order they were made (each waits for its own copy from the device). Every good update
         is applied; a bad one changes nothing, and the first bad one's error is raised once they
-        have all been tried. Called by every method that reads or changes priorities. With
-        priorities on the device (``Prioritized(index="device")``) the updates are written
-        already, and this raises the first error among those not yet checked."""
+        have all been tried (or, if a later ``update_priorities`` applied them, here, once).
+        Called by every method that reads priorities. With priorities on the device
+        (``Prioritized(index="device")``) the updates are written already, and this raises the
+        first error among those not yet checked."""
         check_device = getattr(self.sampler, "raise_pending_errors", None)
         if check_device is not None:
             with self.writer.lock:
@@ -1801,24 +1900,41 @@ class MultiAgentReplayBuffer:
         if not self._deferred:
             return
         with self.writer.lock:
-            pending, self._deferred = self._deferred, []
-            first_error: ValueError | None = None
-            for trainer, idx, gens, ready in pending:
-                try:
-                    self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
-                except ValueError as exc:
-                    first_error = first_error or exc
-            if first_error is not None:
-                raise first_error
+            error = self._apply_deferred()
+            if error is not None:
+                raise error
+
+    def _apply_deferred(self) -> ValueError | None:
+        """Apply the waiting deferred updates (under ``writer.lock``); the first error among
+        them (or kept from an earlier application) is returned, not raised."""
+        pending, self._deferred = self._deferred, []
+        first_error: ValueError | None = None
+        for trainer, idx, gens, ready in pending:
+            if idx is None:  # the error of an update applied by an earlier call, still unseen
+                first_error = first_error or ready
+                continue
+            try:
+                self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
+            except ValueError as exc:
+                first_error = first_error or exc
+        return first_error
+
+    def _settle_deferred(self) -> None:
+        """Apply the waiting deferred updates and keep their first error for the next call that
+        reads priorities (an update or a checkpoint must not raise another call's error)."""
+        error = self._apply_deferred()
+        if error is not None:
+            self._deferred.append((-1, None, None, error))
 
     #: :meth:`apply_deferred_updates` under the name the learners use to surface errors
     check_priority_errors = apply_deferred_updates
 
     def _update_generations(
         self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
-    ) -> np.ndarray:
-        """The write generations ``idx`` (checked indices) were drawn at (under the lock)."""
-        current = self.writer.write_generation[idx]
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """What an update of ``idx`` (checked indices) is judged by: ``(generations, the
+        indices they belong to, whether idx may be a reordering of those)`` (the second empty
+        when ``generations=`` was given: nothing to compare). See :meth:`update_priorities`."""
         if generations is not None:
             gens = _host_array(generations)
             if gens.shape != idx.shape or gens.dtype.kind not in "iu":
@@ -1827,21 +1943,38 @@ class MultiAgentReplayBuffer:
                     f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
                     f"dtype {gens.dtype}"
                 )
-            return gens
-        if isinstance(indices, DrawnIndices) and indices.generations is not None:
-            return indices.generations  # exact: the generations of this very draw
-        return self._generations_of_latest(trainer, idx, current)
-
-    def _generations_of_latest(
-        self, trainer: int, idx: np.ndarray, current: np.ndarray
-    ) -> np.ndarray:
-        """The generations to judge plain ``idx`` (no generations of their own) against: those
-        of ``trainer``'s latest batch when ``idx`` are its indices (a copy or a list of them),
-        else the current ones (indices that were never handed out: nothing to drop)."""
+            return gens.astype(np.int64, copy=False), _NO_SLOTS, False
+        if isinstance(indices, DrawnIndices) and indices.as_drawn is not None:
+            assert indices.generations is not None
+            return indices.generations, indices.as_drawn, True  # its own draw
         latest = self._last_drawn[trainer] if self._last_drawn else None
-        if latest is not None and latest.generations is not None and np.array_equal(latest, idx):
-            return latest.generations
-        return current
+        if latest is None or latest.as_drawn is None or latest.generations is None:
+            raise ValueError(_untrusted(trainer, "no batch was drawn for it since"))
+        return latest.generations, latest.as_drawn, False
+
+    def _judged(
+        self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(generations, stale)`` of an update of ``idx``: the write generations it is
+        judged against and which of its slots were overwritten since (shape of ``idx``, bool);
+        a ``ValueError`` naming ``generations=`` for indices that cannot be trusted."""
+        gens, as_drawn, own = self._update_generations(trainer, indices, idx, generations)
+        stale = np.empty(idx.shape[0], dtype=np.bool_)
+        current = self.writer.write_generation
+        if judge_update(idx, as_drawn, gens, current, stale):
+            return gens, stale
+        if not own:  # plain indices that are not the trainer's latest batch, in order
+            raise ValueError(
+                _untrusted(trainer, "they are not its latest batch's indices, in order")
+            )
+        # batch.indices changed in place since its draw: each entry that is a slot of that
+        # draw takes the slot's generation then (the same for every entry of a slot)
+        assert isinstance(indices, DrawnIndices)
+        remapped = indices.generations_of(idx)
+        if remapped is None:
+            raise ValueError(_CHANGED_IN_PLACE)
+        judge_update(idx, _NO_SLOTS, remapped, current, stale)
+        return remapped, stale
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -1867,14 +2000,17 @@ class MultiAgentReplayBuffer:
         with self.writer.lock:
             return self._state(copy=True)
 
-    def _state(self, copy: bool, live: bool = False) -> dict[str, Any]:
+    def _state(self, copy: bool, live: bool = False, errors: bool = True) -> dict[str, Any]:
         """:meth:`state_dict` (call under ``writer.lock``); with ``copy=False`` the buffer's own
         arrays are views of the live memory (what a checkpoint writes from, so that it copies
         nothing). With ``live=True`` everything but the storage rows is copied, and each storage
         array is a :class:`marlbuf.persistence.LiveRows` whose rows are copied later, a chunk
         at a time under the lock, as long as their write generations are still those of this
         state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
-        self.apply_deferred_updates()  # the state holds every priority update made so far
+        if errors:
+            self.apply_deferred_updates()  # the state holds every priority update made so far
+        elif self._deferred:
+            self._settle_deferred()
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
         copy = copy or live
 
@@ -1939,13 +2075,17 @@ class MultiAgentReplayBuffer:
         """
         self._load_state(state, adopt=False)
 
-    def _load_state(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_state(self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False) -> None:
+        """:meth:`load_state_dict`; ``adopt``: keep the state's arrays (nobody else holds
+        them); ``table_ahead``: the storage holds the state's rows already, and may hold newer
+        ones (a memory-mapped checkpoint before its log is replayed), so the parts are
+        cross-checked against the rows after the replay (:meth:`_replayed`)."""
         if not isinstance(state, Mapping):
             raise TypeError(
                 f"a buffer state is a mapping (what state_dict() returns); got {state!r:.80}"
             )
         try:
-            self._load_header_checked(state, adopt)
+            self._load_header_checked(state, adopt, table_ahead)
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             # a field of the wrong type or missing: the checks below index freely
             raise ValueError(
@@ -1953,7 +2093,9 @@ class MultiAgentReplayBuffer:
                 f"{exc}); pass what state_dict() returned or a file written by save()"
             ) from exc
 
-    def _load_header_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_header_checked(
+        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
+    ) -> None:
         """:meth:`_load_state`: the header compared with this buffer's configuration."""
         check_header(state)
         specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
@@ -1961,13 +2103,9 @@ class MultiAgentReplayBuffer:
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
         # chose "stored" or "none" from its first write loads into a new default buffer)
         saved_format = state.get("next_obs", "stored")
-        adopt_dense = self._choose_format and self.size == 0 and saved_format == "stored"
-        adopt_none = (
-            self._auto_none
-            and self.writer.total_writes == 0
-            and self.next_obs != "none"
-            and saved_format == "none"
-        )
+        deciding = self._deciding and self.writer.total_writes == 0
+        adopt_dense = deciding and self._choose_format and saved_format == "stored"
+        adopt_none = deciding and self.next_obs != "none" and saved_format == "none"
         mismatch = [
             (k, mine, theirs)
             for k, mine, theirs in (
@@ -1986,24 +2124,32 @@ class MultiAgentReplayBuffer:
                 "the state; build the buffer with MultiAgentReplayBuffer.load instead"
             )
         if not (adopt_dense or adopt_none):  # another layout or format is converted first
-            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
+            converted = convert_state(state, self._codec, self.layout, self.next_obs)
+            self._load_checked(converted, adopt, table_ahead)
+            if self._deciding and self.writer.total_writes:
+                self._decided()  # steps are stored: the format stays
             return
-        before = (self.storage, self.links, self.next_obs, self._choose_format)
-        obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
-        if adopt_none:
-            self._drop_next_obs()
-        else:
-            self._choose_format = False
-            self._store_next_obs()
-        try:
-            self._load_checked(convert_state(state, self._codec, self.layout, self.next_obs), adopt)
-        except BaseException:  # a rejected state leaves the buffer as it was
-            self.storage, self.links, self.next_obs, self._choose_format = before
-            if self.episodes is not None and obs_bytes is not None:
-                self.episodes.obs_bytes = obs_bytes
-            raise
+        with self.writer.write_lock, self.writer.lock:
+            before = (self.storage, self.links, self.next_obs, self._choose_format)
+            obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
+            if adopt_none:
+                self._drop_next_obs()
+            else:
+                self._choose_format = False
+                self._store_next_obs()
+            try:
+                converted = convert_state(state, self._codec, self.layout, self.next_obs)
+                self._load_checked(converted, adopt)
+            except BaseException:  # a rejected state leaves the buffer as it was
+                self.storage, self.links, self.next_obs, self._choose_format = before
+                if self.episodes is not None and obs_bytes is not None:
+                    self.episodes.obs_bytes = obs_bytes
+                raise
+            self._decided()
 
-    def _load_checked(self, state: Mapping[str, Any], adopt: bool) -> None:
+    def _load_checked(
+        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
+    ) -> None:
         """:meth:`_load_state` once the state's format matches this buffer's: every field
         checked against the others before anything changes."""
         size, _, _, generations = persistence.check_ring(state, self.capacity)
@@ -2019,8 +2165,9 @@ class MultiAgentReplayBuffer:
         if self.links is not None:
             self.links.check_state(state["links"])
         episodes_state = state.get("episodes") or {}
+        stored_next = None if table_ahead else self._stored_next(state)
         if self.episodes is not None and episodes_state:
-            self.episodes.check_state(episodes_state, size)
+            self.episodes.check_state(episodes_state, size, generations, stored_next)
         try:
             scratch = type(self.rng.bit_generator)()
             scratch.state = state["rng"]
@@ -2045,7 +2192,7 @@ class MultiAgentReplayBuffer:
                 self.links.load_state_dict(state["links"], adopt=adopt)
             if self.episodes is not None:
                 if episodes_state:
-                    self.episodes.load_state_dict(episodes_state, size)
+                    self.episodes.load_state_dict(episodes_state, size, generations, stored_next)
                 else:  # saved without an index: rebuilt from done flags and next_obs links
                     self.episodes.reconstruct(
                         size,
@@ -2059,6 +2206,38 @@ class MultiAgentReplayBuffer:
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)
+
+    def _replayed(self) -> None:
+        """A memory-mapped checkpoint was loaded and its log replayed: the table now holds
+        exactly the loaded state's rows, so the episode index's record of each open stream's
+        last next_obs is checked against them (or, for a checkpoint of an earlier version
+        without one, taken from them)."""
+        if self.episodes is None or not self.episodes.obs_bytes:
+            return
+        size = self.size
+        live = {
+            "layout": self.layout,
+            "next_obs": self.next_obs,
+            "storage": self.storage.arrays(),
+            "links": {} if self.links is None else self.links.state_dict(copy=False),
+        }
+        self.episodes.settle_stream_next(
+            size, self.writer.write_generation[:size], self._stored_next(live)
+        )
+
+    def _stored_next(self, state: Mapping[str, Any]) -> Any:
+        """The episode index's ``stored_next`` for ``state`` (in this buffer's format): the
+        next_obs section of filled slots as the writer staged it, and whether the stream-break
+        check compares it (:class:`marlbuf.writer.StoredNext`)."""
+        codec = self._codec
+        start, width = codec.next_obs_start, codec.obs_bytes
+
+        def read(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            rows = staged_rows(state, codec, slots)
+            quiet, _ = self._break_flags(rows)
+            return rows.view(np.uint8)[:, start : start + width], quiet
+
+        return read
 
     def _stored_ends(self, size: int) -> np.ndarray:
         """Per filled slot (shape (size,), bool), whether every (alive) agent's stored done is
@@ -2172,23 +2351,26 @@ class MultiAgentReplayBuffer:
 
         The storage files are mapped, not read, so this takes about as long as reading the
         metadata. Specs, layout, next_obs mode, batch options, sampler and its state, RNG state,
-        ring counters and next-observation links are restored; writes logged since the last
-        checkpoint are applied again after checking that the log follows this checkpoint and
-        that its records are whole (see :mod:`marlbuf.mapped` for what survives a crash and
-        what is refused). ``durable`` and ``parallel_gather`` are runtime settings, as for the
-        constructor.
+        ring counters, next-observation links and the episode index are restored; writes logged
+        since the last checkpoint are applied again after checking that the checkpoint is this
+        folder's, that the log follows it and that its records are whole; then the table's
+        stamps must agree with the state this gives every slot (see :mod:`marlbuf.mapped` for
+        what survives a crash and what is refused). ``durable`` and ``parallel_gather`` are
+        runtime settings, as for the constructor. A folder written by an earlier version is
+        rewritten in this version's format when opened with ``mode="r+"``.
 
         ``mode="r"`` opens the folder read-only (a shared lock; the files mapped read-only, so
-        it works on read-only media): sampling, ``gather``, ``latest`` and
-        ``update_priorities`` work (priorities and RNG are not saved), writes are refused. A
-        folder that was not closed cleanly and holds writes to apply again must be opened once
-        with ``mode="r+"`` first.
+        it works on read-only media; a log left by a crash is applied in memory only):
+        sampling, ``gather``, ``latest`` and ``update_priorities`` work (priorities and RNG are
+        not saved), writes are refused.
 
         Raises ``FileNotFoundError`` for a missing folder, ``NotADirectoryError`` for a file,
-        ``ValueError`` for a folder that holds no (or a corrupt, incomplete or altered) buffer
-        or whose redo log is missing or damaged after an unclean close
-        (:class:`marlbuf.mapped.LogDamaged`), and ``BlockingIOError`` while another buffer
-        object has it open for writing.
+        ``ValueError`` for a folder that holds no (or a corrupt, incomplete or altered) buffer,
+        a checkpoint of another folder, or rows that the checkpoint and the redo log do not
+        account for (a log missing, damaged or older than the table:
+        :class:`marlbuf.mapped.LogDamaged`, which says what was found and how to recover),
+        ``MemoryError`` for a manifest whose buffer does not fit, and ``BlockingIOError`` while
+        another buffer object has it open for writing.
         """
         return mapped.open_buffer(cls, path, durable, parallel_gather, mode)
 
@@ -2284,21 +2466,26 @@ def _check_memory(
     next_obs: str,
     global_fields: Mapping[str, FieldSpec] | None = None,
     alive: bool = False,
+    working: int = 0,
 ) -> None:
-    """Refuse (``MemoryError``, listing every storage format that would fit, with its size,
-    and the largest capacity that fits) or warn (:class:`marlbuf.memory.MemoryWarning`, a
-    ``UserWarning``) before allocating a buffer that will not fit in the memory the OS reports
-    available. ``next_obs`` is the format ``needed`` was estimated for."""
-    from marlbuf.memory import MemoryWarning, advice
+    """Refuse (``MemoryError``, naming the largest declared fields, listing every storage
+    format that would fit, with its size, and the largest capacity that fits) or warn
+    (:class:`marlbuf.memory.MemoryWarning`, a ``UserWarning``) before allocating a buffer that
+    will not fit in the memory the OS and the process's limits leave available. ``next_obs`` is
+    the format ``needed`` was estimated for; ``working`` the bytes the buffer allocates besides
+    (its staging row)."""
+    from marlbuf.memory import MemoryWarning, advice, largest_fields
 
     available = available_memory_bytes()
     if available is None:
         return
     gib = 1024**3
-    if needed.total_bytes > available:
+    total = needed.total_bytes + working
+    if total > available:
         raise MemoryError(
             f"this buffer (next_obs={next_obs!r}, capacity={needed.capacity:,}) needs {needed} "
-            f"but only {available / gib:.2f} GiB is available; "
+            f"(rows of {largest_fields(specs, global_fields)}) but only "
+            f"{available / gib:.2f} GiB is available; "
             + advice(
                 needed,
                 available,
@@ -2310,7 +2497,7 @@ def _check_memory(
             )
             + " (marlbuf.memory.format_options lists every format's size)"
         )
-    if needed.total_bytes > _config.MEMORY_WARN_FRACTION * available:
+    if total > _config.MEMORY_WARN_FRACTION * available:
         warnings.warn(
             f"this buffer needs {needed} of the {available / gib:.2f} GiB available; the "
             "machine may start swapping (marlbuf.memory.format_options lists smaller formats)",

@@ -138,6 +138,31 @@ def estimate(
     return MemoryEstimate(int(capacity), int(row_bytes), int(side), int(metadata))
 
 
+def largest_fields(
+    specs: Mapping[str, AgentSpec],
+    global_fields: Mapping[str, FieldSpec] | None = None,
+    count: int = 2,
+) -> str:
+    """The ``count`` largest items of a row, in words, each with its declared shape and size
+    (``"obs_shape (1000000000,) of agent 'a' (4.0 GB), ..."``): what a refusal for size names."""
+    items: list[tuple[int, str]] = []
+    for agent, spec in specs.items():
+        for field, shape, dtype in (
+            ("obs_shape", spec.obs_shape, spec.obs_dtype),
+            ("action_shape", spec.action_shape, spec.action_dtype),
+        ):
+            nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+            items.append((nbytes, f"{field} {tuple(shape)} of agent {agent!r}"))
+        for name, fs in spec.extras.items():
+            nbytes = int(np.prod(fs.shape, dtype=object)) * fs.dtype.itemsize
+            items.append((nbytes, f"extra {name!r} {tuple(fs.shape)} of agent {agent!r}"))
+    for name, fs in (global_fields or {}).items():
+        nbytes = int(np.prod(fs.shape, dtype=object)) * fs.dtype.itemsize
+        items.append((nbytes, f"global field {name!r} {tuple(fs.shape)}"))
+    items.sort(key=lambda item: -item[0])
+    return ", ".join(f"{what} ({nbytes / 1e9:.3g} GB)" for nbytes, what in items[:count])
+
+
 class MemoryWarning(UserWarning):
     """A buffer that fits, but in most of the memory the OS reports available (the machine
     may start swapping). A ``UserWarning``, so Python shows it by default."""
@@ -302,6 +327,8 @@ def advice(
         parts.append(f"{o.name} ({o.setting}): {size}")
     fits = largest_capacity(needed.bytes_per_transition, _config.MEMORY_WARN_FRACTION * available)
     text = "formats that fit: " + "; ".join(parts) + ". Or " if parts else "Fix: "
+    if fits < 1:  # not one transition fits: the shapes, not the capacity, are too large
+        return text + "declare smaller fields: not even one transition of these fits"
     return text + f"lower capacity to {fits:,} or less in this format"
 
 
@@ -367,4 +394,5 @@ __all__ = [
     "estimate",
     "format_options",
     "largest_capacity",
+    "largest_fields",
 ]

@@ -831,6 +831,14 @@ def check_declared_shapes(
                     f"buffer file's {key} has shape {shape}; a buffer of capacity {capacity} "
                     f"has at most {side_rows_bound(capacity)} side rows"
                 )
+        elif key in ("/episodes/next_streams", "/episodes/next_obs"):
+            # one per open stream (the open episodes may outnumber the slots)
+            opened = shapes.get("/episodes/open", ((0,), np.dtype(np.int64)))[0]
+            if not shape or shape[0] > (opened[0] if opened else 0):
+                raise ValueError(
+                    f"buffer file's {key} has shape {shape}; it holds one row per open episode "
+                    f"(/episodes/open has {opened[0] if opened else 0})"
+                )
         elif key.startswith(("/storage/", "/write_generation", "/links/", "/episodes/")) and (
             key not in ("/links/free", "/links/pending", "/episodes/open")
         ):

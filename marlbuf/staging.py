@@ -26,6 +26,7 @@ from numba.core import errors as numba_errors
 
 from marlbuf import _config
 from marlbuf._kernels import first_nonfinite, first_nonfinite_half, stage_step
+from marlbuf._kernels.actions import first_bad_action
 from marlbuf._kernels.staging import (
     DENSE_DONE,
     DENSE_NEXT_OBS,
@@ -105,6 +106,11 @@ def _as_array(name: str, value: Any) -> np.ndarray:
             f"{name} must be an array (or a number) of the field's shape; got "
             f"{type(value).__name__} that is not one array ({exc}); pass a NumPy array"
         ) from None
+
+
+#: the identity matrix that one-hot encodes integer actions is built only up to this size
+#: (``n_discrete_actions`` of at most about 500 float32); larger ones are encoded in place
+_ONE_HOT_TABLE = 1 << 20
 
 
 class RowCodec:
@@ -209,6 +215,9 @@ class RowCodec:
             for keep in [np.array([s.field not in FIELDS for s in segs], dtype=bool)]
             if keep.any()
         ]
+        #: discrete agents' action items, for the check that a vector action is one action
+        #: (:meth:`_first_bad_action`)
+        self._discrete = _discrete_plan(self)
         #: the geometry of a row for the one-step commit kernels (8-byte words unless said
         #: otherwise; see :data:`marlbuf._kernels.staging.LEAN_HEAD`)
         self.lean_words = np.zeros(6, dtype=np.int64)
@@ -392,7 +401,7 @@ class RowCodec:
             if f == "action" and all(sp.n_discrete_actions for sp in self.specs.values()):
                 ns = np.array([sp.n_discrete_actions for sp in self.specs.values()], np.int64)
                 self._min_discrete = int(ns.min())  # one bound for the single-step check
-                if (ns == ns[0]).all():
+                if (ns == ns[0]).all() and int(ns[0]) ** 2 * dt.itemsize <= _ONE_HOT_TABLE:
                     self._eye = np.eye(int(ns[0]), dtype=dt)
                 positions = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
                 onehot = (positions, ns)
@@ -453,6 +462,8 @@ class RowCodec:
         for dt, starts, counts, _ in self._segments:
             if _first_nonfinite(rows, dt, starts, counts) >= 0:
                 return None  # NaN/inf, or a value beyond the stored range: stage() says which
+        if self._discrete and self._first_bad_action(rows) is not None:
+            return None  # a discrete action vector that is not one action: stage() says which
         return rows
 
     def _fill_fast(
@@ -710,6 +721,20 @@ class RowCodec:
             for agent, mask in alive.items():
                 views[ALIVE][agent][...] = mask
         self._check_finite(rows)
+        if self._discrete:
+            bad = self._first_bad_action(rows)
+            if bad is not None:
+                slot, step = bad
+                n = self.specs[slot.agent].n_discrete_actions
+                values = rows.view(np.uint8)[step, slot.offset : slot.offset + slot.nbytes]
+                where = "" if steps is None else f" at step {step}"
+                raise ValueError(
+                    f"action[{slot.agent!r}] of a discrete agent ({n} actions) is "
+                    f"{values.view(slot.dtype).tolist()}{where}"
+                    ", which is no action: a discrete action is an integer in "
+                    f"[0, {n}), a one-hot vector or a vector of probabilities (each in [0, 1], "
+                    "summing to 1)"
+                )
         return rows, views
 
     def _alive_mask(
@@ -899,7 +924,9 @@ class RowCodec:
                 raise ValueError(
                     f"action[{s.agent!r}] holds discrete actions outside [0, {n}); got {arr!r}"
                 )
-            return np.eye(n, dtype=s.dtype)[arr]
+            one_hot = np.zeros((*arr.shape, n), dtype=s.dtype)  # not eye(n): n may be large
+            np.put_along_axis(one_hot, arr[..., None].astype(np.intp), 1, axis=-1)
+            return one_hot
         if lead and arr.ndim != len(lead) + len(s.shape):
             raise ValueError(
                 f"extend needs a leading time axis: {field}[{s.agent!r}] must have shape "
@@ -916,6 +943,31 @@ class RowCodec:
             f"{field}[{s.agent!r}] must have shape {lead + s.shape}; got {arr.shape}{hint}"
         )
 
+    def _first_bad_action(self, rows: np.ndarray) -> tuple[FieldSlot, int] | None:
+        """The first discrete agent's action in staged ``rows`` (shape (T, row_words), uint64)
+        that is no action, as ``(its slot, the row)``, or ``None``: a vector action must be
+        probabilities (each in [0, 1], summing to 1 within :func:`discrete_tolerance`; one-hot
+        vectors and integer actions, which are staged one-hot, are). Agents not alive at a step
+        are not checked."""
+        raw = rows.view(np.uint8)
+        for dt, columns, starts, slots, limits, alive in self._discrete:
+            if alive is None and dt != np.float16:  # one kernel pass (Numba has no float16)
+                found = first_bad_action(raw.view(dt), columns, starts, limits)
+                if found < 0:
+                    continue
+                return slots[found % len(slots)], found // len(slots)
+            values = raw.view(dt)[:, columns].astype(np.float64)  # (T, actions of all agents)
+            outside = ~((values >= 0) & (values <= 1))
+            bad = np.logical_or.reduceat(outside, starts, axis=1)
+            sums = np.add.reduceat(values, starts, axis=1)
+            bad |= ~(np.abs(sums - 1.0) <= limits)
+            if alive is not None:
+                bad &= raw[:, alive] != 0
+            if bad.any():
+                step, agent = (int(x[0]) for x in np.nonzero(bad))
+                return slots[agent], step
+        return None
+
     def _check_finite(self, rows: np.ndarray) -> None:
         for dt, starts, counts, segs in self._segments:
             bad = _first_nonfinite(rows, dt, starts, counts)
@@ -925,6 +977,38 @@ class RowCodec:
                     f"{s.field}[{s.agent!r}] contains NaN or inf; clean the data before adding "
                     "it (or mask the transition out)"
                 )
+
+
+def discrete_tolerance(slot: FieldSlot, dtype: np.dtype) -> float:
+    """How far the sum of a discrete agent's vector action, stored as ``dtype``, may be from 1
+    (rounding of probabilities summed in the stored dtype)."""
+    n = slot.shape[0] if slot.shape else 1
+    return _config.DISCRETE_SUM_TOLERANCE + 4 * n * float(np.finfo(dtype).eps)
+
+
+def _discrete_plan(
+    codec: RowCodec,
+) -> list[tuple[np.dtype, np.ndarray, np.ndarray, list[FieldSlot], np.ndarray, np.ndarray | None]]:
+    """Per action dtype of the discrete agents: the dtype, the columns of their actions in a
+    row viewed in it, where each agent's columns start among them, their slots, the tolerance
+    of each one's sum, and the byte of each agent's alive flag (``None`` without an alive
+    mask)."""
+    alive = {s.agent: s.offset for s in codec.slots if s.field == ALIVE}
+    groups: dict[np.dtype, list[FieldSlot]] = {}
+    for slot in codec.slots:
+        if slot.field == "action" and codec.specs[slot.agent].n_discrete_actions:
+            groups.setdefault(slot.dtype, []).append(slot)
+    plan = []
+    for dt, slots in groups.items():
+        columns = np.concatenate(
+            [s.offset // dt.itemsize + np.arange(s.nbytes // dt.itemsize) for s in slots]
+        ).astype(np.intp)
+        sizes = [s.nbytes // dt.itemsize for s in slots]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
+        flags = np.array([alive[s.agent] for s in slots], dtype=np.intp) if codec.alive else None
+        limits = np.array([discrete_tolerance(s, dt) for s in slots])
+        plan.append((dt, columns, starts, slots, limits, flags))
+    return plan
 
 
 def _gaps(slots: list[FieldSlot], row_bytes: int, itemsize: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -154,13 +155,23 @@ class BlockPool:
 
 
 def available_memory_bytes() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` (Linux), or ``None`` where unknown."""
+    """The memory this process may still allocate, or ``None`` where unknown: the least of
+    ``MemAvailable`` (``/proc/meminfo``, Linux), what the process's address-space and data
+    limits (``RLIMIT_AS``, ``RLIMIT_DATA``) leave above its current size, and what its cgroup's
+    ``memory.max`` leaves above ``memory.current``."""
+    limits = [_meminfo("MemAvailable"), *_rlimit_headroom(), _cgroup_headroom()]
+    known = [limit for limit in limits if limit is not None]
+    return max(0, min(known)) if known else None
+
+
+def _meminfo(key: str, path: str = "/proc/meminfo") -> int | None:
+    """A ``kB`` value of ``/proc/meminfo`` (or ``/proc/self/status``), in bytes."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return None
 
@@ -172,6 +183,43 @@ def copy_options(row_bytes: int, out_nbytes: int) -> tuple[int, int, bool]:
     ``out_nbytes`` is written with streaming stores (``_config.STREAMING_STORE_MIN_BYTES``)."""
     ahead = max(1, -(-_config.PREFETCH_AHEAD_BYTES // max(1, row_bytes)))
     return ahead, _config.PREFETCH_LINES, out_nbytes >= _config.STREAMING_STORE_MIN_BYTES
+
+
+def _rlimit_headroom() -> list[int | None]:
+    """Bytes left under ``RLIMIT_AS`` (above ``VmSize``) and ``RLIMIT_DATA`` (above
+    ``VmData``); ``None`` where there is no limit."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return []
+    out: list[int | None] = []
+    for name, used in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
+        limit = getattr(resource, name, None)
+        soft = resource.getrlimit(limit)[0] if limit is not None else resource.RLIM_INFINITY
+        if soft == resource.RLIM_INFINITY:
+            out.append(None)
+            continue
+        size = _meminfo(used, "/proc/self/status")
+        out.append(None if size is None else soft - size)
+    return out
+
+
+def _cgroup_headroom() -> int | None:
+    """``memory.max - memory.current`` of this process's cgroup (version 2), if limited."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            path = next((line.strip()[3:] for line in fh if line.startswith("0::")), None)
+        if path is None:
+            return None
+        folder = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
+        with open(os.path.join(folder, "memory.max")) as fh:
+            limit = fh.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(folder, "memory.current")) as fh:
+            return int(limit) - int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def ring_ranges(slots: np.ndarray) -> list[tuple[int, int, int]]:

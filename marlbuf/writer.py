@@ -174,7 +174,9 @@ class NextObsLinks:
         self.pointers = np.full((2, self.capacity), -1, dtype=np.int64)
         self.next_slot = self.pointers[0]
         self.side_row = self.pointers[1]
-        self.side = np.zeros((max(1, min(initial_rows, self.capacity + 1)), width), np.uint8)
+        # the side table grows by doubling: start small when rows are huge (a few MiB at most)
+        rows = min(initial_rows, self.capacity + 1, max(2, (4 << 20) // max(1, width)))
+        self.side = np.zeros((max(1, rows), width), np.uint8)
         self.free: list[int] = list(range(self.side.shape[0] - 1, -1, -1))  # a stack
         self.pending: dict[int, tuple[int, int]] = {}
         self._geometries: dict[int, np.ndarray] = {}
@@ -430,8 +432,10 @@ class EpisodeIndex:
     cannot continue its episode: two environments are being written in turn on one stream. The
     open episode then ends at the previous step and the new step begins a new one, so a
     sequence never mixes environments; :attr:`breaks` counts these steps (the buffer warns).
-    The comparison needs the previous step's ``next_obs``, kept per stream in memory: the first
-    step a stream writes after a state was loaded is not compared.
+    The comparison needs the previous step's ``next_obs``, kept per open stream
+    (:attr:`last_next`); it is part of the state (:meth:`state_dict`), so a reload changes no
+    comparison. A state written before it was saved gets it from the stored rows where the
+    stream's newest step is still stored (else that stream's next step is not compared).
 
     Per slot the index keeps the stored step's episode id, its step number in the episode and
     links to the slots of the previous and next step of that episode. The ring overwrites the
@@ -503,6 +507,7 @@ class EpisodeIndex:
         self.last_next: dict[int, bytes] = {}
         self.breaks = 0
         self.listener: Callable[[np.ndarray | None], None] | None = None
+        self._next_saved = False
         self._heads = np.zeros(1, dtype=np.int64)
         self._no_rows = np.zeros((1, 1), dtype=np.uint8)  # the kernel's rows when none compare
 
@@ -597,20 +602,13 @@ class EpisodeIndex:
         return int(size - np.count_nonzero(linked))
 
     def rebuild_complete(self, size: int, order: np.ndarray | None = None) -> None:
-        """Recompute the complete episodes from the links (after a state was loaded): every
-        stored step 0 whose episode's newest stored step is not a stream's open step.
-        ``order`` (the set as saved, shape (k,), int64) keeps the saved order where it holds
-        the same slots, so that draws continue as they would have."""
+        """Recompute the complete episodes from the links (after a state was loaded): see
+        :func:`complete_episodes`. ``order`` (the set as saved, shape (k,), int64) keeps the
+        saved order where it holds the same slots, so that draws continue as they would have."""
         self.length[:] = 0
         self.complete_position[:] = -1
-        heads = np.flatnonzero((self.step[:size] == 0) & (self.episode[:size] >= 0))
-        heads = heads.astype(np.int64)
-        tails = np.empty(heads.shape[0], dtype=np.int64)
-        if heads.shape[0]:
-            episode_tails(heads, self.episode, self.step, self.next_slot, tails)
-        open_slots = np.array([entry[2] for entry in self.open.values()], dtype=np.int64)
-        done = ~np.isin(tails, open_slots)
-        heads, tails = heads[done], tails[done]
+        open_ids = np.array([entry[0] for entry in self.open.values()], dtype=np.int64)
+        heads, tails = complete_episodes(self.episode, self.step, self.next_slot, size, open_ids)
         if order is not None:
             order = np.asarray(order, dtype=np.int64).reshape(-1)
             if order.shape == heads.shape and np.array_equal(np.sort(order), heads):
@@ -890,6 +888,8 @@ class EpisodeIndex:
         open_rows = np.array(
             [[s, *entry] for s, entry in sorted(self.open.items())], dtype=np.int64
         ).reshape(-1, 5)
+        streams = sorted(self.last_next)
+        held = np.frombuffer(b"".join(self.last_next[s] for s in streams), dtype=np.uint8)
         return {
             "episode": part(self.episode),
             "step": part(self.step),
@@ -898,10 +898,28 @@ class EpisodeIndex:
             "open": open_rows,
             "next_episode": int(self.next_episode),
             "complete": self.complete[: self.n_complete].copy(),
+            # the stream-break check's memory: per open stream, its newest step's next_obs
+            "next_streams": np.array(streams, dtype=np.int64),
+            "next_obs": held.reshape(len(streams), self.obs_bytes).copy(),
+            "breaks": int(self.breaks),
         }
 
-    def check_state(self, state: Mapping[str, Any], size: int) -> None:
-        """Raise ``ValueError`` unless :meth:`load_state_dict` would accept ``state``."""
+    def check_state(
+        self,
+        state: Mapping[str, Any],
+        size: int,
+        generations: np.ndarray | None = None,
+        stored_next: StoredNext | None = None,
+    ) -> None:
+        """Raise ``ValueError`` unless :meth:`load_state_dict` would accept ``state``.
+
+        Besides shapes and ranges, the parts are checked against each other: an open episode
+        whose newest step is still stored (its slot holds its write generation, of the filled
+        slots' ``generations``, shape (size,), int64) holds that episode and step there; the
+        saved set of complete episodes is the one the links give (:func:`complete_episodes`);
+        and the saved next observation of each open stream is the stored one
+        (``stored_next``), present exactly when that step may be compared.
+        """
         keys = ("episode", "step", "prev_slot", "next_slot", "open", "next_episode")
         missing = [k for k in keys if k not in state]
         if missing:
@@ -919,10 +937,14 @@ class EpisodeIndex:
             if links.size and (links.min() < -1 or links.max() >= size):
                 raise ValueError(f"state's episode links {key!r} point outside the filled slots")
         open_rows = np.asarray(state["open"])
-        if open_rows.size and (open_rows.ndim != 2 or open_rows.shape[1] != 5):
+        if open_rows.size and (
+            open_rows.ndim != 2 or open_rows.shape[1] != 5 or open_rows.dtype.kind not in "iu"
+        ):
             raise ValueError(
-                f"state's open episodes have shape {open_rows.shape}; expected (streams, 5)"
+                f"state's open episodes have shape {open_rows.shape}, dtype {open_rows.dtype}; "
+                "expected (streams, 5) integers"
             )
+        open_rows = open_rows.reshape(-1, 5).astype(np.int64)
         if open_rows.size and (open_rows[:, 3].min() < -1 or open_rows[:, 3].max() >= size):
             raise ValueError("state's open episodes point outside the filled slots")
         next_episode = state["next_episode"]
@@ -947,41 +969,150 @@ class EpisodeIndex:
             if (
                 streams.min() < 0
                 or np.unique(streams).shape[0] != streams.shape[0]
+                or np.unique(ids).shape[0] != ids.shape[0]
                 or ids.min() < 0
                 or ids.max() >= int(next_episode)
                 or steps.min() < 0
             ):
                 raise ValueError(
-                    "state's open episodes name a negative or repeated stream, an episode id "
-                    "outside [0, next_episode) or a negative step (corrupt state)"
+                    "state's open episodes name a negative or repeated stream, one episode for "
+                    "two streams, an episode id outside [0, next_episode) or a negative step "
+                    "(corrupt state)"
                 )
-        if "complete" in state:  # optional: the order of the complete-episode set
+        held = _held_open(open_rows, size, generations)
+        if held.size and (
+            np.any(episode[open_rows[held, 3]] != open_rows[held, 1])
+            or np.any(step[open_rows[held, 3]] != open_rows[held, 2])
+        ):
+            bad = int(open_rows[held][0, 0])
+            raise ValueError(
+                f"state's open episode of stream {bad} names a stored slot that holds another "
+                "step (corrupt state)"
+            )
+        breaks = np.asarray(state.get("breaks", 0))
+        if breaks.shape != () or breaks.dtype.kind not in "iu" or int(breaks) < 0:
+            raise ValueError(
+                f"state's episode index has breaks={breaks!r}; expected an int >= 0 (corrupt state)"
+            )
+        if "complete" in state:  # the set of complete episodes, in the order draws use
             complete = np.asarray(state["complete"])
             if complete.ndim != 1 or (complete.size and complete.dtype.kind not in "iu"):
                 raise ValueError(
                     f"state's complete episodes have shape {complete.shape}, dtype "
                     f"{complete.dtype}; expected (k,) integers"
                 )
-            if complete.size and (
-                complete.min() < 0
-                or complete.max() >= size
-                or np.unique(complete).shape[0] != complete.shape[0]
-            ):
+            heads, _ = complete_episodes(
+                episode, step, arrays["next_slot"].astype(np.int64), size, open_rows[:, 1]
+            )
+            if complete.shape != heads.shape or not np.array_equal(np.sort(complete), heads):
                 raise ValueError(
-                    "state's complete episodes name slots outside the filled ones, or one twice "
+                    f"state's set of complete episodes ({complete.shape[0]} first slots) is not "
+                    f"the one its episode links give ({heads.shape[0]}: the stored episodes that "
+                    "have ended and begin with step 0) (corrupt state)"
+                )
+        self._stream_next(state, open_rows, size, generations, stored_next)
+
+    def _stream_next(
+        self,
+        state: Mapping[str, Any],
+        open_rows: np.ndarray,
+        size: int,
+        generations: np.ndarray | None,
+        stored_next: StoredNext | None,
+    ) -> dict[int, bytes]:
+        """:attr:`last_next` of a state, checked: the saved one (``next_streams``,
+        ``next_obs``), which must agree with the stored newest step of every open stream where
+        it is still stored; for a state saved without it, the stored one (streams whose newest
+        step was overwritten are then not compared)."""
+        if not self.obs_bytes:
+            return {}
+        held = _held_open(open_rows, size, generations)
+        slots = open_rows[held, 3]
+        stored: dict[int, bytes | None] = {}
+        if stored_next is not None and slots.size:
+            values, quiet = stored_next(slots)
+            for stream, value, compared in zip(open_rows[held, 0].tolist(), values, quiet):
+                stored[stream] = value.tobytes() if compared else None
+        if "next_streams" not in state:  # saved before the index kept it
+            return {s: v for s, v in stored.items() if v is not None}
+        streams = np.asarray(state["next_streams"])
+        values = np.asarray(state.get("next_obs"))
+        if (
+            streams.ndim != 1
+            or (streams.size and streams.dtype.kind not in "iu")
+            or values.shape != (streams.shape[0], self.obs_bytes)
+            or values.dtype != np.uint8
+        ):
+            raise ValueError(
+                f"state's stream-break record has streams of shape {streams.shape} and next "
+                f"observations of shape {values.shape}, dtype {values.dtype}; expected (k,) "
+                f"integers and (k, {self.obs_bytes}) uint8 (corrupt state)"
+            )
+        saved = {int(s): values[k].tobytes() for k, s in enumerate(streams.tolist())}
+        if len(saved) != streams.shape[0] or not set(saved) <= set(open_rows[:, 0].tolist()):
+            raise ValueError(
+                "state's stream-break record names a stream twice, or one without an open "
+                "episode (corrupt state)"
+            )
+        for stream, value in stored.items():
+            if saved.get(stream) != value:
+                raise ValueError(
+                    f"state's stream-break record of stream {stream} disagrees with the stream's "
+                    "newest stored step (its next_obs, or whether it may be compared) "
                     "(corrupt state)"
                 )
+        return saved
 
-    def load_state_dict(self, state: Mapping[str, Any], size: int) -> None:
-        self.check_state(state, size)
+    def settle_stream_next(
+        self, size: int, generations: np.ndarray, stored_next: StoredNext
+    ) -> None:
+        """Check :attr:`last_next` against the stored rows once they are the loaded state's (a
+        memory-mapped checkpoint, loaded without ``stored_next`` before its log was replayed):
+        as :meth:`check_state` does; a state saved without the record gets it from the rows."""
+        open_rows = np.array(
+            [[s, *entry] for s, entry in sorted(self.open.items())], dtype=np.int64
+        ).reshape(-1, 5)
+        if not self._next_saved:
+            derived = self._stream_next({}, open_rows, size, generations, stored_next)
+            self.last_next = {**derived, **self.last_next}  # replayed writes know better
+            return
+        held = _held_open(open_rows, size, generations)
+        if not held.size:
+            return
+        values, quiet = stored_next(open_rows[held, 3])
+        for stream, value, compared in zip(open_rows[held, 0].tolist(), values, quiet):
+            expected = value.tobytes() if compared else None
+            if self.last_next.get(stream) != expected:
+                raise ValueError(
+                    f"the checkpoint's stream-break record of stream {stream} disagrees with "
+                    "the stream's newest stored step (its next_obs, or whether it may be "
+                    "compared) (corrupt state)"
+                )
+
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any],
+        size: int,
+        generations: np.ndarray | None = None,
+        stored_next: StoredNext | None = None,
+    ) -> None:
+        """Restore :meth:`state_dict` output, checked by :meth:`check_state` (with the same
+        ``generations`` and ``stored_next``)."""
+        self.check_state(state, size, generations, stored_next)
         for key in ("episode", "step", "prev_slot", "next_slot"):
             target = getattr(self, key)
             target[:] = -1 if key != "step" else 0
             target[:size] = np.asarray(state[key], dtype=np.int64)
-        rows = np.asarray(state["open"], dtype=np.int64).reshape(-1, 5).tolist()
-        self.open = {int(s): (int(e), int(st), int(sl), int(g)) for s, e, st, sl, g in rows}
+        rows = np.asarray(state["open"], dtype=np.int64).reshape(-1, 5)
+        self.open = {
+            int(s): (int(e), int(st), int(sl), int(g)) for s, e, st, sl, g in rows.tolist()
+        }
         self.next_episode = int(state["next_episode"])
-        self.last_next = {}
+        self.last_next = self._stream_next(state, rows, size, generations, stored_next)
+        #: whether the loaded state held the stream-break record (checked, not derived, by
+        #: :meth:`settle_stream_next`)
+        self._next_saved = "next_streams" in state
+        self.breaks = int(np.asarray(state.get("breaks", 0)))
         self.rebuild_complete(size, state.get("complete"))
 
     def reconstruct(self, size: int, ends: np.ndarray, successor: np.ndarray | None) -> None:
@@ -1025,7 +1156,51 @@ class EpisodeIndex:
         self.open = {}
         self.next_episode = int(episode.max()) + 1 if size else 0
         self.last_next = {}
+        self.breaks = 0
         self.rebuild_complete(size)
 
 
-__all__ = ["EpisodeIndex", "NextObsLinks", "RingWriter"]
+#: ``stored_next(slots)`` of :meth:`EpisodeIndex.check_state`: for filled slots (shape (k,),
+#: int64) of the state being loaded, the next_obs section of each stored step as the writer
+#: staged it (shape (k, obs_bytes), uint8) and whether the stream-break check compares it
+#: (shape (k,), bool: no agent done, every agent present)
+StoredNext = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def _held_open(open_rows: np.ndarray, size: int, generations: np.ndarray | None) -> np.ndarray:
+    """Which open episodes (rows of a state's ``open``: stream, id, step, slot, generation)
+    still have their newest step stored: positions into ``open_rows`` (shape (k,), int64)."""
+    if generations is None or not open_rows.size:
+        return np.zeros(0, dtype=np.int64)
+    slots, gens = open_rows[:, 3], open_rows[:, 4]
+    inside = (slots >= 0) & (slots < size)
+    held = inside.copy()
+    held[inside] = generations[slots[inside]] == gens[inside]
+    return np.flatnonzero(held)
+
+
+def complete_episodes(
+    episode: np.ndarray,
+    step: np.ndarray,
+    next_slot: np.ndarray,
+    size: int,
+    open_ids: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The complete stored episodes of an episode index: ``(first slots, last slots)`` (each
+    shape (k,), int64, first slots ascending).
+
+    An episode is complete when its step 0 is stored (the ring overwrites the oldest slot
+    first, so every later step is stored too) and it has ended: its id is not an open
+    episode's (``open_ids``, shape (m,), int64; the episode of a stream's unfinished steps).
+    The last slot is found by following ``next_slot`` while each target holds the same episode
+    at the next step, so a slot overwritten since counts for nothing.
+    """
+    heads = np.flatnonzero((step[:size] == 0) & (episode[:size] >= 0)).astype(np.int64)
+    tails = np.empty(heads.shape[0], dtype=np.int64)
+    if heads.shape[0]:
+        episode_tails(heads, episode, step, next_slot, tails)
+    ended = ~np.isin(episode[heads], np.asarray(open_ids, dtype=np.int64))
+    return heads[ended], tails[ended]
+
+
+__all__ = ["EpisodeIndex", "NextObsLinks", "RingWriter", "StoredNext", "complete_episodes"]

@@ -798,3 +798,120 @@ def naive_written_min(leaves: np.ndarray, written: np.ndarray) -> float:
     """The smallest of ``leaves`` where ``written >= 0`` (``+inf`` when none is written)."""
     chosen = leaves[written >= 0]
     return float(chosen.min()) if chosen.size else float("inf")
+
+
+def log_checksum(segments: list[np.ndarray]) -> tuple[int, int]:
+    """The obvious twin of the log-format-4 checksum (:mod:`marlbuf._kernels.checksum`): word
+    ``i`` of each segment (uint64 or int64, read as uint64) to lane ``i % 4``, where
+    ``first += word`` then ``second += first`` modulo 2**64; the lanes folded as the kernels
+    fold them."""
+    mask = (1 << 64) - 1
+    first, second = [0] * 4, [0] * 4
+    for segment in segments:
+        for i, word in enumerate(np.asarray(segment).reshape(-1).view(np.uint64).tolist()):
+            lane = i % 4
+            first[lane] = (first[lane] + word) & mask
+            second[lane] = (second[lane] + first[lane]) & mask
+
+    def rotl(value: int, bits: int) -> int:
+        return ((value << bits) | (value >> (64 - bits))) & mask
+
+    seed = 0x9E3779B97F4A7C15
+    total = (seed + sum(first)) & mask
+    folded = second[0] ^ rotl(second[1], 16) ^ rotl(second[2], 32) ^ rotl(second[3], 48)
+    return total, folded
+
+
+def log_record(
+    rows: np.ndarray,
+    streams: np.ndarray,
+    flags: np.ndarray,
+    ident: int,
+    seq: int,
+    first_generation: int,
+    stream: int,
+    flag_bits: int,
+) -> np.ndarray:
+    """The words of one log-format-4 record, built field by field (the twin of
+    :func:`marlbuf._kernels.checksum.write_record`)."""
+    payload = [rows.reshape(-1).view(np.uint64), streams.view(np.uint64), flags.view(np.uint64)]
+    p_sum = log_checksum(payload)
+    size = sum(part.shape[0] for part in payload)
+    head = [
+        int.from_bytes(b"MBUFREC4", "little"),
+        ident,
+        seq,
+        first_generation,
+        rows.shape[0],
+        stream & ((1 << 64) - 1),
+        flag_bits,
+        size,
+        *p_sum,
+    ]
+    h_sum = log_checksum([np.array(head, dtype=np.uint64)])
+    tail = [int.from_bytes(b"MBUFEND4", "little"), seq, size, *p_sum, *h_sum]
+    t_sum = log_checksum([np.array(tail, dtype=np.uint64)])
+    return np.concatenate(
+        [np.array([*head, *h_sum], dtype=np.uint64), *payload, np.array([*tail, *t_sum], np.uint64)]
+    )
+
+
+def judge_update(
+    indices: np.ndarray, as_drawn: np.ndarray, generations: np.ndarray, write_generation: np.ndarray
+) -> np.ndarray | None:
+    """The twin of :func:`marlbuf._kernels.drawn.judge_update`: the stale mask, or ``None``
+    when ``indices`` are not ``as_drawn`` (an empty ``as_drawn`` checks nothing)."""
+    if as_drawn.shape[0] and not np.array_equal(indices, as_drawn):
+        return None
+    return np.asarray(generations) != np.asarray(write_generation)[indices]
+
+
+class NaiveStreams:
+    """A list-of-episodes model of the ring with stream breaks: :class:`NaiveEpisodeRing`, plus
+    what the episode index compares. A write names its stream, its observation and next
+    observation (any hashable values), whether it ends its episode (all agents done, or
+    truncated), whether it may be followed by a comparison (``quiet``: no agent done) and
+    whether its own observation may be compared (``full``: every agent present). A step of a
+    stream whose previous step was neither done nor truncated, was quiet, and whose next
+    observation differs from the step's observation breaks the stream: the open episode ends
+    at the previous step, the step begins a new one (counted in :attr:`breaks`)."""
+
+    def __init__(self, capacity: int, compares: bool = True) -> None:
+        self.ring = NaiveEpisodeRing(capacity)
+        self.compares = compares
+        self.last_next: dict[int, Any] = {}
+        self.breaks = 0
+
+    def write(
+        self,
+        stream: int,
+        obs: Any,
+        next_obs: Any,
+        ends: bool,
+        quiet: bool = True,
+        full: bool = True,
+    ) -> None:
+        ring = self.ring
+        expected = self.last_next.pop(stream, None)
+        if self.compares and expected is not None and full and obs != expected:
+            self.breaks += 1
+            episode, _ = ring.open.pop(stream)
+            ring.ended.add(episode)
+        ring.write(stream, ends)
+        if not ends and quiet and self.compares:
+            self.last_next[stream] = next_obs
+
+
+def first_bad_action(
+    rows: np.ndarray, columns: np.ndarray, starts: np.ndarray, limits: np.ndarray
+) -> int:
+    """The twin of :func:`marlbuf._kernels.actions.first_bad_action`."""
+    bounds = [*starts.tolist(), columns.shape[0]]
+    agents = starts.shape[0]
+    for t in range(rows.shape[0]):
+        for a in range(agents):
+            values = [float(rows[t, c]) for c in columns[bounds[a] : bounds[a + 1]]]
+            inside = all(0.0 <= v <= 1.0 for v in values)
+            if not inside or not abs(sum(values) - 1.0) <= limits[a]:
+                return t * agents + a
+    return -1

@@ -323,7 +323,7 @@ def test_bad_sample_arguments(mixed_specs):
     with pytest.raises(TypeError, match="1-D integer array"):
         buf.gather([0.5])
     with pytest.raises(TypeError, match="keeps no priorities"):
-        buf.update_priorities([0], [1.0])
+        buf.update_priorities([0], [1.0], generations=buf.write_generation[[0]])
     with pytest.raises(ValueError, match="run_length must be a positive int"):
         Neighbor(0)
     uniform = MultiAgentReplayBuffer(mixed_specs, 10)

@@ -108,7 +108,10 @@ def _single_buffer_with(sizes, priorities, alpha):
     for k, n in enumerate(sizes):
         single.extend(**steps(k * 1000 + np.arange(n), stream=k))
     for t in range(2):
-        single.update_priorities(np.arange(sum(sizes)), priorities[t], trainer=t)
+        every = np.arange(sum(sizes))
+        single.update_priorities(
+            every, priorities[t], trainer=t, generations=single.write_generation[every]
+        )
     return single
 
 
@@ -163,7 +166,12 @@ def test_prioritized_neighbor_weights_use_per_shard_inclusion_probabilities():
         for k, n in enumerate(sizes):
             local = MultiAgentReplayBuffer(SPECS, 40, sampler=PrioritizedNeighbor(alpha=0.6))
             local.extend(**steps(k * 1000 + np.arange(n), stream=k))
-            local.update_priorities(np.arange(n), td[sum(sizes[:k]) : sum(sizes[: k + 1])])
+            mine = np.arange(n)
+            local.update_priorities(
+                mine,
+                td[sum(sizes[:k]) : sum(sizes[: k + 1])],
+                generations=local.write_generation[mine],
+            )
             shards.append(local)
         totals = np.array([s.sampler.trees.total(0) for s in shards])
         batch = buf.sample(64, trainer=0)
@@ -693,7 +701,10 @@ def test_prioritized_samplers_expose_totals_maxima_probabilities_and_beta():
 
     buf = _local(Prioritized(alpha=0.5, beta=LinearBeta(0.4, 1.0, 10)), size=20)
     sampler = buf.sampler
-    buf.update_priorities(np.arange(4), np.array([4.0, 1.0, 0.0, 9.0]), trainer=1)
+    four = np.arange(4)
+    buf.update_priorities(
+        four, np.array([4.0, 1.0, 0.0, 9.0]), trainer=1, generations=buf.write_generation[four]
+    )
     leaves = np.r_[np.array([4.0, 1.0, 0.0, 9.0]) + 1e-6, np.ones(16)] ** 0.5  # new: max = 1
     assert sampler.priority_total(1) == pytest.approx(leaves.sum())
     assert sampler.priority_total(0) == pytest.approx(20.0)
@@ -713,7 +724,10 @@ def test_prioritized_samplers_expose_totals_maxima_probabilities_and_beta():
     assert sampler.beta_for(1) == sampler.beta_at(1) and sampler.beta_for(0) == 0.4
     assert Prioritized(beta=0.3).beta_at(7) == 0.3
     locality = _local(PrioritizedNeighbor(), size=30)
-    locality.update_priorities(np.arange(30), np.linspace(0.1, 2.0, 30))
+    every = np.arange(30)
+    locality.update_priorities(
+        every, np.linspace(0.1, 2.0, 30), generations=locality.write_generation[every]
+    )
     idx = np.array([0, 5, 29])
     np.testing.assert_array_equal(
         locality.sampler.sampling_probabilities(idx, 30),
@@ -829,7 +843,10 @@ def test_distinct_and_prioritized_sequences_across_shards():
         buf.update_priorities(first.indices, td, trainer=1)  # one error per sequence
         shard, start = buf.locate(first.indices)
         for k in range(2):  # the mirrors get the same updates (later ones win, as there)
-            singles[k].update_priorities(start[shard == k], td[shard == k] + 0.0, trainer=1)
+            mine = start[shard == k]
+            singles[k].update_priorities(
+                mine, td[shard == k] + 0.0, trainer=1, generations=singles[k].write_generation[mine]
+            )
         per_step = np.full((30, 4), np.nan)  # anything at masked steps
         per_step[first.mask[:, 1:]] = 1.0
         buf.update_priorities(first.indices[:2], per_step[:2], trainer=0)
@@ -865,7 +882,10 @@ def test_sequence_samplers_expose_start_totals_probabilities_and_priorities():
     assert valid.start_total(20) == 18.0  # one episode of 20 steps: 18 starts with 3 steps
     buf = _local(Sequence(3, prioritized=True, alpha=1.0, beta=LinearBeta(0.5, 1.0, 2)), 20)
     sampler = buf.sampler
-    buf.update_priorities(np.array([2, 4]), np.array([3.0, 0.0]), trainer=1)
+    two = np.array([2, 4])
+    buf.update_priorities(
+        two, np.array([3.0, 0.0]), trainer=1, generations=buf.write_generation[two]
+    )
     assert sampler.start_total(20, 1) == pytest.approx(18.0 + 3.0 + 2e-6)
     np.testing.assert_allclose(
         sampler.sampling_probabilities([2, 5], 20, 1), np.array([3.0 + 1e-6, 1.0]) / 21.000002

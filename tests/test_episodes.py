@@ -335,7 +335,9 @@ def test_prioritized_frequencies_and_weights_follow_priorities() -> None:
     driver, sampler = prioritized_driver(replace=True, alpha=0.7, beta=0.5)
     firsts = np.array(sorted(driver.naive.complete()))
     priorities = np.linspace(0.5, 4.0, firsts.shape[0])
-    driver.buf.update_priorities(firsts, priorities, trainer=0)
+    driver.buf.update_priorities(
+        firsts, priorities, trainer=0, generations=driver.buf.write_generation[firsts]
+    )
     mass = (priorities + sampler.eps) ** 0.7
     counts = dict.fromkeys(firsts.tolist(), 0)
     for _ in range(600):
@@ -352,7 +354,9 @@ def test_prioritized_without_replacement_is_distinct_and_favours_priority() -> N
     driver, _ = prioritized_driver()
     firsts = np.array(sorted(driver.naive.complete()))
     priorities = np.where(np.arange(firsts.shape[0]) < 5, 100.0, 0.01)
-    driver.buf.update_priorities(firsts, priorities, trainer=0)
+    driver.buf.update_priorities(
+        firsts, priorities, trainer=0, generations=driver.buf.write_generation[firsts]
+    )
     hits = 0
     for _ in range(50):
         drawn = driver.buf.sample(8).indices.tolist()
@@ -372,7 +376,9 @@ def test_stale_and_non_start_updates_are_dropped() -> None:
     leaves = sampler.trees.leaves(0)
     assert leaves[batch.indices[0]] == before[batch.indices[0]]
     middle = np.flatnonzero(driver.buf.episodes.step[: driver.buf.size] > 0)[:3]
-    driver.buf.update_priorities(middle, np.full(3, 50.0), trainer=0)
+    driver.buf.update_priorities(
+        middle, np.full(3, 50.0), trainer=0, generations=driver.buf.write_generation[middle]
+    )
     assert not leaves[middle].any()  # a slot inside an episode never gets a priority
     np.testing.assert_array_equal(
         np.flatnonzero(leaves), np.sort(driver.buf.episodes.complete_slots())
@@ -388,7 +394,12 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
     driver.random_ops(40)
     if args.get("prioritized"):
         firsts = driver.buf.episodes.complete_slots().copy()
-        driver.buf.update_priorities(firsts, np.arange(1.0, firsts.shape[0] + 1), trainer=1)
+        driver.buf.update_priorities(
+            firsts,
+            np.arange(1.0, firsts.shape[0] + 1),
+            trainer=1,
+            generations=driver.buf.write_generation[firsts],
+        )
     if how == "save":
         driver.buf.save(tmp_path / "buf.npz")
         other = MultiAgentReplayBuffer.load(tmp_path / "buf.npz")

@@ -174,6 +174,13 @@ class DyingEnv:
             return self.rng.integers(-100, 100, spec_shape).astype(dtype)
         return self.rng.standard_normal(spec_shape).astype(dtype)
 
+    def _action(self, spec):
+        """A vector action: normal values, or probabilities for a discrete agent."""
+        if spec.n_discrete_actions:
+            p = self.rng.random(spec.action_shape) + 0.05
+            return (p / p.sum()).astype(spec.action_dtype)
+        return self._value(spec.action_shape, spec.action_dtype)
+
     def step(self) -> dict:
         """One step's arguments for ``add`` (dicts of the agents alive at its start)."""
         step: dict = {f: {} for f in FIELDS}
@@ -187,7 +194,7 @@ class DyingEnv:
             if spec.n_discrete_actions and self.rng.random() < 0.5:
                 step["action"][agent] = int(self.rng.integers(spec.n_discrete_actions))
             else:
-                step["action"][agent] = self._value(spec.action_shape, spec.action_dtype)
+                step["action"][agent] = self._action(spec)
             step["reward"][agent] = float(self.rng.standard_normal())
             nxt = self._fresh(agent)
             step["next_obs"][agent] = nxt

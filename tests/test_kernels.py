@@ -627,3 +627,44 @@ def test_link_rows_kernels_match_naive(obs_shape):
         twin_side[side_rows[j], :size] = raw[t, start : start + size]
         j += 1
     assert side.tobytes() == twin_side.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_bad_action_matches_naive(dtype):
+    from marlbuf._kernels.actions import first_bad_action
+
+    rng = np.random.default_rng(7)
+    columns = np.array([2, 3, 4, 8, 9], dtype=np.intp)
+    starts = np.array([0, 3], dtype=np.intp)
+    limits = np.array([1e-3, 1e-3])
+    for _ in range(200):
+        rows = np.zeros((4, 12), dtype=dtype)
+        for t in range(4):
+            for lo, hi in ((2, 5), (8, 10)):
+                p = rng.random(hi - lo)
+                rows[t, lo:hi] = p / p.sum()
+        if rng.random() < 0.7:  # one damaged action: out of range, or not summing to 1
+            t, c = int(rng.integers(4)), int(rng.choice(columns))
+            rows[t, c] = rng.choice([-0.25, 1.5, rows[t, c] + 0.3, 0.0])
+        assert first_bad_action(rows, columns, starts, limits) == naive.first_bad_action(
+            rows, columns, starts, limits
+        )
+
+
+def test_judge_update_matches_naive():
+    from marlbuf._kernels.drawn import judge_update
+
+    rng = np.random.default_rng(8)
+    current = rng.integers(0, 100, 50).astype(np.int64)
+    for _ in range(200):
+        idx = rng.integers(0, 50, 16).astype(np.int64)
+        gens = np.where(rng.random(16) < 0.7, current[idx], current[idx] - 1)
+        as_drawn = idx.copy() if rng.random() < 0.5 else rng.permutation(idx)
+        if rng.random() < 0.3:
+            as_drawn = np.zeros(0, dtype=np.int64)
+        stale = np.empty(16, dtype=np.bool_)
+        ok = judge_update(idx, as_drawn, gens, current, stale)
+        want = naive.judge_update(idx, as_drawn, gens, current)
+        assert ok == (want is not None)
+        if ok:
+            np.testing.assert_array_equal(stale, want)

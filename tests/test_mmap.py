@@ -240,6 +240,25 @@ def _last_record(buf: MultiAgentReplayBuffer, steps: int) -> tuple[int, int]:
     return buf._mapped._offset - size, size
 
 
+def _killed_writing(folder: Path, calls: int, steps: int) -> tuple[MultiAgentReplayBuffer, int]:
+    """:func:`_killed_after`, then a call of ``steps`` steps killed while its record was being
+    written: the record is in the log, nothing after it (no stamps, no rows) happened."""
+    buf = MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0)
+    t = 0
+    for k in range(calls):
+        n = 1 + k % 4
+        buf.extend(**encoded(np.arange(t, t + n)))
+        t += n
+    store = buf._mapped
+    assert store is not None and store._stamps is not None
+    stamps = store._stamps.copy()
+    rows, _ = buf._codec.stage(encoded(np.arange(t, t + steps)), steps)
+    store.log(rows, steps, 0)
+    store._stamps[:] = stamps  # killed before the stamps (and the rows) were written
+    store.release()
+    return buf, t
+
+
 def test_a_torn_log_record_is_dropped(tmp_path):
     """Killed while writing a record (a prefix of it written, no trailer): that call never
     reached the table and is not replayed; the calls before it are."""
@@ -248,15 +267,33 @@ def test_a_torn_log_record_is_dropped(tmp_path):
         ("payload", mapped.RECORD_HEADER_BYTES + 10),
         ("header", mapped.RECORD_HEADER_BYTES // 2),
     ):
-        buf, total = _killed_after(tmp_path / name, 8)  # the last call wrote 4 steps
+        buf, total = _killed_writing(tmp_path / name, 8, 4)
         start, size = _last_record(buf, 4)
         cut = start + keep if keep > 0 else start + size + keep
         with open(tmp_path / name / mapped.LOG, "r+b") as fh:  # the rest never written
             fh.seek(cut)
             fh.write(bytes(start + size - cut))
         with MultiAgentReplayBuffer.open(tmp_path / name) as reopened:
-            assert reopened.total_writes == total - 4
+            assert reopened.total_writes == total
             check_consistent(reopened)
+
+
+def test_a_complete_last_record_damaged_later_is_refused(tmp_path):
+    """The same cuts in the last record of a call that returned (its stamps and rows are in
+    the table): not a torn tail but a damaged log, refused."""
+    for name, keep in (
+        ("trailer", -mapped.RECORD_TRAILER_BYTES + 3),
+        ("payload", mapped.RECORD_HEADER_BYTES + 10),
+        ("header", mapped.RECORD_HEADER_BYTES // 2),
+    ):
+        buf, _ = _killed_after(tmp_path / name, 8)  # the last call wrote 4 steps
+        start, size = _last_record(buf, 4)
+        cut = start + keep if keep > 0 else start + size + keep
+        with open(tmp_path / name / mapped.LOG, "r+b") as fh:
+            fh.seek(cut)
+            fh.write(bytes(start + size - cut))
+        with pytest.raises(mapped.LogDamaged, match="hold rows of writes"):
+            MultiAgentReplayBuffer.open(tmp_path / name)
 
 
 def test_a_damaged_truncated_or_missing_log_is_refused(tmp_path):
@@ -275,7 +312,7 @@ def test_a_damaged_truncated_or_missing_log_is_refused(tmp_path):
         folder = tmp_path / f"case{k}"
         buf, _ = _killed_after(folder, 8)
         damage(folder / mapped.LOG, buf)
-        with pytest.raises(ValueError, match=r"not closed cleanly|is a folder") as info:
+        with pytest.raises(ValueError, match=r"not opened|is a folder") as info:
             MultiAgentReplayBuffer.open(folder)
         message = str(info.value)
         assert "log" in message, (name, message)
@@ -302,7 +339,8 @@ def test_a_clean_close_leaves_nothing_like_a_crash(tmp_path):
     folder = tmp_path / "clean"
     with MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0) as buf:
         buf.extend(**encoded(np.arange(20)))
-    assert (folder / mapped.LOG).stat().st_size == 0  # nothing to replay, the space given back
+    # nothing to replay: the log's header marked clean, one unit kept
+    assert (folder / mapped.LOG).stat().st_size == mapped.LOG_UNIT_BYTES
     state = persistence.read_state(folder / mapped.CHECKPOINT)
     assert state["mapped"]["clean"] is True
     (folder / mapped.LOG).unlink()  # a clean folder does not need its log

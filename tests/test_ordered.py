@@ -270,7 +270,8 @@ def test_prioritized_neighbor_keeps_draw_order() -> None:
 
 # --------------------------------------------------------------------------- prioritized
 def set_priorities(buf: MultiAgentReplayBuffer, priorities: np.ndarray, trainer: int = 0) -> None:
-    buf.update_priorities(np.arange(len(priorities)), priorities, trainer=trainer)
+    idx = np.arange(len(priorities))
+    buf.update_priorities(idx, priorities, trainer=trainer, generations=buf.write_generation[idx])
 
 
 def test_prioritized_memory_order_frequencies_follow_priorities() -> None:

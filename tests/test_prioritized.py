@@ -64,7 +64,7 @@ def make_buffer(
 
 def set_priorities(buf: MultiAgentReplayBuffer, priorities: np.ndarray, trainer: int = 0) -> None:
     idx = np.arange(priorities.shape[0], dtype=np.int64)
-    buf.update_priorities(idx, priorities, trainer=trainer)
+    buf.update_priorities(idx, priorities, trainer=trainer, generations=buf.write_generation[idx])
 
 
 def assert_binary_tree(tree: np.ndarray, leaves: np.ndarray, leaf_offset: int, is_max=False):
@@ -368,7 +368,12 @@ def test_runs_wrap_once_full() -> None:
 def test_new_slots_enter_with_running_max() -> None:
     sampler = Prioritized(alpha=1.0, eps=0.0)
     buf = make_buffer(sampler, capacity=20, filled=10)
-    buf.update_priorities(np.array([3, 4]), np.array([7.0, -2.0]), trainer=0)
+    buf.update_priorities(
+        np.array([3, 4]),
+        np.array([7.0, -2.0]),
+        trainer=0,
+        generations=buf.write_generation[np.array([3, 4])],
+    )
     assert sampler.trees.max_priority[0] == 7.0 and sampler.trees.max_priority[1] == 1.0
     buf.extend(**steps(2, start=10))
     np.testing.assert_array_equal(sampler.trees.leaves(0)[10:12], [7.0, 7.0])
@@ -392,7 +397,9 @@ def test_priority_modes(priority: str) -> None:
     sampler = Prioritized(alpha=1.0, eps=0.5, priority=priority)
     buf = make_buffer(sampler, capacity=8, filled=8)
     td = np.array([0.0, 2.0, 3.0])
-    buf.update_priorities(np.array([0, 1, 2]), td, trainer=1)
+    buf.update_priorities(
+        np.array([0, 1, 2]), td, trainer=1, generations=buf.write_generation[np.array([0, 1, 2])]
+    )
     want = {"abs": td + 0.5, "squared": td**2 + 0.5, "given": td + 0.5}[priority]
     np.testing.assert_array_equal(sampler.trees.leaves(1)[:3], want)
 
@@ -449,7 +456,12 @@ def test_bad_td_errors_change_nothing(cls: type[Prioritized], td: np.ndarray, er
     buf = make_buffer(sampler, capacity=16, filled=16)
     before = sampler.trees.sums.copy()
     with pytest.raises(error, match="td_errors"):
-        buf.update_priorities(np.array([0, 1, 2]), td, trainer=0)
+        buf.update_priorities(
+            np.array([0, 1, 2]),
+            td,
+            trainer=0,
+            generations=buf.write_generation[np.array([0, 1, 2])],
+        )
     np.testing.assert_array_equal(sampler.trees.sums, before)
     assert sampler.trees.max_priority[0] == 1.0
 
@@ -459,11 +471,24 @@ def test_negative_given_priorities_and_bad_indices() -> None:
     buf = make_buffer(sampler, capacity=16, filled=10)
     before = sampler.trees.sums.copy()
     with pytest.raises(ValueError, match="priorities must be >= 0"):
-        buf.update_priorities(np.array([0, 1]), np.array([1.0, -1.0]))
+        buf.update_priorities(
+            np.array([0, 1]),
+            np.array([1.0, -1.0]),
+            generations=buf.write_generation[np.array([0, 1])],
+        )
     with pytest.raises(ValueError, match="indices must lie"):
-        buf.update_priorities(np.array([0, 12]), np.array([1.0, 1.0]))
+        buf.update_priorities(
+            np.array([0, 12]),
+            np.array([1.0, 1.0]),
+            generations=buf.write_generation[np.array([0, 12])],
+        )
     with pytest.raises(ValueError, match="trainer"):
-        buf.update_priorities(np.array([0, 1]), np.array([1.0, 1.0]), trainer=5)
+        buf.update_priorities(
+            np.array([0, 1]),
+            np.array([1.0, 1.0]),
+            trainer=5,
+            generations=buf.write_generation[np.array([0, 1])],
+        )
     np.testing.assert_array_equal(sampler.trees.sums, before)
 
 
@@ -517,7 +542,9 @@ def test_all_zero_priorities_and_empty_buffer() -> None:
     with pytest.raises(ValueError, match="buffer is empty"):
         buf.sample(4)
     buf.extend(**steps(4))
-    buf.update_priorities(np.arange(4), np.zeros(4), trainer=0)
+    buf.update_priorities(
+        np.arange(4), np.zeros(4), trainer=0, generations=buf.write_generation[np.arange(4)]
+    )
     with pytest.raises(ValueError, match="every priority"):
         buf.sample(4, trainer=0)
     assert len(buf.sample(4, trainer=1)) == 4
@@ -569,8 +596,12 @@ def test_save_load_round_trip(sampler: Prioritized, tmp_path) -> None:
 def test_trainers_have_independent_trees() -> None:
     sampler = PrioritizedNeighbor(alpha=1.0)
     buf = make_buffer(sampler, capacity=32, filled=32, n_trainers=3)
-    buf.update_priorities(np.arange(32), np.full(32, 1e-3), trainer=2)
-    buf.update_priorities(np.array([7]), np.array([1e6]), trainer=2)
+    buf.update_priorities(
+        np.arange(32), np.full(32, 1e-3), trainer=2, generations=buf.write_generation[np.arange(32)]
+    )
+    buf.update_priorities(
+        np.array([7]), np.array([1e6]), trainer=2, generations=buf.write_generation[np.array([7])]
+    )
     batches = buf.sample_for_trainers(64)
     assert len(batches) == 3 and [b.trainer for b in batches] == [0, 1, 2]
     assert np.mean(batches[2].indices == 7) > 0.2  # runs of 4 from slot 7: 7, 8, 9, 10

@@ -420,7 +420,9 @@ def test_prioritized_frequencies_and_weights_follow_priorities() -> None:
     driver.extend(30, p_done=0.1, p_trunc=0)
     priorities = np.linspace(0.5, 4.0, 30)
     driver.buf.gather(np.arange(30), trainer=0)
-    driver.buf.update_priorities(np.arange(30), priorities, trainer=0)
+    driver.buf.update_priorities(
+        np.arange(30), priorities, trainer=0, generations=driver.buf.write_generation[np.arange(30)]
+    )
     mass = (priorities + sampler.eps) ** 0.7
     counts = np.zeros(30)
     for _ in range(200):
@@ -476,7 +478,12 @@ def test_pad_false_never_prioritizes_an_invalid_start() -> None:
         driver.extend(6, p_done=0.2, p_trunc=0)
     invalid = np.setdiff1d(np.arange(driver.buf.size), driver.naive.valid_starts(4))
     assert invalid.size
-    driver.buf.update_priorities(invalid, np.full(invalid.size, 9.0), trainer=0)
+    driver.buf.update_priorities(
+        invalid,
+        np.full(invalid.size, 9.0),
+        trainer=0,
+        generations=driver.buf.write_generation[invalid],
+    )
     assert sampler.trees is not None
     assert not sampler.trees.leaves(0)[invalid].any()
 
@@ -498,7 +505,9 @@ def test_bad_td_errors() -> None:
     uniform = make(20)
     Driver(uniform).extend(10)
     with pytest.raises(TypeError, match="keeps no priorities"):
-        uniform.update_priorities(np.arange(2), np.ones(2))
+        uniform.update_priorities(
+            np.arange(2), np.ones(2), generations=uniform.write_generation[np.arange(2)]
+        )
 
 
 # ------------------------------------------------------------------ state

@@ -152,6 +152,10 @@ def test_drawn_indices_carry_generations_only_on_the_handed_out_array():
     batch = buf.sample(8, trainer=0)
     np.testing.assert_array_equal(batch.indices.generations, batch.generations)
     assert batch.indices.dtype == np.int64 and batch.indices.shape == (8,)
-    for derived in (batch.indices[::-1], batch.indices.copy(), batch.indices + 0):
+    for derived in (batch.indices.copy(), batch.indices + 0):
         assert derived.generations is None
+    # indexing keeps the generations of the entries it takes
+    order = np.argsort(batch.indices, kind="stable")
+    for taken, key in ((batch.indices[::-1], slice(None, None, -1)), (batch.indices[order], order)):
+        np.testing.assert_array_equal(taken.generations, batch.generations[key])
     assert type(np.asarray(batch.indices.tolist())) is np.ndarray

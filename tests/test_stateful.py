@@ -123,6 +123,9 @@ def make_machine(
             self.prio = np.zeros((self.n_trainers, capacity))  # raw priority, 0 = unwritten
             self.max_prio = np.ones(self.n_trainers)
             self.last: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # trainer -> (idx, gens)
+            # trainers whose latest batch every copy drew (a restored copy drew none yet):
+            # only those may update with plain indices
+            self.drawn_since_restore: set[int] = set()
 
         def _new_buffer(self, seed):
             where: dict = {}
@@ -352,6 +355,7 @@ def make_machine(
                 batches.append(batch)
             self.same_batches(batches)
             self.last[trainer] = (batches[0].indices.copy(), batches[0].generations.copy())
+            self.drawn_since_restore.add(trainer)
 
         @rule(
             raw=st.integers(1, 20),
@@ -386,6 +390,7 @@ def make_machine(
                 self.same_batches(list(per_trainer))
             for t, batch in enumerate(rounds[0]):
                 self.last[0 if shared else t] = (batch.indices.copy(), batch.generations.copy())
+                self.drawn_since_restore.add(0 if shared else t)
 
         @rule(
             raw=st.lists(st.integers(0, 2**31), min_size=1, max_size=12),
@@ -420,9 +425,10 @@ def make_machine(
             idx, gens = self.last[trainer]
             current = np.array([self.generation_of(int(i)) for i in idx])
             stale = current != gens
-            if stale.any():
+            if stale.any() or trainer not in self.drawn_since_restore:
                 # update_priorities without generations on overwritten slots has its own test
-                # (test_stale_priorities_without_generations); here the batch's are passed
+                # (test_stale_priorities_without_generations); here the batch's are passed, as
+                # they must be for a copy restored since the batch was drawn
                 with_generations = True
             rng = np.random.default_rng(seed)
             td = rng.uniform(-3, 3, idx.shape[0]) * (rng.random(idx.shape[0]) < 0.8)
@@ -459,6 +465,7 @@ def make_machine(
                 assert repr(restored.sampler) == repr(source.sampler)
             self.bufs = [self.bufs[0], restored]
             self.prev_out = [self.prev_out[0], {}]
+            self.drawn_since_restore = set()
 
         # ------------------------------------------------------------------ invariants
         @invariant()

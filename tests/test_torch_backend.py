@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-from datagen import random_step_data, step_slice
+from datagen import random_actions, random_step_data, step_slice
 
 torch = pytest.importorskip("torch")
 
@@ -493,7 +493,7 @@ def test_bad_sample_arguments(mixed_specs):
     with pytest.raises(TypeError, match="1-D integer array"):
         buf.gather(torch.zeros((2, 2), dtype=torch.int64))
     with pytest.raises(TypeError, match="keeps no priorities"):
-        buf.update_priorities([0], [1.0])
+        buf.update_priorities([0], [1.0], generations=buf.write_generation[[0]])
     with pytest.raises(ValueError, match=r"n must be in \[1, 50\]"):
         buf.latest(51)
     with pytest.raises(ValueError, match="field must be one of"):
@@ -544,8 +544,13 @@ def test_tensor_td_errors_give_the_numpy_buffers_priorities(cls, priority):
     idx = np.array([0, 1, 2, 4])
     for dtype, trainer in ((np.float64, 1), (np.float32, 0)):
         td = np.array([0.0, 2.0, 3.0, 7.0], dtype=dtype)
-        a.update_priorities(idx, td, trainer=trainer)
-        b.update_priorities(torch.as_tensor(idx), torch.as_tensor(td), trainer=trainer)
+        a.update_priorities(idx, td, trainer=trainer, generations=a.write_generation[idx])
+        b.update_priorities(
+            torch.as_tensor(idx),
+            torch.as_tensor(td),
+            trainer=trainer,
+            generations=b.write_generation[torch.as_tensor(idx)],
+        )
     want = {"abs": [0.5, 2.5, 3.5], "squared": [0.5, 4.5, 9.5], "given": [0.5, 2.5, 3.5]}
     np.testing.assert_array_equal(leaves(b, 1)[:3], want[priority])
     for buf in (a, b):
@@ -593,10 +598,15 @@ def test_batched_update_equals_per_trainer_updates():
     idx = [rng.integers(0, 64, 32) for _ in range(3)]
     td = [torch.tensor(rng.normal(size=32)) for _ in range(3)]
     for t in range(3):
-        ref.update_priorities(idx[t], td[t].numpy(), trainer=t)
-        one.update_priorities(idx[t], td[t], trainer=t)
+        ref.update_priorities(
+            idx[t], td[t].numpy(), trainer=t, generations=ref.write_generation[idx[t]]
+        )
+        one.update_priorities(idx[t], td[t], trainer=t, generations=one.write_generation[idx[t]])
     many.update_priorities_for_trainers(
-        [torch.as_tensor(i) for i in idx], torch.stack(td), sync=False
+        [torch.as_tensor(i) for i in idx],
+        torch.stack(td),
+        [many.write_generation[i] for i in idx],
+        sync=False,
     )  # a (T, B) tensor: split along its first axis
     many.check_priority_errors()
     assert_same_priorities(ref, one)
@@ -625,7 +635,12 @@ def test_bad_td_errors_change_nothing(cls, td, error, match, as_tensor):
     a, b = ppair(cls(), capacity=16, filled=16)
     value = torch.as_tensor(td) if as_tensor else td
     with pytest.raises(error, match=match):
-        b.update_priorities(np.array([0, 1, 2]), value, trainer=0)
+        b.update_priorities(
+            np.array([0, 1, 2]),
+            value,
+            trainer=0,
+            generations=b.write_generation[np.array([0, 1, 2])],
+        )
     assert_same_priorities(a, b)
     assert max_priority(b)[0] == 1.0
 
@@ -634,47 +649,106 @@ def test_deferred_checks_raise_later_and_change_nothing():
     a, b = ppair(Prioritized(priority="given"), capacity=16, filled=10)
     # indices, trainer and generations are checked at the call, even with sync=False
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\).*min 0, max 12"):
-        b.update_priorities(torch.tensor([0, 12]), torch.tensor([1.0, 1.0]), sync=False)
+        b.update_priorities(
+            torch.tensor([0, 12]),
+            torch.tensor([1.0, 1.0]),
+            sync=False,
+            generations=b.write_generation[torch.tensor([0, 12])],
+        )
     with pytest.raises(ValueError, match=r"trainer must be in \[0, 2\)"):
-        b.update_priorities(np.array([0, 1]), torch.tensor([1.0, 1.0]), trainer=5, sync=False)
+        b.update_priorities(
+            np.array([0, 1]),
+            torch.tensor([1.0, 1.0]),
+            trainer=5,
+            sync=False,
+            generations=b.write_generation[np.array([0, 1])],
+        )
     with pytest.raises(ValueError, match="generations must be an integer array"):
         b.update_priorities(
             np.array([0, 1]), torch.tensor([1.0, 1.0]), generations=[0.5, 1.0], sync=False
         )
     # the TD errors when the update is applied: at the next call that reads priorities
-    b.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, -1.0]), sync=False)
+    b.update_priorities(
+        torch.tensor([0, 1]),
+        torch.tensor([1.0, -1.0]),
+        sync=False,
+        generations=b.write_generation[torch.tensor([0, 1])],
+    )
     assert_same_priorities(a, b)  # nothing applied yet
     with pytest.raises(ValueError, match=r"priorities must be >= 0 with priority='given'"):
         b.check_priority_errors()
     b.check_priority_errors()  # reported once
     assert_same_priorities(a, b)
     # a deferred update is applied before the next draw: the draws of a synchronous one
-    a.update_priorities(np.array([3, 5]), np.array([2.0, 4.0]), trainer=1)
-    b.update_priorities(np.array([3, 5]), torch.tensor([2.0, 4.0]), trainer=1, sync=False)
+    a.update_priorities(
+        np.array([3, 5]),
+        np.array([2.0, 4.0]),
+        trainer=1,
+        generations=a.write_generation[np.array([3, 5])],
+    )
+    b.update_priorities(
+        np.array([3, 5]),
+        torch.tensor([2.0, 4.0]),
+        trainer=1,
+        sync=False,
+        generations=b.write_generation[np.array([3, 5])],
+    )
     assert_same_draw(a.sample(16, trainer=1), b.sample(16, trainer=1), "cpu")
     assert_same_priorities(a, b)
     # a bad one raises at the next sample, which draws nothing: the next draws are unchanged
-    b.update_priorities(np.array([3]), torch.tensor([float("nan")]), sync=False)
+    b.update_priorities(
+        np.array([3]),
+        torch.tensor([float("nan")]),
+        sync=False,
+        generations=b.write_generation[np.array([3])],
+    )
     with pytest.raises(ValueError, match=r"finite; got td_errors\[0\]=nan"):
         b.sample(16)
     assert_same_draw(a.sample(16), b.sample(16), "cpu")
     # synchronous updates raise at once
     with pytest.raises(ValueError, match=r"priorities must be >= 0 with priority='given'"):
-        b.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, -1.0]))
+        b.update_priorities(
+            torch.tensor([0, 1]),
+            torch.tensor([1.0, -1.0]),
+            generations=b.write_generation[torch.tensor([0, 1])],
+        )
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 10\)"):
-        b.update_priorities(np.array([0, 12]), np.array([1.0, 1.0]))
+        b.update_priorities(
+            np.array([0, 12]),
+            np.array([1.0, 1.0]),
+            generations=b.write_generation[np.array([0, 12])],
+        )
     assert_same_priorities(a, b)
 
 
 def test_a_bad_deferred_update_does_not_drop_the_valid_ones_after_it():
     a, b = ppair(Prioritized(priority="given"), capacity=16, filled=10)
-    b.update_priorities(np.array([0, 1]), torch.tensor([1.0, -1.0]), trainer=0, sync=False)
-    b.update_priorities(np.array([3]), torch.tensor([2.0]), trainer=1, sync=False)  # valid
+    b.update_priorities(
+        np.array([0, 1]),
+        torch.tensor([1.0, -1.0]),
+        trainer=0,
+        sync=False,
+        generations=b.write_generation[np.array([0, 1])],
+    )
+    b.update_priorities(
+        np.array([3]),
+        torch.tensor([2.0]),
+        trainer=1,
+        sync=False,
+        generations=b.write_generation[np.array([3])],
+    )  # valid
     with pytest.raises(ValueError, match="priorities must be >= 0"):
         b.check_priority_errors()
     with pytest.raises(ValueError, match="priorities must be >= 0"):  # the same two calls
-        a.update_priorities(np.array([0, 1]), np.array([1.0, -1.0]), trainer=0)
-    a.update_priorities(np.array([3]), np.array([2.0]), trainer=1)
+        a.update_priorities(
+            np.array([0, 1]),
+            np.array([1.0, -1.0]),
+            trainer=0,
+            generations=a.write_generation[np.array([0, 1])],
+        )
+    a.update_priorities(
+        np.array([3]), np.array([2.0]), trainer=1, generations=a.write_generation[np.array([3])]
+    )
     assert_same_priorities(a, b)
 
 
@@ -687,8 +761,12 @@ def test_a_deferred_update_reads_the_td_errors_of_the_call(device):
     applies the values it was given (as a synchronous one)."""
     a, b = ppair(Prioritized(alpha=1.0, eps=0.0), capacity=16, filled=10, device=device)
     td = torch.tensor([2.0, 3.0], device=device or "cpu")
-    a.update_priorities(np.array([0, 1]), np.array([2.0, 3.0]))
-    b.update_priorities(np.array([0, 1]), td, sync=False)
+    a.update_priorities(
+        np.array([0, 1]), np.array([2.0, 3.0]), generations=a.write_generation[np.array([0, 1])]
+    )
+    b.update_priorities(
+        np.array([0, 1]), td, sync=False, generations=b.write_generation[np.array([0, 1])]
+    )
     td.fill_(7.0)  # the learner's next round, in place
     b.check_priority_errors()
     assert_same_priorities(a, b)
@@ -696,8 +774,15 @@ def test_a_deferred_update_reads_the_td_errors_of_the_call(device):
 
 def test_a_checkpoint_holds_the_deferred_updates(tmp_path):
     a, b = ppair(Prioritized(alpha=1.0, eps=0.0), capacity=16, filled=10)
-    a.update_priorities(np.array([0, 1]), np.array([2.0, 3.0]))
-    b.update_priorities(np.array([0, 1]), torch.tensor([2.0, 3.0]), sync=False)
+    a.update_priorities(
+        np.array([0, 1]), np.array([2.0, 3.0]), generations=a.write_generation[np.array([0, 1])]
+    )
+    b.update_priorities(
+        np.array([0, 1]),
+        torch.tensor([2.0, 3.0]),
+        sync=False,
+        generations=b.write_generation[np.array([0, 1])],
+    )
     b.save(tmp_path / "b.npz")  # a checkpoint right after a round's deferred update
     assert_same_state(a.sampler.state_dict(), b.state_dict()["sampler"]["state"])
     assert_same_priorities(a, MultiAgentReplayBuffer.load(tmp_path / "b.npz", device="cpu"))
@@ -708,14 +793,18 @@ def test_all_zero_priorities_and_linear_beta():
     with pytest.raises(ValueError, match="buffer is empty"):
         b.sample(4)
     b.extend(**steps(4))
-    b.update_priorities(np.arange(4), torch.zeros(4), trainer=0)
+    b.update_priorities(
+        np.arange(4), torch.zeros(4), trainer=0, generations=b.write_generation[np.arange(4)]
+    )
     with pytest.raises(ValueError, match="every priority of trainer 0 is 0"):
         b.sample(4, trainer=0)
     assert len(b.sample(4, trainer=1)) == 4
     a, b = ppair(Prioritized(beta=LinearBeta(0.5, 1.0, steps=2)), capacity=16, filled=16)
     td = np.random.default_rng(3).uniform(0.1, 2.0, 16)
-    a.update_priorities(np.arange(16), td, trainer=0)
-    b.update_priorities(np.arange(16), torch.as_tensor(td), trainer=0)
+    a.update_priorities(np.arange(16), td, trainer=0, generations=a.write_generation[np.arange(16)])
+    b.update_priorities(
+        np.arange(16), torch.as_tensor(td), trainer=0, generations=b.write_generation[np.arange(16)]
+    )
     sampler: Any = b.sampler
     assert sampler.beta_for(0) == 0.5
     assert_same_draw(a.sample(4, trainer=0), b.sample(4, trainer=0), "cpu")
@@ -1180,10 +1269,7 @@ class Streams:
             out.append(
                 {
                     "obs": obs,
-                    "action": {
-                        a: self.rng.standard_normal(s.action_shape).astype(s.action_dtype)
-                        for a, s in self.specs.items()
-                    },
+                    "action": {a: random_actions(s, 1, self.rng)[0] for a, s in self.specs.items()},
                     "reward": {a: float(self.rng.standard_normal()) for a in self.specs},
                     "next_obs": nxt,
                     "done": {a: float(end) for a in self.specs},

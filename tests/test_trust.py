@@ -420,30 +420,55 @@ def _naive_word_checksum(words: np.ndarray, first: int, second: int) -> tuple[in
     return first, second
 
 
-def test_the_log_checksum_kernel_matches_its_naive_twin_and_sees_damage():
-    from marlbuf._kernels.checksum import CHECKSUM_SEED, record_checksum, word_checksum
+def test_the_log_checksum_kernels_match_their_naive_twins_and_see_damage():
+    from naive import log_checksum, log_record
+
+    from marlbuf._kernels.checksum import (
+        CHECKSUM_SEED,
+        checksum,
+        payload_checksum,
+        record_checksum,
+        word_checksum,
+        write_record,
+    )
 
     rng = np.random.default_rng(0)
+    empty = np.zeros(0, dtype=np.int64)
+    for n in (0, 1, 3, 4, 7, 1000):  # format 4: lanes, tails of every length
+        words = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+        assert tuple(int(x) for x in checksum(words)) == log_checksum([words])
+    for steps, row_words, stream, cut in ((1, 9, 0, False), (5, 7, 3, True), (3, 2, -1, True)):
+        rows = rng.integers(0, 2**64, (steps, row_words), dtype=np.uint64, endpoint=False)
+        streams = rng.integers(0, 9, steps) if stream < 0 else empty
+        flags = rng.integers(0, 2, steps) if cut else empty
+        log = np.zeros(200, dtype=np.uint64)
+        end = write_record(log, 3, rows, streams, flags, 77, 5, 1234, stream, int(cut))
+        want = log_record(rows, streams, flags, 77, 5, 1234, stream, int(cut))
+        assert end == 3 + want.shape[0]
+        np.testing.assert_array_equal(log[3:end], want)
+        assert not log[:3].any() and not log[end:].any()
+        assert tuple(int(x) for x in payload_checksum(rows, streams, flags)) == tuple(
+            int(x) for x in want[8:10]
+        )
+    rows = rng.integers(0, 2**64, (64, 9), dtype=np.uint64, endpoint=False)
+    reference = tuple(payload_checksum(rows, empty, empty))
+    for row, col, bit in ((5, 3, 0), (0, 0, 17), (63, 8, 63)):  # any flipped bit
+        flipped = rows.copy()
+        flipped[row, col] ^= np.uint64(1 << bit)
+        assert tuple(payload_checksum(flipped, empty, empty)) != reference
+    swapped = np.ascontiguousarray(rows[[1, 0, *range(2, 64)]])
+    assert tuple(payload_checksum(swapped, empty, empty)) != reference
+    zeroed = rows.copy()
+    zeroed[10:] = 0
+    assert tuple(payload_checksum(zeroed, empty, empty)) != reference
+    # format 3 (read for folders of earlier versions)
     for n in (0, 1, 7, 1000):
         words = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
         state = np.array([CHECKSUM_SEED, 0], dtype=np.uint64)
         word_checksum(words, state)
         assert (int(state[0]), int(state[1])) == _naive_word_checksum(words, CHECKSUM_SEED, 0)
-    rows = rng.integers(0, 2**64, (64, 9), dtype=np.uint64, endpoint=False)
-    scratch = np.zeros(2, dtype=np.uint64)
-    empty = np.zeros(0, dtype=np.int64)
     streams = rng.integers(0, 2**63, 64, dtype=np.int64)
     first, second = _naive_word_checksum(rows.reshape(-1), CHECKSUM_SEED, 0)
     first, second = _naive_word_checksum(streams.view(np.uint64), first, second)
     folded = (first ^ (second * CHECKSUM_SEED)) & ((1 << 64) - 1)
-    assert int(record_checksum(rows, streams, empty)) == folded  # one call, same sums
-    reference = mapped._payload_checksum(rows, empty, scratch)
-    for bit in (0, 17, 63):  # any flipped bit, a swap of two rows, zeroed words
-        flipped = rows.copy()
-        flipped[5, 3] ^= np.uint64(1 << bit)
-        assert mapped._payload_checksum(flipped, empty, scratch) != reference
-    swapped = rows[[1, 0, *range(2, 64)]]
-    assert mapped._payload_checksum(np.ascontiguousarray(swapped), empty, scratch) != reference
-    zeroed = rows.copy()
-    zeroed[10:] = 0
-    assert mapped._payload_checksum(zeroed, empty, scratch) != reference
+    assert int(record_checksum(rows, streams, empty)) == folded

@@ -35,6 +35,7 @@ import numpy as np
 from numba import literal_unroll, njit, types
 from numba.extending import overload
 
+from marlbuf._config import DISCRETE_SUM_TOLERANCE
 from marlbuf._kernels.once import store_lean_row
 
 #: Columns of the step plan (one row per agent, int64): element offsets of the agent's obs,
@@ -156,10 +157,35 @@ def _check_action(x, plan, k, dims, limit):
     ``plan[k, PLAN_DISCRETE]`` actions) or an action array as :func:`_check_array` takes."""
 
 
+@njit(cache=True, nogil=True)
+def _one_action(a: np.ndarray) -> bool:
+    """Whether the 1-D action ``a`` of a discrete agent is one action: probabilities (each in
+    [0, 1], summing to 1 within ``DISCRETE_SUM_TOLERANCE``), a one-hot vector among them."""
+    total = 0.0
+    for i in range(a.shape[0]):
+        value = np.float64(a[i])
+        if not (0.0 <= value <= 1.0):
+            return False
+        total += value
+    return abs(total - 1.0) <= DISCRETE_SUM_TOLERANCE
+
+
 @overload(_check_action)
 def _check_action_impl(x, plan, k, dims, limit):
-    if isinstance(x, types.Array):
-        return lambda x, plan, k, dims, limit: _check_array(x, plan, k, dims, limit)
+    if isinstance(x, types.Array) and x.ndim == 1:
+
+        def check(x, plan, k, dims, limit):
+            if not _check_array(x, plan, k, dims, limit):
+                return False
+            return plan[k, PLAN_DISCRETE] == 0 or _one_action(x)
+
+        return check
+    if isinstance(x, types.Array):  # a discrete agent's action is 1-D: the others only
+
+        def check_nd(x, plan, k, dims, limit):
+            return plan[k, PLAN_DISCRETE] == 0 and _check_array(x, plan, k, dims, limit)
+
+        return check_nd
     if isinstance(x, types.Integer):  # not a bool: Numba's bool is not an Integer
         if x.signed:  # type: ignore[attr-defined]
             return lambda x, plan, k, dims, limit: 0 <= x < plan[k, PLAN_DISCRETE]
@@ -576,6 +602,8 @@ def _body_impl(
                 if float_actions:
                     for i in range(a.shape[0]):
                         ok &= abs(a[i]) <= limit
+                if plan[k, PLAN_DISCRETE] > 0:
+                    ok &= _one_action(a)  # a vector must be one action (the checks explain)
             if not ok:
                 return STEP_DECLINED
         if stage:

@@ -291,7 +291,15 @@ class PrioritizedReplayBuffer(EfficientReplayBuffer):
             raise ValueError(
                 f"priorities must be positive (tf2marl passes td_loss + eps); got {bad}"
             )
-        generations = self._last_generations if indices is self._last_indices else None
+        if indices is self._last_indices:
+            generations = self._last_generations  # the latest sample: judged by its draw
+        else:
+            # other indices set the priorities of their slots as they are now, as the original
+            # does (it keeps no record of draws); out-of-range ones are refused by the buffer
+            idx = np.asarray(indices)
+            inside = idx.dtype.kind in "iu" and (idx.size == 0 or 0 <= idx.min() <= idx.max())
+            inside = inside and (idx.size == 0 or int(idx.max()) < len(self.buffer))
+            generations = self.buffer.write_generation[idx] if inside else None
         self.buffer.update_priorities(indices, values, trainer=0, generations=generations)
 
 

@@ -319,7 +319,11 @@ class ShardActor:
     def update_priorities(
         self, trainer: int, slots: np.ndarray, td_errors: np.ndarray, generations: Any
     ) -> float:
-        """Feed TD errors back; returns the trainer's running maximum priority afterwards."""
+        """Feed TD errors back; returns the trainer's running maximum priority afterwards.
+        ``generations`` ``None``: the slots as they are now (the learner has no record)."""
+        if generations is None:
+            inside = slots.size == 0 or (slots.min() >= 0 and slots.max() < self.buf.size)
+            generations = self.buf.write_generation[slots] if inside else None
         self.buf.update_priorities(slots, td_errors, trainer=trainer, generations=generations)
         assert self.priorities is not None
         return self.priorities.max_priority(trainer)

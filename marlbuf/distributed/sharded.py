@@ -942,7 +942,9 @@ class ShardedReplayBuffer:
 
         As :meth:`MultiAgentReplayBuffer.update_priorities`: updates for slots overwritten
         since they were sampled are dropped, judged by the generations ``batch.indices``
-        carries (or ``generations=batch.generations`` for indices that travelled). Indices,
+        carries (or ``generations=batch.generations`` for indices that travelled). Indices
+        without generations set the priorities of their slots as the shards hold them now (the
+        learner keeps no record of the shards' write generations). Indices,
         TD errors and generations may be torch tensors (copied to the host here).
         Asynchronous whatever ``sync`` says (it is accepted for the single buffer's
         signature): a failure is raised by a later call or :meth:`flush`.
@@ -955,9 +957,18 @@ class ShardedReplayBuffer:
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool; got sync={sync!r}")
         trainer = self._template.check_trainer(trainer)
+        host = _host(indices)
         if generations is None and isinstance(indices, DrawnIndices):
-            generations = indices.generations  # exact: the generations of this very draw
-        shards, slots = self.locate(_host(indices))
+            # exact: the generations of this very draw (entries reordered in place since are
+            # judged by their slots' generations then; entries it did not draw are refused)
+            generations = indices.generations_of(np.asarray(host, dtype=np.int64))
+            if generations is None and indices.generations is not None:
+                raise ValueError(
+                    "indices were written to after the draw: they hold slots their batch did "
+                    "not draw; leave batch.indices as drawn (reordering it in place is fine), "
+                    "or pass generations= for the slots you update"
+                )
+        shards, slots = self.locate(host)
         td = _host(td_errors)
         # sequences: one error per sequence, or per training step (mixed on the shard)
         length = self.sampler.length if isinstance(self.sampler, SequenceSampler) else None
