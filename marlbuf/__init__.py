@@ -6,7 +6,12 @@ subpackages with optional dependencies (extras ``[algos]``, ``[envs]``, ``[bench
 """
 
 from marlbuf.batch import Batch, EpisodeBatch, SequenceBatch, TorchBatch
-from marlbuf.buffer import MultiAgentReplayBuffer, NextObsWarning, StreamBreakWarning
+from marlbuf.buffer import (
+    MultiAgentReplayBuffer,
+    NextObsWarning,
+    SlowWriteWarning,
+    StreamBreakWarning,
+)
 from marlbuf.spec import FIELDS, AgentSpec, FieldSpec, specs_from_env
 from marlbuf.version import __version__
 
@@ -19,6 +24,7 @@ __all__ = [
     "MultiAgentReplayBuffer",
     "NextObsWarning",
     "SequenceBatch",
+    "SlowWriteWarning",
     "StreamBreakWarning",
     "TorchBatch",
     "__version__",
