@@ -110,9 +110,7 @@ def stored(buf: MultiAgentReplayBuffer) -> np.ndarray:
     return buf.storage.table[: len(buf)].copy()  # type: ignore[attr-defined]
 
 
-def _write_both(
-    monkeypatch: pytest.MonkeyPatch, next_obs: str, steps: list[list[Any]]
-) -> None:
+def _write_both(monkeypatch: pytest.MonkeyPatch, next_obs: str, steps: list[list[Any]]) -> None:
     """``steps`` through the one-kernel path (each one kernel call, no other staging) and
     through the complete checks: the same bytes and write generations."""
     fast = MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0)
