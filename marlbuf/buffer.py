@@ -40,6 +40,8 @@ from marlbuf.stores import make_store
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
+#: the store kernels of a one-step ``extend``/``add_envs`` (items with a leading axis of 1)
+_LEADING_KERNELS = (store_dense_leading_step, store_lean_leading_step)
 #: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
 _NO_PENDING = (-1, -1)
 #: how next observations are stored: once (from the successor's obs, a side table where they
@@ -518,8 +520,9 @@ class MultiAgentReplayBuffer:
         if step is None or step[0] is not self.storage or step[1] is not self.sampler:
             step = self._step = self._step_target()
         cut = _check_truncated(truncated, self.agents, 1, per_env=per_env)
-        if step[3] and self._mapped is None and self._store_step(step, items, stream, True):
-            return True
+        if step[3] and self._mapped is None:
+            if self._store_step(step, items, stream, _LEADING_KERNELS):
+                return True
         with self.writer.write_lock:
             rows = codec.stage_step(values, items, leading=True)
             if rows is None:
@@ -888,17 +891,20 @@ class MultiAgentReplayBuffer:
         return storage, sampler, table if kernel else None, direct, on_write, typed
 
     def _store_step(
-        self, step: tuple[Any, ...], items: StepItems, stream: int, leading: bool = False
+        self,
+        step: tuple[Any, ...],
+        items: StepItems,
+        stream: int,
+        kernels: tuple[Any, Any] = (store_dense_step, store_lean_step),
     ) -> bool:
         """Check and store one step of ``add`` (``items``: :meth:`RowCodec.step_items`) by one
         kernel call under the storage lock (:func:`marlbuf._kernels.store_dense_step` /
         :func:`~marlbuf._kernels.store_lean_step`); ``False`` when the kernel declined it
         (nothing changed: the caller stages it, and the complete checks explain).
-        ``leading``: the items of a one-step ``extend``/``add_envs`` (the ``*_leading_step``
-        kernels)."""
+        ``kernels``: the dense and lean kernels (:data:`_LEADING_KERNELS` for the items of a
+        one-step ``extend``/``add_envs``)."""
         _, _, _, _, on_write, table = step
-        store_dense = store_dense_leading_step if leading else store_dense_step
-        store_lean = store_lean_leading_step if leading else store_lean_step
+        store_dense, store_lean = kernels
         plan = self._codec.step_plan
         if plan is None:
             return False  # turned off since (see RowCodec.step_failed)

@@ -564,3 +564,32 @@ def test_memory_follows_the_stored_steps() -> None:
     padded = sum(v.nbytes for v in theirs.data.transition_data.values())
     assert mixed.nbytes <= 0.7 * padded
     assert fixed.nbytes <= 200 * MAX_T * fixed.row_bytes  # never more rows than padding
+
+
+@pytest.mark.parametrize("capacity_steps", [None, 5 * MAX_T])
+def test_episodes_growing_longer_are_packed_and_stay_right(capacity_steps: Any) -> None:
+    """Short episodes, then long ones, in batches of one to four: the ring grows, wraps and
+    packs its episodes; every stored episode reads back as the reference holds it, and no two
+    stored episodes share a row."""
+    size = 9
+    ours = make(size, capacity_steps=capacity_steps)
+    ring = PaddedRing(size)
+    rng = np.random.default_rng(12)
+    for round_ in range(40):
+        count = int(rng.integers(1, 5))
+        high = 4 if round_ < 15 else LIMIT
+        episodes = runner_batch(rng, count, rng.integers(3, high + 1, size=count))
+        ours.insert_episode_batch(episodes)
+        ring.insert(episodes.data.transition_data)
+        held = np.flatnonzero(ours._held())
+        rows = np.concatenate(
+            [np.arange(s, s + n) for s, n in zip(ours._start[held], ours._length[held])]
+        )
+        assert len(set(rows.tolist())) == rows.size  # no row shared
+        assert rows.max() < ours._table.shape[0]
+        if capacity_steps is None:
+            assert ours.episodes_in_buffer == ring.episodes_in_buffer
+        batch = ours.episodes(held)
+        for b, position in enumerate(held.tolist()):
+            for key, value in batch.data.transition_data.items():
+                assert torch.equal(value[b], ring.data[key][position]), key

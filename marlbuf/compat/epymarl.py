@@ -565,8 +565,9 @@ class ReplayBuffer:
         placed = self._place(lengths)
         if placed is None:
             self._compact(total)
-            placed = self._place(lengths)
-            assert placed is not None  # packed, the ring has room for the batch
+            placed = self._place(lengths, packed=True)
+            if placed is None:  # packed, _place makes room itself: not reached
+                raise RuntimeError("no room for the batch after packing the ring")
         starts, oldest, live_rows, ring = placed
         if not store_episodes(
             filled, sources, self._constant, self._offsets, self._checks, self._limits,
@@ -622,7 +623,9 @@ class ReplayBuffer:
                 f"preprocess of {key!r} into {new_key!r} refuses the inserted values: {exc}"
             ) from exc
 
-    def _place(self, lengths: np.ndarray) -> tuple[np.ndarray, int, int, int] | None:
+    def _place(
+        self, lengths: np.ndarray, packed: bool = False
+    ) -> tuple[np.ndarray, int, int, int] | None:
         """Where the episodes of an insert go, without changing anything: ``(starts, oldest,
         stored rows, ring size)`` after it, or ``None`` when the stored episodes must first be
         packed at the front of the rows (:meth:`_compact`).
@@ -635,7 +638,8 @@ class ReplayBuffer:
         grows with the episodes (the rows in use, and the memory they take, are what the
         stored episodes need); once it has wrapped, an episode that finds no room between the
         newest and the oldest episode asks for the packing, after which the ring grows by an
-        eighth."""
+        eighth (``packed``: just packed, the oldest episodes leave instead, as when the
+        stored steps reach ``capacity_steps``)."""
         size, inserted = self.buffer_size, self._inserted
         rows = self._table.shape[0]
         oldest, live, ring = self._oldest, self._live_rows, self._ring
@@ -656,9 +660,10 @@ class ReplayBuffer:
             while live + length > self.capacity_steps:
                 live -= length_of(oldest)
                 oldest += 1
-            if oldest == inserted + i:  # nothing stored: start at the front
-                start = 0
-            else:
+            while True:
+                if oldest == inserted + i:  # nothing stored: start at the front
+                    start = 0
+                    break
                 head = start_of(oldest)
                 if head < tail:  # the stored rows are [head, tail)
                     if tail + length <= ring:
@@ -669,10 +674,16 @@ class ReplayBuffer:
                         start = tail
                     else:  # capacity_steps keeps the stored steps below: not reached
                         raise RuntimeError(f"no rows for an episode of {length} steps")
-                elif tail + length <= head:  # stored: [head, ring) and [0, tail)
+                    break
+                if tail + length <= head:  # stored: [head, ring) and [0, tail)
                     start = tail
-                else:
+                    break
+                if not packed:
                     return None
+                if oldest >= inserted:  # a reservation holds a whole batch: not reached
+                    raise RuntimeError(f"no rows for an episode of {length} steps")
+                live -= length_of(oldest)
+                oldest += 1
             starts[i] = start
             tail = start + length
             ring = max(ring, tail)
