@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import marlbuf
-from marlbuf.bench.common import markdown_table, write_result
 from marlbuf.cli import ArgumentParser
 
 #: the folder of the ``marlbuf`` package (its subpackages' sources are found from it)
@@ -77,6 +76,7 @@ SUITES: dict[str, str] = {
     "concurrency": "marlbuf.bench.concurrency",
     "precision": "marlbuf.bench.precision",
     "sequences": "marlbuf.bench.sequences",
+    "first_calls": "marlbuf.bench.first_calls",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
@@ -120,14 +120,23 @@ def describe(name: str) -> tuple[list[str], str | None]:
     loaded = sys.modules.get(module_name)
     if loaded is not None:
         return suite_options(loaded), None
-    tree = _source_tree(module_name)
-    if tree is None:
+    path = _source_path(module_name)
+    if path is None:
         return [], f"unavailable: no module named {module_name!r}"
     options: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "run":
-            arguments = node.args.args + node.args.kwonlyargs
-            options = [o for o in SUITE_OPTIONS if o in {a.arg for a in arguments}]
+    source = path.read_text()
+    at = source.find("\ndef run(")
+    if at >= 0:  # the signature alone, parsed as a function of its own
+        depth, end = 0, at + len("\ndef run")
+        while end < len(source):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        signature = ast.parse(source[at + 1 : end + 1] + ": pass").body[0]
+        assert isinstance(signature, ast.FunctionDef)
+        arguments = signature.args.args + signature.args.kwonlyargs
+        options = [o for o in SUITE_OPTIONS if o in {a.arg for a in arguments}]
     missing = _missing_import(module_name)
     return options, None if missing is None else f"unavailable: No module named {missing!r}"
 
@@ -147,9 +156,21 @@ def _source_path(module_name: str) -> Path | None:
 
 @functools.cache
 def _source_tree(module_name: str) -> ast.Module | None:
-    """The parsed source of a ``marlbuf`` module (``None``: none), not imported."""
+    """The head of a ``marlbuf`` module's source, parsed (``None``: no such module), not
+    imported: the lines before its first top-level function or class (where its module-level
+    imports are; an import below them is not seen)."""
     path = _source_path(module_name)
-    return None if path is None else ast.parse(path.read_text())
+    if path is None:
+        return None
+    lines = path.read_text().splitlines(keepends=True)
+    head = next(
+        (i for i, line in enumerate(lines) if line.startswith(("def ", "class ", "@"))),
+        len(lines),
+    )
+    try:
+        return ast.parse("".join(lines[:head]))
+    except SyntaxError:  # cut inside a string (a docstring's example): the whole module
+        return ast.parse("".join(lines))
 
 
 def _top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, list[str]]]:
@@ -291,6 +312,8 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
     Raises :class:`MixedSizesError` when one file holds quick sizes and the other full ones,
     unless ``allow_mixed_sizes``: their times are not comparable.
     """
+    from marlbuf.bench.common import markdown_table
+
     a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
     sizes = {p: "quick" if r.get("quick") else "full" for p, r in ((path_a, a), (path_b, b))}
     mixed = sizes[path_a] != sizes[path_b]
@@ -433,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             "conclusive (run without --quick for figures to quote)",
             flush=True,
         )
+    from marlbuf.bench.common import write_result
+
     quiet_third_party_logs()
     notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
     failed = []

@@ -277,3 +277,15 @@ def test_import_marlbuf_is_lazy() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.stdout.split() == ["(False,", "False)", "(True,", "False)", "True"], done.stderr
+
+
+def test_first_calls_suite_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from marlbuf.bench import first_calls
+
+    monkeypatch.setattr(first_calls, "QUICK", {"repeats": 1})
+    payload = first_calls.run(quick=True)
+    cases = [r["case"] for r in payload["rows"]]
+    assert cases[:2] == ["import marlbuf", "from marlbuf import MultiAgentReplayBuffer"]
+    assert all(r["s_median"] > 0 for r in payload["rows"])
+    assert {t["status"] for t in payload["targets"]} <= {"PASS", "FAIL"}
+    assert payload["config"]["first_add_s"] > 0
