@@ -111,7 +111,7 @@ FULL: dict[str, Any] = {
     "capacity": None,  # 1e5, lowered to fit TABLE_BUDGET_BYTES (see bench.adapters)
     "batch_size": 1024,
     "seeds": (0, 1, 2),
-    "windows": 5,
+    "windows": 3,
     "write_agents": (3, 12, 24),
     "write_steps": 200,
     "write_repeats": 15,
@@ -119,7 +119,7 @@ FULL: dict[str, Any] = {
     "batch_repeats": 7,
     "episode_agents": (3, 12, 24),
     "episode_windows": 3,
-    "episodes_per_window": 10,
+    "episodes_per_window": 8,
     "episode_buffer_agents": (3, 12),
     "episode_buffer_size": 300,
     "episode_repeats": 9,
