@@ -576,7 +576,7 @@ def _mpe_steps(n: int, count: int, continuous: bool, seed: int) -> list[tuple[An
     obs, _ = env.reset(seed=seed)
     for agent in env.possible_agents:
         env.action_space(agent).seed(seed)
-    steps = []
+    steps: list[tuple[Any, ...]] = []
     while len(steps) < count:
         if not env.agents:
             obs, _ = env.reset()
@@ -766,9 +766,11 @@ def targets(
     for row in rows:
         if row["case"] != "marlbuf":
             continue
-        ident = {"workload": f"{row['consumer']} N={row['agents']}"}
+        where = f"{row['consumer']} N={row['agents']}"
         # "never slower beyond the spread": refused only when every seed was slower
-        out.append(check("whole run: marlbuf / own (lowest seed)", row["ratio_min"], 1.0, **ident))
+        out.append(
+            check("whole run: marlbuf / own (lowest seed)", row["ratio_min"], 1.0, workload=where)
+        )
         if row["agents"] in AMDAHL_AGENTS:
             out.append(
                 check(
@@ -776,32 +778,33 @@ def targets(
                     row["gain_vs_own_buffer"],
                     AMDAHL_SHARE,
                     at_most=False,
-                    **ident,
+                    workload=where,
                 )
             )
     by = {(r["agents"], r["actions"], r["case"]): r for r in write_rows}
     for (n, actions, case), row in by.items():
-        ident = {"workload": f"write N={n}, {actions} actions"}
+        where = f"write N={n}, {actions} actions"
         if case == "add_raw_env_step":
             out.append(check("add: raw env.step / plain dicts", row["ratio_vs_add_plain"],
-                             RAW_VS_PLAIN, **ident))  # fmt: skip
+                             RAW_VS_PLAIN, workload=where))  # fmt: skip
             if n in ADD_VS_ROWS:
                 out.append(check("add: raw env.step / per-agent NumPy rows",
-                                 row["ratio_vs_numpy_rows"], ADD_VS_ROWS[n], **ident))  # fmt: skip
+                                 row["ratio_vs_numpy_rows"], ADD_VS_ROWS[n],
+                                 workload=where))  # fmt: skip
         if case == "extend_one_step":
             out.append(check("one-step extend / add (raw)", row["ratio_vs_add_raw"],
-                             EXTEND_VS_ADD, **ident))  # fmt: skip
+                             EXTEND_VS_ADD, workload=where))  # fmt: skip
     for row in episode_rows:
         if row["case"] != "marlbuf":
             continue
-        ident = {"workload": f"EPyMARL buffer N={row['agents']}, {row['lengths']} lengths"}
+        where = f"EPyMARL buffer N={row['agents']}, {row['lengths']} lengths"
         out.append(check("insert: padded / marlbuf", row["insert_speedup"], EPISODE_INSERT,
-                         at_most=False, **ident))  # fmt: skip
+                         at_most=False, workload=where))  # fmt: skip
         out.append(check("sample(32) + truncation: padded / marlbuf", row["sample_speedup"],
-                         EPISODE_SAMPLE, at_most=False, **ident))  # fmt: skip
+                         EPISODE_SAMPLE, at_most=False, workload=where))  # fmt: skip
         if row["lengths"] == "mixed":
             out.append(check("memory: marlbuf / padded", row["memory_vs_padded"],
-                             EPISODE_MEMORY, **ident))  # fmt: skip
+                             EPISODE_MEMORY, workload=where))  # fmt: skip
     return out
 
 

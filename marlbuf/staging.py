@@ -1020,7 +1020,7 @@ def _step_items(value: Any, n: int, get: Any) -> tuple[Any, ...]:
             raise _NotCommonCase
         return tuple(value)
     if (isinstance(value, dict) or isinstance(value, Mapping)) and len(value) == n:
-        return get(dict(value))  # type: ignore[no-any-return]
+        return get(dict(value))
     raise _NotCommonCase
 
 

@@ -55,13 +55,13 @@ def _row_fails(source: np.ndarray, check: int, limit: int, row: int) -> bool:
         most64 = np.uint64(0)
         for j in range(longs.shape[0]):
             most64 = max(most64, longs[j])
-        return most64 >= np.uint64(limit)
+        return bool(most64 >= np.uint64(limit))
     if check == CHECK_INDEX32:
         ints = source.view(np.uint32)[row]
         most32 = np.uint32(0)
         for j in range(ints.shape[0]):
             most32 = max(most32, ints[j])
-        return most32 >= np.uint32(limit)
+        return bool(most32 >= np.uint32(limit))
     return False
 
 
