@@ -353,7 +353,9 @@ class ReplayBuffer:
     last_episode_ids : ndarray, shape (B,), int64
         The ring positions of the latest ``sample``'s episodes, in batch order.
     nbytes : int
-        Bytes held by the ring of steps.
+        Bytes of memory the ring's rows take (those ever written; see :attr:`nbytes`).
+    row_bytes : int
+        Bytes of one stored step (every stored scheme field).
 
     Examples
     --------
