@@ -45,7 +45,9 @@ nothing; negative: slower).
 **Write path** (``write_rows``): one step of mpe2's raw ``env.step`` output through ``add``,
 against ``add`` of the same step as plain dicts of arrays and Python numbers, a one-step
 ``extend`` of it, and the consumers' own writes (every agent's NumPy row write of the per-agent
-buffers, the joint buffer's ``push``), continuous and discrete actions.
+buffers, the joint buffer's ``push``), continuous and discrete actions; every buffer holds 512
+steps and has wrapped before the timing starts (the steady state: no write touches memory for
+the first time).
 
 **Batch layouts** (``batch_rows``): what strided batch views cost in a real update. The joint
 consumer's update (critic and actor, forward and backward) of one agent on batches gathered as
@@ -111,14 +113,15 @@ FULL: dict[str, Any] = {
     "capacity": None,  # 1e5, lowered to fit TABLE_BUDGET_BYTES (see bench.adapters)
     "batch_size": 1024,
     "seeds": (0, 1, 2),
-    "windows": 3,
+    # timed windows per seed and agent count: more where a window is short (its noise larger)
+    "windows": {3: 9, 12: 5, 24: 3},
     "write_agents": (3, 12, 24),
     "write_steps": 200,
     "write_repeats": 15,
     "batch_agents": (3, 12, 24),
     "batch_repeats": 7,
     "episode_agents": (3, 12, 24),
-    "episode_windows": 3,
+    "episode_windows": {3: 7, 12: 5, 24: 3},
     "episodes_per_window": 8,
     "episode_buffer_agents": (3, 12),
     "episode_buffer_size": 300,
@@ -130,14 +133,14 @@ QUICK: dict[str, Any] = {
     "capacity": 2_000,
     "batch_size": 128,
     "seeds": (0, 1, 2),
-    "windows": 2,
+    "windows": {3: 3},
     "write_agents": (3, 24),
     "write_steps": 50,
     "write_repeats": 5,
     "batch_agents": (3,),
     "batch_repeats": 3,
     "episode_agents": (3,),
-    "episode_windows": 2,
+    "episode_windows": {3: 2},
     "episodes_per_window": 3,
     "episode_buffer_agents": (3,),
     "episode_buffer_size": 80,
@@ -607,7 +610,7 @@ def measure_write(n: int, steps: int, repeats: int, continuous: bool) -> list[di
         for o, act, rew, nxt, term in raw
     ]
     one_step = [tuple({a: np.asarray(v[a])[None] for a in agents} for v in step) for step in raw]
-    capacity = 10_000
+    capacity = 512  # small: the untimed first calls wrap every ring, so no write first-touches
     specs = {
         a: AgentSpec(
             obs_shape=(d,),
@@ -649,6 +652,9 @@ def measure_write(n: int, steps: int, repeats: int, continuous: bool) -> list[di
     }
     with warnings.catch_warnings(record=True) as caught:  # recorded in the rows, not printed
         warnings.simplefilter("always")
+        for case in cases.values():  # past every ring's end (the steady state)
+            for _ in range(capacity // steps + 1):
+                case()
         times = time_interleaved(cases, repeats=repeats, warmup=1, rotate=True)
     warned = ", ".join(sorted({type(w.message).__name__ for w in caught}))
     last = buffers[0].gather(np.array([(buffers[0].cursor - 1) % capacity]))
@@ -1051,16 +1057,25 @@ def run(quick: bool = False, device: str | None = None) -> dict[str, Any]:
         return run_on_device(quick, device)
     threads = quiet_threads()
     sizes = QUICK if quick else FULL
-    seeds, windows = tuple(sizes["seeds"]), int(sizes["windows"])
+    seeds = tuple(sizes["seeds"])
+
+    def windows_at(key: str, n: int) -> int:
+        per_n = sizes[key]
+        return int(per_n) if isinstance(per_n, int) else int(per_n.get(n, min(per_n.values())))
+
     rows: list[dict[str, Any]] = []
     for n in sizes["agents"]:
         capacity = sizes["capacity"] or capacity_for(n)[0]
         for consumer in ("per_agent", "joint"):
             print(f"[dropin] {consumer} consumer, N={n}, capacity {capacity}", flush=True)
-            rows += measure_consumer(consumer, n, capacity, sizes["batch_size"], seeds, windows)
+            rows += measure_consumer(
+                consumer, n, capacity, sizes["batch_size"], seeds, windows_at("windows", n)
+            )
     for n in sizes["episode_agents"]:
         print(f"[dropin] epymarl consumer, N={n}", flush=True)
-        rows += measure_epymarl(n, seeds, sizes["episode_windows"], sizes["episodes_per_window"])
+        rows += measure_epymarl(
+            n, seeds, windows_at("episode_windows", n), sizes["episodes_per_window"]
+        )
     write_rows: list[dict[str, Any]] = []
     for n in sizes["write_agents"]:
         for continuous in (True, False):
@@ -1113,7 +1128,8 @@ def run(quick: bool = False, device: str | None = None) -> dict[str, Any]:
     markdown = (
         "Cases: "
         + "; ".join(f"`{case}`: {what}" for case, what in BUFFERS.items())
-        + f". Whole runs: {len(seeds)} paired seeds, {windows} windows each.\n\n"
+        + f". Whole runs: {len(seeds)} paired seeds, windows per seed {sizes['windows']} "
+        f"(MADDPG), {sizes['episode_windows']} (EPyMARL), by agent count.\n\n"
         + markdown_table(rows, columns)
         + "\n\nTargets (a miss is reported, not an error):\n\n"
         + checks_markdown(checks)

@@ -519,7 +519,11 @@ class MultiAgentReplayBuffer:
         step = self._step
         if step is None or step[0] is not self.storage or step[1] is not self.sampler:
             step = self._step = self._step_target()
-        cut = _check_truncated(truncated, self.agents, 1, per_env=per_env)
+        cut = (
+            None
+            if truncated is False or truncated is None
+            else _check_truncated(truncated, self.agents, 1, per_env=per_env)
+        )
         if step[3] and self._mapped is None:
             if self._store_step(step, items, stream, _LEADING_KERNELS):
                 return True
@@ -562,11 +566,17 @@ class MultiAgentReplayBuffer:
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "extend")
-        stream = _check_stream(stream)
+        if type(stream) is not int or not 0 <= stream <= persistence.MAX_STREAM:
+            stream = _check_stream(stream)
+        # one step of per-agent dicts (the common case): add's path at once
+        first = next(iter(obs.values()), None) if type(obs) is dict else None
+        if type(first) is np.ndarray and first.ndim and first.shape[0] == 1:
+            if self._add_one(values, stream, truncated, False):
+                return
         values = self._unstacked(values)
         one = _leading_length(values[0]) == 1
-        if one and self._add_one(values, stream, truncated, False):
-            return  # one step: add's path
+        if one and first is None and self._add_one(values, stream, truncated, False):
+            return  # one step given otherwise (lists, stacked arrays, other mappings)
         self._extend(values, stream, 0, truncated)
         if one and not self._slow_warned:
             self._warn_slow_step(values, "extend")
@@ -599,11 +609,18 @@ class MultiAgentReplayBuffer:
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "add_envs")
         first_stream = _check_stream(first_stream)
-        values = self._unstacked(values)
-        one = _leading_length(values[0]) == 1
+        # one environment of per-agent dicts (the common case): add's path at once
+        first = next(iter(obs.values()), None) if type(obs) is dict else None
+        one = type(first) is np.ndarray and first.ndim > 0 and first.shape[0] == 1
+        unstacked = not one
+        if unstacked:
+            values = self._unstacked(values)
+            one = _leading_length(values[0]) == 1
         if one and self._add_one(values, first_stream, truncated, True):
             self._declared_envs = 1  # one environment, as the general path records it
             return
+        if not unstacked:
+            values = self._unstacked(values)
         self._extend(values, None, first_stream, truncated)
         if one and not self._slow_warned:
             self._warn_slow_step(values, "add_envs")

@@ -209,9 +209,15 @@ class EpisodeBatch:
         rows, steps = self._parse(item)
         every = rows.__class__ is slice and rows == _EVERY
         if every and steps.__class__ is slice and steps.step is None:
-            # batch[:, :max_t], the learners' truncation: views of every episode
+            # batch[:, :max_t], the learners' truncation: views of every episode (the tensors
+            # themselves where the slice keeps every step: fixed-length episodes)
+            whole = steps.start in (None, 0) and (
+                steps.stop is None or steps.stop >= self.max_seq_length
+            )
             data = SimpleNamespace(
-                transition_data={k: v[:, steps] for k, v in transition.items()},
+                transition_data=dict(transition)
+                if whole
+                else {k: v[:, steps] for k, v in transition.items()},
                 episode_data=dict(episode),
             )
         else:
