@@ -494,7 +494,10 @@ class ReplayBuffer:
         #: rows written are backed by memory (an anonymous mapping: its pages are zero until
         #: touched), each episode at its own first row (see _place)
         rows = self.capacity_steps + self.max_seq_length
-        self._reserved = mmap.mmap(-1, rows * self.row_bytes)
+        # private anonymous memory (a shared mapping would be backed by shmem, page by page)
+        self._reserved = mmap.mmap(
+            -1, rows * self.row_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        )
         if hasattr(mmap, "MADV_HUGEPAGE"):  # fewer first-touch faults where the system allows
             try:
                 self._reserved.madvise(mmap.MADV_HUGEPAGE)
