@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_add_step import general  # the complete checks and the general commit only
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, SlowWriteWarning
 
@@ -68,16 +69,6 @@ def observations(seed: int) -> list[np.ndarray]:
     return list(np.random.default_rng(seed).random((3, 4), dtype=np.float32))
 
 
-def forced_general(buf: MultiAgentReplayBuffer) -> MultiAgentReplayBuffer:
-    """``buf`` written through the complete checks and the general commit only."""
-    codec = buf._codec
-    codec.step_items = lambda values: None  # type: ignore[method-assign]
-    codec.stage_step = lambda values, items=None, leading=False: None  # type: ignore[method-assign]
-    codec.stage_fast = lambda values, steps: None  # type: ignore[method-assign]
-    buf._step_target = lambda: (buf.storage, buf.sampler, None, False, None, None)  # type: ignore[method-assign]
-    return buf
-
-
 class PathSpy:
     """Counts steps stored by the store kernels (:meth:`_store_step` returning True: the
     kernel took the step) and refuses the slower staging paths."""
@@ -108,7 +99,7 @@ def _write_both(monkeypatch: pytest.MonkeyPatch, next_obs: str, steps: list[list
     """``steps`` through the one-kernel path (each one kernel call, no other staging) and
     through the complete checks: the same bytes and write generations."""
     fast = MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0)
-    slow = forced_general(MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0))
+    slow = general(MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0))
     spy = PathSpy(monkeypatch, fast)
     for t, step in enumerate(steps):
         fast.add(*step)
@@ -152,7 +143,7 @@ def test_every_scalar_and_action_kind_takes_the_one_kernel_path(
 def test_stacked_arrays_take_the_one_kernel_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every field as one array over the agents (a vectorized wrapper's output)."""
     fast = MultiAgentReplayBuffer(SPECS, 16, seed=0)
-    slow = forced_general(MultiAgentReplayBuffer(SPECS, 16, seed=0))
+    slow = general(MultiAgentReplayBuffer(SPECS, 16, seed=0))
     spy = PathSpy(monkeypatch, fast)
     rng = np.random.default_rng(0)
     for t in range(4):
@@ -188,7 +179,7 @@ def test_a_one_step_extend_takes_adds_path(
     """A one-step extend or add_envs is one store-kernel call (its items read at their first
     row), with the bytes, links and ring state of the general path; a longer one is not."""
     fast = MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0)
-    slow = forced_general(MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0))
+    slow = general(MultiAgentReplayBuffer(SPECS, 16, next_obs=next_obs, seed=0))
     spy = PathSpy(monkeypatch, fast)
     rng = np.random.default_rng(1)
     obs = {a: rng.random((1, 4), dtype=np.float32) for a in AGENTS}
@@ -306,7 +297,7 @@ def test_mpe2_env_step_output_takes_the_one_kernel_path(
     specs = specs_from_env(env)
     direct = MultiAgentReplayBuffer(specs, 128, seed=0)
     adapter = MultiAgentReplayBuffer(specs, 128, seed=0)
-    slow = forced_general(MultiAgentReplayBuffer(specs, 128, seed=0))
+    slow = general(MultiAgentReplayBuffer(specs, 128, seed=0))
     spies = (PathSpy(monkeypatch, direct), PathSpy(monkeypatch, adapter))
     for obs, actions, rewards, nxt, terminations, truncations in steps:
         direct.add(obs, actions, rewards, nxt, terminations)
