@@ -430,6 +430,14 @@ def _step_items(specs, rng, case: str):
         obs[0] = obs[0].astype(np.float16)
     elif case == "0-d reward":
         rew[0] = np.array(1.5)
+    elif case == "0-d action and done" and discrete:
+        act[0] = np.array(act[0])
+        done[0] = np.array(done[0])
+    elif case == "numpy scalars":
+        rew = [np.float64(r) for r in rew]
+        done = [np.bool_(d) for d in done]
+        if discrete:
+            act = [np.int64(a) for a in act]
     elif case == "complex reward":
         rew[0] = 1 + 2j
     elif case == "unsigned action" and discrete:
@@ -441,7 +449,8 @@ STEP_CASES = [
     "plain", "mixed types", "int and bool arrays", "strided and read-only", "one-hot arrays",
     "nan obs", "inf next_obs", "beyond float32", "huge reward", "nan done",
     "action out of range", "negative action", "bool action", "float action", "wrong shape",
-    "wrong ndim", "float16 obs", "0-d reward", "complex reward", "unsigned action",
+    "wrong ndim", "float16 obs", "0-d reward", "0-d action and done", "numpy scalars",
+    "complex reward", "unsigned action",
 ]  # fmt: skip
 
 
@@ -468,8 +477,49 @@ def test_stage_step_matches_naive(kind, case):
         return
     assert stage_step(*items, row, step.plan) == taken
     np.testing.assert_array_equal(row, expected)
-    if case in ("plain", "mixed types", "int and bool arrays", "strided and read-only"):
+    if case in (
+        "plain", "mixed types", "int and bool arrays", "strided and read-only", "0-d reward",
+        "0-d action and done", "numpy scalars",
+    ):  # fmt: skip
         assert taken  # the common cases are taken
+
+
+def _leading(items, case: str):
+    """``items`` as a one-step extend passes them: every item with a leading axis of 1 (two
+    rows for the case ``"two rows"``)."""
+    rows = 2 if case == "two rows" else 1
+    return tuple(
+        tuple(np.repeat(np.asarray(x)[None], rows, axis=0) for x in field) for field in items
+    )
+
+
+@pytest.mark.parametrize("kind", ["discrete", "shapes", "float64", "solo"])
+@pytest.mark.parametrize("case", [*STEP_CASES, "two rows"])
+def test_stage_leading_step_matches_naive(kind, case):
+    """The one-step kernels of a one-step extend (every item with a leading axis of length 1)
+    take what the twin takes on the items' first rows, write the same row, and decline an
+    item of more than one row."""
+    from marlbuf._kernels import stage_leading_step
+    from marlbuf.staging import RowCodec
+
+    specs = _step_specs(kind)
+    step = RowCodec(specs).step_plan
+    assert step is not None
+    rng = np.random.default_rng(len(STEP_CASES) + [*STEP_CASES, "two rows"].index(case))
+    items = _leading(_step_items(specs, rng, "plain" if case == "two rows" else case), case)
+    row = rng.standard_normal(step.row.shape).astype(step.row.dtype)
+    taken, expected = naive.stage_step(items, row, step.plan, leading=True)
+    if case == "float16 obs":
+        with pytest.raises(NotImplementedError):
+            stage_leading_step(*items, row, step.plan)
+        assert not taken
+        return
+    assert stage_leading_step(*items, row, step.plan) == taken
+    np.testing.assert_array_equal(row, expected)
+    if case in ("plain", "mixed types", "int and bool arrays", "0-d reward", "numpy scalars"):
+        assert taken  # the common cases are taken
+    if case == "two rows":
+        assert not taken
 
 
 def _link_state(capacity, obs_bytes, rng):
