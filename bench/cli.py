@@ -70,6 +70,7 @@ SUITES: dict[str, str] = {
     "concurrency": "marlbuf.bench.concurrency",
     "precision": "marlbuf.bench.precision",
     "sequences": "marlbuf.bench.sequences",
+    "offline": "marlbuf.bench.offline",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
