@@ -30,6 +30,7 @@ plus 10%. They are reported, not enforced (the command's exit status does not de
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -37,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,6 @@ from marlbuf.bench.common import (
     copy_bandwidth,
     markdown_table,
     paired_ratio,
-    quiet_threads,
     time_interleaved,
 )
 
@@ -114,6 +115,7 @@ def make_vault(path: Path, steps: int, base: dict[str, np.ndarray]) -> Path:
     for t0 in range(0, steps, block):
         n = min(block, steps - t0)
         writer.append({k: v[:, :n] for k, v in base.items()})
+    writer.close()
     return path
 
 
@@ -167,13 +169,21 @@ def _read_cases(vault: Path) -> dict[str, Any]:
         from flashbax.vault import Vault
 
         def flashbax_read_numpy() -> Any:
-            loaded = Vault(
-                vault.parent.name, rel_dir=str(vault.parent.parent), vault_uid=vault.name
-            )
+            with _quiet():  # Flashbax prints a line whenever it opens a vault
+                loaded = Vault(
+                    vault.parent.name, rel_dir=str(vault.parent.parent), vault_uid=vault.name
+                )
             return numpy_conversion(loaded.read().experience)
 
         cases["flashbax_read_numpy"] = flashbax_read_numpy
     return cases
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Standard output discarded (a peer's progress prints)."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
 
 
 def _write_cases(vault: Path, work: Path) -> tuple[dict[str, Any], Any]:
@@ -209,13 +219,9 @@ def _write_cases(vault: Path, work: Path) -> tuple[dict[str, Any], Any]:
 
         def flashbax_write() -> None:
             base = fresh("flashbax")
-            with open(os.devnull, "w") as quiet:  # Flashbax prints on every Vault creation
-                saved, sys.stdout = sys.stdout, quiet
-                try:
-                    out = Vault("cn3.vlt", state.experience, rel_dir=str(base), vault_uid="w")
-                    out.write(state, source_interval=(0, info.steps))
-                finally:
-                    sys.stdout = saved
+            with _quiet():  # Flashbax prints whenever it creates a vault
+                out = Vault("cn3.vlt", state.experience, rel_dir=str(base), vault_uid="w")
+            out.write(state, source_interval=(0, info.steps))
             shutil.rmtree(base)
 
         cases["flashbax_vault_write"] = flashbax_write
@@ -273,7 +279,7 @@ def _convert_in_child(vault: Path, target: Path, chunk_bytes: int, keep: bool) -
 
 def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     cfg = QUICK if quick else FULL
-    threads = quiet_threads()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no torch here: TensorStore's threads
     bandwidth = copy_bandwidth()
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
@@ -361,7 +367,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         shutil.rmtree(work / "vaults")
         big = make_vault(work / "big" / "cn3.vlt" / "random", big_steps, base)
         memory = {}
-        for mode in ("release", "keep"):
+        for mode in cfg.get("memory_modes", ("release", "keep")):
             target = work / f"mapped-{mode}"
             memory[mode] = _convert_in_child(big, target, budget // 16, keep=mode == "keep")
             shutil.rmtree(target)
@@ -389,7 +395,9 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         "read_vs_tensorstore_raw": ratio_raw,
         "read_vs_flashbax_numpy": ratio_fbx,
         "peak_rss_over_budget": memory["release"]["peak_rss"] / budget,
-        "peak_rss_over_budget_pages_kept": memory["keep"]["peak_rss"] / budget,
+        "peak_rss_over_budget_pages_kept": memory["keep"]["peak_rss"] / budget
+        if "keep" in memory
+        else float("nan"),
         "flashbax": flashbax_available(),
     }
     return {
@@ -400,7 +408,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
             "vault_on_disk_MB": disk / 1e6,
             "repeats": cfg["repeats"],
             "budget_MiB": cfg["budget_bytes"] / 2**20,
-            "threads": threads,
+            "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
             "copy_bandwidth_GBps": bandwidth / 1e9,
         },
         "rows": rows,
