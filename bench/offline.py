@@ -18,10 +18,12 @@ block of recorded steps is repeated to the vault's size (the repeats lie far bey
   Flashbax's ``Vault.write`` of a ``TrajectoryBufferState`` holding them (JAX arrays made
   before the timing); both create the vault in a fresh folder and compress with gzip 5.
 * **memory**: a child process converts a vault of twice the memory budget into a
-  memory-mapped buffer (``read_vault(path=..., chunk_bytes=budget // 16)``) and reports its
-  peak resident set (``VmHWM``), its resident set after the imports, and the buffer's
-  metadata that stays in RAM; once as marlbuf does it, and once with the mapped files' pages
-  left resident (``release_pages`` turned off), to show what they would add.
+  memory-mapped buffer (``read_vault(path=..., chunk_bytes=budget // 32)``) and reports its
+  peak resident set (``VmHWM``) while converting (until the complete buffer is closed) and in
+  all (the complete buffer reopened at its folder, which loads its metadata), its resident set
+  after the imports and at the end, and the buffer's metadata that stays in RAM (write
+  generations, next-observation links); once as marlbuf does it, and once with the mapped
+  files' pages left resident (``release_pages`` turned off), to show what they would add.
 
 ``targets`` holds the goals with PASS/FAIL: read throughput of at least 0.8x raw TensorStore and
 at least 1x Flashbax's read with the NumPy conversion, a peak resident set of at most the budget
@@ -70,6 +72,8 @@ FULL: dict[str, Any] = {
     "budget_bytes": 1024**3,
 }
 
+#: The memory part converts in chunks of this share of the budget.
+CHUNK_SHARE = 32
 #: The targets (issue text): read against raw TensorStore and against Flashbax + NumPy, and
 #: peak memory against the budget.
 READ_VS_RAW = 0.8
@@ -232,7 +236,6 @@ def _write_cases(vault: Path, work: Path) -> tuple[dict[str, Any], Any]:
 #: ``argv[3]`` bytes; ``argv[4] == "keep"`` leaves the mapped pages resident.
 CHILD = """
 import json, sys
-import numpy as np
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.offline import read_vault
 
@@ -246,10 +249,19 @@ def status(key):
 import tensorstore  # the reader's import, counted in the baseline
 if sys.argv[4] == "keep":
     MultiAgentReplayBuffer.release_pages = lambda self: None
+converting = {}
+reopen = MultiAgentReplayBuffer.open.__func__
+
+def open_converted(cls, *args, **kwargs):  # the last step: the complete buffer reopened
+    converting["peak"] = status("VmHWM")
+    return reopen(cls, *args, **kwargs)
+
+MultiAgentReplayBuffer.open = classmethod(open_converted)
 baseline = status("VmRSS")
 buf = read_vault(sys.argv[1], path=sys.argv[2], chunk_bytes=int(sys.argv[3]), n_actions=5)
 metadata = int(buf.write_generation.nbytes) + (0 if buf.links is None else 16 * buf.capacity)
-print(json.dumps({"peak_rss": status("VmHWM"), "baseline_rss": baseline,
+print(json.dumps({"peak_rss": status("VmHWM"), "peak_rss_converting": converting["peak"],
+                  "rss_at_end": status("VmRSS"), "baseline_rss": baseline,
                   "metadata_bytes": metadata, "steps": len(buf)}))
 buf.close()
 """
@@ -369,7 +381,9 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         memory = {}
         for mode in cfg.get("memory_modes", ("release", "keep")):
             target = work / f"mapped-{mode}"
-            memory[mode] = _convert_in_child(big, target, budget // 16, keep=mode == "keep")
+            memory[mode] = _convert_in_child(
+                big, target, budget // CHUNK_SHARE, keep=mode == "keep"
+            )
             shutil.rmtree(target)
             rows.append(
                 {
@@ -377,8 +391,10 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                     "case": "read_vault(path=...)" + ("" if mode == "release" else ", pages kept"),
                     "vault_MiB": 2 * budget / 2**20,
                     "budget_MiB": budget / 2**20,
-                    "chunk_MiB": budget / 16 / 2**20,
+                    "chunk_MiB": budget / CHUNK_SHARE / 2**20,
                     "peak_rss_MiB": memory[mode]["peak_rss"] / 2**20,
+                    "peak_rss_converting_MiB": memory[mode]["peak_rss_converting"] / 2**20,
+                    "rss_at_end_MiB": memory[mode]["rss_at_end"] / 2**20,
                     "baseline_rss_MiB": memory[mode]["baseline_rss"] / 2**20,
                     "metadata_MiB": memory[mode]["metadata_bytes"] / 2**20,
                     "peak_over_budget": memory[mode]["peak_rss"] / budget,
@@ -395,6 +411,7 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
         "read_vs_tensorstore_raw": ratio_raw,
         "read_vs_flashbax_numpy": ratio_fbx,
         "peak_rss_over_budget": memory["release"]["peak_rss"] / budget,
+        "peak_rss_converting_over_budget": memory["release"]["peak_rss_converting"] / budget,
         "peak_rss_over_budget_pages_kept": memory["keep"]["peak_rss"] / budget
         if "keep" in memory
         else float("nan"),
@@ -435,7 +452,9 @@ def run(quick: bool = False, progress: bool = True) -> dict[str, Any]:
                 "chunk_MiB",
                 "baseline_rss_MiB",
                 "metadata_MiB",
+                "peak_rss_converting_MiB",
                 "peak_rss_MiB",
+                "rss_at_end_MiB",
                 "peak_over_budget",
             ],
         )

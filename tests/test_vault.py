@@ -440,6 +440,23 @@ def test_crafted_sizes_are_refused_before_anything_is_allocated(tmp_path):
         vault_info(path)
 
 
+def test_crafted_marlbuf_entry_is_refused(tmp_path):
+    specs = {"a": AgentSpec((3,), (2,))}
+    src = MultiAgentReplayBuffer(specs, 50, seed=0)
+    _fill(src, np.random.default_rng(0), 3, 1)
+    path = write_vault(src, tmp_path / "v" / "x")
+    _rewrite_metadata(path, lambda m: m["marlbuf"].update(capacity=10**12))
+    with pytest.raises(VaultError, match="capacity"):
+        read_vault(path)
+    assert len(read_vault(path, capacity=100)) == len(src)  # the caller may choose
+    _rewrite_metadata(path, lambda m: m["marlbuf"]["specs"]["a"].update(obs_shape=[4]))
+    with pytest.raises(VaultError, match="observations"):
+        read_vault(path, capacity=100)
+    _rewrite_metadata(path, lambda m: m["marlbuf"].update(version=99))
+    with pytest.raises(VaultError, match="version"):
+        read_vault(path)
+
+
 def test_writer_never_writes_outside_its_folder(tmp_path):
     with pytest.raises(ValueError, match="dotted"):
         VaultWriter(tmp_path / "v", {"../up": LeafSpec((1,), np.float32)})

@@ -101,6 +101,8 @@ SIDE_ROWS_PER_READ = 65_536
 #: Name and version of the journal of a conversion into a memory-mapped buffer.
 JOURNAL = "import.json"
 JOURNAL_FORMAT = "marlbuf-vault-import"
+#: The largest capacity a written vault's entry may ask for beyond four times its steps.
+MAX_SPARE_CAPACITY = 10_000_000
 #: Options of the buffer that :func:`read_vault` sets itself.
 SET_BY_THE_VAULT = ("specs", "global_fields", "alive")
 
@@ -818,7 +820,7 @@ def read_vault(
         plan = _plan_foreign(info, keys, agents, n_actions, chunk_steps)
     total = info.steps * info.streams
     if capacity is None:
-        capacity = max(1, total, int(entry.get("capacity", 0)) if entry else 0)
+        capacity = max(1, total, _written_capacity(info, entry) if entry else 0)
     if next_obs is None:
         next_obs = str(entry.get("next_obs", "once")) if entry else "once"
     private = []
@@ -856,6 +858,21 @@ def read_vault(
     return _fill_folder(
         info, plan, Path(path), capacity, options, reader, side_rows, chunk_steps, progress, resume
     )
+
+
+def _written_capacity(info: VaultInfo, entry: Mapping[str, Any]) -> int:
+    """The capacity of the buffer a vault was written from: the default capacity when it
+    reads back (a crafted entry cannot make it allocate more than its data needs by much)."""
+    capacity = entry.get("capacity", 0)
+    steps = info.steps * info.streams
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise VaultError(f"vault {str(info.path)!r}: its 'marlbuf' entry has capacity {capacity!r}")
+    if capacity > max(MAX_SPARE_CAPACITY, 4 * steps):
+        raise VaultError(
+            f"vault {str(info.path)!r}: its 'marlbuf' entry asks for a capacity of {capacity:,} "
+            f"for {steps:,} stored steps; pass capacity= to choose one"
+        )
+    return capacity
 
 
 def _fill(
@@ -987,10 +1004,13 @@ def _fill_folder(
         progress,
     )
     gc.collect()  # the filled buffer's metadata is gone before the complete buffer's is loaded
+    _trim_heap()
     os.replace(work / "buffer", target)
     (work / JOURNAL).unlink()
     work.rmdir()
-    return MultiAgentReplayBuffer.open(target, **runtime)
+    buffer = MultiAgentReplayBuffer.open(target, **runtime)
+    _trim_heap()  # what loading its checkpoint freed
+    return buffer
 
 
 def _fill_work(

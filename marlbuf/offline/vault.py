@@ -65,6 +65,9 @@ TIME_AXIS = 10**13
 GZIP5 = {"id": "gzip", "level": 5}
 #: Compressors TensorStore's zarr driver decodes.
 COMPRESSORS = ("gzip", "zlib", "blosc", "zstd", "bz2")
+#: Bytes of one chunk of a private array (rows are appended a few at a time, and each append
+#: rewrites the chunk it ends in: measured, 4 MiB chunks made writing a vault 1.6x slower).
+PRIVATE_CHUNK_BYTES = 256 * 1024
 #: Bytes of one chunk, in memory, that a written vault aims at (TensorStore's choice for
 #: Flashbax's vaults is about 4 MiB too).
 TARGET_CHUNK_BYTES = 4 * 1024**2
@@ -672,8 +675,9 @@ class VaultWriter:
         }
         self.private = {}
         for name, spec in self.private_specs.items():
+            # small chunks: appends add a few rows each, and rewrite the chunk they end in
             row = max(1, math.prod(spec.step_shape) * spec.dtype.itemsize)
-            rows = max(1, chunk_bytes // row)
+            rows = max(1, min(chunk_bytes, PRIVATE_CHUNK_BYTES) // row)
             self.private[name] = self._create(
                 name, (TIME_AXIS, *spec.step_shape), spec.dtype, (rows, *spec.step_shape)
             )
