@@ -1334,4 +1334,5 @@ def _write_chunk(
 
 def _bytes(values: np.ndarray) -> np.ndarray:
     """``values`` (shape (n, ...)) as rows of bytes."""
-    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), -1)
+    row = math.prod(values.shape[1:]) * values.dtype.itemsize
+    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), row)
