@@ -156,6 +156,16 @@ class Packing:
         for i, arr in enumerate(arrays):
             out[:, i, : math.prod(self.shapes[i])] = arr.reshape(len(arr), -1)
 
+    def pack_field(self, batch: Any, name: str, out: np.ndarray, rows: int) -> None:
+        """The first ``rows`` rows of every agent's ``name`` in ``batch`` into ``out`` of
+        shape ``(rows, N, *E)``: agents of one shape by one copy of ``batch.concat(name)``
+        (a view of the gathered rows, every agent side by side), else agent by agent."""
+        if self.padded:
+            self.pack([v[:rows] for v in batch.field(name).values()], out)
+            return
+        joined = batch.concat(name)[:rows]
+        np.copyto(out, joined.reshape(out.shape), casting="same_kind")
+
     def unpack(self, leaf: np.ndarray, exact: bool) -> list[np.ndarray]:
         """``leaf`` of shape ``(n, N, *E)`` as per-agent ``(n, *shape)`` arrays (views where
         possible); with ``exact`` each in its agent's dtype."""
@@ -1279,19 +1289,18 @@ def _write_chunk(
     _, obs_spec, obs_packing = layout["observations"]
     assert obs_packing is not None
     obs_all = np.empty((n + following, *obs_spec.step_shape), obs_spec.dtype)
-    obs_packing.pack([batch.obs[a] for a in agents], obs_all)
+    obs_packing.pack_field(batch, "obs", obs_all, n + following)
     steps: dict[str, np.ndarray] = {"observations": obs_all[:n]}
-    done = np.stack([batch.done[a][:n] for a in agents], axis=1)
-    all_done = (done != 0).all(axis=1)
+    all_done = (batch.concat("done")[:n] != 0).all(axis=1)
     private: dict[str, np.ndarray] = {}
     same = np.zeros(n, bool)
     with_next = buffer.next_obs != "none"
     if with_next:
         next_obs = np.empty((n, *obs_spec.step_shape), obs_spec.dtype)
-        obs_packing.pack([batch.next_obs[a][:n] for a in agents], next_obs)
+        obs_packing.pack_field(batch, "next_obs", next_obs, n)
         # compared as stored bytes, as the buffer links next observations
         m = n - 1 + following
-        same[:m] = (_bytes(next_obs[:m]) == _bytes(obs_all[1 : m + 1])).all(axis=1)
+        same[:m] = (_words(next_obs[:m]) == _words(obs_all[1 : m + 1])).all(axis=1)
         where = np.flatnonzero(~same)
         private[NEXT_OBS] = next_obs[where]
         private[NEXT_OBS_AT] = np.stack([np.zeros_like(where), where + lo], axis=1)
@@ -1311,19 +1320,20 @@ def _write_chunk(
         if role == "truncated":
             out[...] = truncated[:, None]
         elif role == "action" and action_index:
-            for i, a in enumerate(agents):
-                out[:, i] = np.argmax(batch.action[a][:n], axis=1)
-        elif role in ("action", "reward", "done"):
+            sizes = {buffer.specs[a].n_discrete_actions for a in agents}
+            if len(sizes) == 1:  # every agent's one-hot side by side: one argmax
+                one_hot = batch.concat("action")[:n].reshape(n, len(agents), -1)
+                out[...] = one_hot.argmax(axis=2)
+            else:
+                for i, a in enumerate(agents):
+                    out[:, i] = batch.action[a][:n].argmax(axis=1)
+        elif role in ("action", "reward", "done") or role.startswith("extra:"):
             assert packing is not None
-            packing.pack([getattr(batch, role)[a][:n] for a in agents], out)
+            packing.pack_field(batch, role.partition(":")[2] or role, out, n)
         elif role == "alive":
             assert batch.alive is not None
             for i, a in enumerate(agents):
                 out[:, i] = batch.alive[a][:n]
-        elif role.startswith("extra:"):
-            assert packing is not None
-            name = role.partition(":")[2]
-            packing.pack([batch.extras[name][a][:n] for a in agents], out)
         else:
             out[...] = batch.globals[role.partition(":")[2]][:n]
         steps[key] = out
@@ -1332,7 +1342,10 @@ def _write_chunk(
     writer.append({k: v[None] for k, v in steps.items()}, private)
 
 
-def _bytes(values: np.ndarray) -> np.ndarray:
-    """``values`` (shape (n, ...)) as rows of bytes."""
+def _words(values: np.ndarray) -> np.ndarray:
+    """``values`` (shape (n, ...)) as rows of unsigned words, the widest that divide a row (so
+    that comparing rows compares their bytes, in as few comparisons as possible)."""
     row = math.prod(values.shape[1:]) * values.dtype.itemsize
-    return np.ascontiguousarray(values).view(np.uint8).reshape(len(values), row)
+    size = next(w for w in (8, 4, 2, 1) if row % w == 0)
+    flat = np.ascontiguousarray(values).view(np.uint8).reshape(len(values), row)
+    return flat.view(f"<u{size}")
