@@ -93,6 +93,8 @@ NEXT_OBS_AT = PRIVATE_ROOT + ".next_obs_at."
 STREAMS = PRIVATE_ROOT + ".stream."
 #: How much data one chunk of a conversion holds, in memory (uncompressed, every leaf).
 DEFAULT_CHUNK_BYTES = 16 * 1024**2
+#: Buffer rows gathered and written per append by :func:`write_vault`.
+WRITE_CHUNK_BYTES = 64 * 1024**2
 #: Vault data per ``extend`` call: staging rows of a few MiB stay in the caches (measured:
 #: 8,192-step calls of 3-agent rows took 0.45x the time of 250,000-step calls).
 EXTEND_BYTES = 2 * 1024**2
@@ -1156,7 +1158,7 @@ def write_vault(
     *,
     metadata: Mapping[str, Any] | None = None,
     compression: Mapping[str, Any] | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = WRITE_CHUNK_BYTES,
     progress: bool | Callable[[int, int], Any] = False,
 ) -> Path:
     """Write a buffer's stored steps as a Flashbax vault (format 1.2) with OG-MARL's keys.
@@ -1181,7 +1183,10 @@ def write_vault(
         The zarr compressor (default Flashbax's, gzip level 5; ``{"id": "zstd", "level": 3}``
         writes and reads faster).
     chunk_bytes : int
-        Steps are gathered from the buffer and written about this many bytes at a time.
+        Steps are gathered from the buffer and written about this many bytes (of the buffer's
+        rows) at a time; TensorStore compresses one such range while the next is gathered
+        (larger ranges keep more of its threads busy: measured 1.45x the time of one whole
+        write at 16 MiB, 1.07x at 64 MiB).
     progress : bool or callable
         As for :func:`read_vault`.
 
