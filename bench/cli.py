@@ -78,6 +78,7 @@ SUITES: dict[str, str] = {
     "sequences": "marlbuf.bench.sequences",
     "torchrl": "marlbuf.bench.torchrl_buffers",
     "first_calls": "marlbuf.bench.first_calls",
+    "offline": "marlbuf.bench.offline",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs

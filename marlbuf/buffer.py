@@ -2495,6 +2495,15 @@ class MultiAgentReplayBuffer:
         if self._mapped is not None:
             self._mapped.flush(self)
 
+    def release_pages(self) -> None:
+        """A memory-mapped buffer (``path=``): let the OS take back the pages of its storage
+        files that this process has touched (they stay in the files and are read back on the
+        next access), so that bulk loading keeps resident memory bounded by what each call
+        writes, not by the files. Nothing to do for a buffer in memory, or opened read-only."""
+        if self._mapped is not None:
+            with self.writer.lock:
+                self._mapped.release_pages()
+
     def close(self) -> None:
         """:meth:`flush`, then release the folder (another buffer object may :meth:`open` it);
         later writes are refused. Closing twice, or a buffer in memory, does nothing."""

@@ -112,6 +112,28 @@ def test_first_nonfinite_matches_naive(dtype, bad):
     assert got == (-1 if bad is None else 2)
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_first_nonfinite_reports_the_first_segment_not_the_first_row(half):
+    # a bad value in a later segment of an earlier row: the scan goes row by row, the answer
+    # is still the lowest segment with a bad value, as the segment-by-segment naive scan says
+    from marlbuf._kernels import first_nonfinite, first_nonfinite_half
+
+    rng = np.random.default_rng(11)
+    dtype = np.float16 if half else np.float32
+    starts = np.array([0, 6, 9, 20], np.int64)
+    counts = np.array([6, 3, 11, 4], np.int64)
+    for seed in range(20):
+        values = rng.standard_normal((9, 24)).astype(dtype)
+        bad = np.random.default_rng(seed).integers(0, [9, 24], size=(seed % 4, 2))
+        for row, col in bad:
+            values[row, col] = (np.nan, np.inf, -np.inf)[(row + col) % 3]
+        if half:
+            got = first_nonfinite_half(values.view(np.uint16), starts, counts)
+        else:
+            got = first_nonfinite(values, starts, counts)
+        assert got == naive.first_nonfinite(values, starts, counts), (seed, bad)
+
+
 @pytest.mark.parametrize(("capacity", "width", "batch"), [(1, 1, 1), (100, 37, 64), (50, 600, 200)])
 def test_gather_rows_parallel_matches_naive(capacity, width, batch):
     from marlbuf._kernels import gather_rows_parallel
