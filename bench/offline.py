@@ -74,7 +74,7 @@ FULL: dict[str, Any] = {
 
 #: The memory part converts in chunks of this share of the budget.
 CHUNK_SHARE = 32
-#: The targets (issue text): read against raw TensorStore and against Flashbax + NumPy, and
+#: The targets: read against raw TensorStore and against Flashbax + NumPy, and
 #: peak memory against the budget.
 READ_VS_RAW = 0.8
 READ_VS_FLASHBAX = 1.0
