@@ -41,7 +41,7 @@ from marlbuf.profiling.workloads import (
     SamplingWorkload,
     TrainWorkload,
 )
-from marlbuf.storage import LAYOUTS
+from marlbuf.stores.host import LAYOUTS
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
 RESULT_NAME = "profile.json"
