@@ -31,9 +31,9 @@ import numpy as np
 
 from marlbuf.bench.baselines import ListOfTuplesBuffer
 from marlbuf.bench.common import quiet_threads, time_interleaved, write_result
-from marlbuf.bench.workloads import ACTION_DIM, Workload
 from marlbuf.compat.maddpg import ReplayBuffer, make_buffers
 from marlbuf.compat.tf2marl import EfficientReplayBuffer, PrioritizedReplayBuffer
+from marlbuf.workloads import ACTION_DIM, Workload
 
 SUITE = "adapters"
 AGENT_COUNTS = (3, 6, 12, 24)

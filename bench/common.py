@@ -178,9 +178,9 @@ def run_conditions(payload: Mapping[str, Any] | None = None) -> dict[str, Any]:
 def write_result(
     suite: str, payload: Mapping[str, Any], quick: bool, out_dir: Path | None = None
 ) -> Path:
-    """Write ``payload`` with machine info (:func:`marlbuf.info.machine_info` and
+    """Write ``payload`` with machine info (:func:`marlbuf.profiling.info.machine_info` and
     :func:`run_conditions`) and a timestamp; returns the path."""
-    from marlbuf.info import machine_info
+    from marlbuf.profiling.info import machine_info
 
     path = result_path(suite, quick, out_dir)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import numpy as np
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.memory import half_specs
-from marlbuf.bench.workloads import Workload, episode_steps
+from marlbuf.workloads import Workload, episode_steps
 
 SUITE = "concurrency"
 BATCH = 1024

@@ -74,10 +74,10 @@ import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench.common import check, markdown_table, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import Workload, random_steps
 from marlbuf.memory import estimate
 from marlbuf.samplers import Prioritized, Uniform
 from marlbuf.storage import available_memory_bytes
+from marlbuf.workloads import Workload, random_steps
 
 SUITE = "device"
 BATCH = 1024

@@ -44,7 +44,7 @@ import numpy as np
 
 import marlbuf.distributed  # noqa: F401 - without Ray the suite is listed as unavailable
 from marlbuf.bench.common import check, markdown_table, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import Workload, random_steps
+from marlbuf.workloads import Workload, random_steps
 
 SUITE = "distributed"
 

@@ -101,7 +101,7 @@ from marlbuf.bench.common import (
     time_interleaved,
 )
 from marlbuf.bench.sampling import FILL_CHUNK
-from marlbuf.bench.workloads import steps_of_kind
+from marlbuf.workloads import steps_of_kind
 
 SUITE = "dropin"
 STEPS = 100  # environment steps per timed window (one update round in each)

@@ -29,7 +29,7 @@ from marlbuf.bench.update import (
     median_rows,
     time_rounds,
 )
-from marlbuf.bench.workloads import Workload
+from marlbuf.workloads import Workload
 
 SUITE = "end_to_end"
 

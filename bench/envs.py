@@ -28,8 +28,8 @@ import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload
 from marlbuf.envs import EPISODE_LENGTH, MPEEnv, make, rollout
+from marlbuf.workloads import PAPER_WORKLOADS, Workload
 
 SUITE = "envs"
 

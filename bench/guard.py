@@ -41,7 +41,7 @@ The checks, each on both data kinds where it applies:
    (:data:`ADD_LIMITS`).
 
 Workloads: cooperative navigation CN-3, CN-12 and CN-24 (obs 6N, action 5) and predator-prey
-PP-24+8 (:mod:`marlbuf.bench.workloads`); ``--quick`` runs CN-3, CN-12 (streams) and CN-24 at
+PP-24+8 (:mod:`marlbuf.workloads`); ``--quick`` runs CN-3, CN-12 (streams) and CN-24 at
 small capacities and the PER check at capacity 1e5, in well under a minute on 2 cores. Each
 row also records the round's floor from this machine's copy bandwidth (bytes gathered /
 bandwidth).
@@ -74,9 +74,9 @@ from marlbuf.bench.common import (
     time_once,
 )
 from marlbuf.bench.memory import half_specs
-from marlbuf.bench.workloads import DATA_KINDS, Workload, steps_of_kind
 from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor
+from marlbuf.workloads import DATA_KINDS, Workload, steps_of_kind
 
 SUITE = "guard"
 BATCH = sampling.BATCH

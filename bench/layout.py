@@ -23,7 +23,7 @@ import numpy as np
 from marlbuf import FIELDS, MultiAgentReplayBuffer
 from marlbuf.bench.baselines import NumpyPerAgentBuffer
 from marlbuf.bench.common import markdown_table, per_workload, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
+from marlbuf.workloads import PAPER_WORKLOADS, Workload, random_steps
 
 SUITE = "layout"
 BATCH = 1024

@@ -55,9 +55,9 @@ from marlbuf.bench.common import (
     time_interleaved,
 )
 from marlbuf.bench.sampling import BATCH, FILL_CHUNK, _marlbuf_round, _share_storage
-from marlbuf.bench.workloads import Workload, episode_steps, random_steps
 from marlbuf.memory import estimate
 from marlbuf.samplers import ORDERS, Neighbor, Prioritized, Sampler, Uniform
+from marlbuf.workloads import Workload, episode_steps, random_steps
 
 SUITE = "locality"
 #: Neighbor run lengths swept (each divides the timing batch 1024 and the reward batch 256).
@@ -289,7 +289,7 @@ def time_orders(
 ) -> list[dict[str, Any]]:
     """Round time of batches in ascending slot order vs draw order, per sampler of
     :data:`ORDER_SAMPLERS`, workload, capacity and storage format: every case shares one buffer
-    (filled with 25-step episode streams, see :func:`marlbuf.bench.workloads.episode_steps`)
+    (filled with 25-step episode streams, see :func:`marlbuf.workloads.episode_steps`)
     and is timed in the same rotated interleaved repeats; one row per (workload, capacity,
     storage, case), its ratios to the same sampler's ``random`` case."""
     cases = {f"{kind}_{order}": (kind, order) for kind in samplers for order in ORDERS}

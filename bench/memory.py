@@ -26,8 +26,8 @@ import numpy as np
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, quiet_threads
-from marlbuf.bench.workloads import Workload, episode_steps
 from marlbuf.memory import GIB, estimate
+from marlbuf.workloads import Workload, episode_steps
 
 SUITE = "memory"
 BATCH = 1024

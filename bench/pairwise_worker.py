@@ -46,6 +46,15 @@ def _steps(specs: dict[str, Any], steps: int, seed: int) -> dict[str, Any]:
     }
 
 
+def _navigation_specs(n: int) -> dict[str, Any]:
+    """Cooperative navigation's specs with ``n`` agents (``6n`` observation floats, 5 action
+    floats; :class:`marlbuf.workloads.Workload`'s, built here from the public ``AgentSpec``
+    because the compared versions keep the workloads in different modules)."""
+    from marlbuf import AgentSpec
+
+    return {f"agent_{i}": AgentSpec(obs_shape=(6 * n,), action_shape=(5,)) for i in range(n)}
+
+
 def _filled(specs: dict[str, Any], capacity: int, **options: Any) -> Any:
     from marlbuf import MultiAgentReplayBuffer
 
@@ -73,12 +82,11 @@ def _round_case(
 
 def build_cases() -> dict[str, Callable[[], Callable[[], None]]]:
     """Case name -> a builder of the timed call (built on first request)."""
-    from marlbuf.bench.workloads import Workload
     from marlbuf.samplers import Neighbor, Prioritized, Sequence
 
     cases: dict[str, Callable[[], Callable[[], None]]] = {}
     for n, capacity in ((3, 100_000), (12, 50_000), (24, 20_000)):
-        specs = Workload("cooperative_navigation", n).specs()
+        specs = _navigation_specs(n)
         name = f"CN-{n}"
         for label, options in (
             ("default", {}),
@@ -118,7 +126,7 @@ def build_cases() -> dict[str, Callable[[], Callable[[], None]]]:
         cases[f"{name} add"] = add_one
         cases[f"{name} extend64"] = extend_64
 
-    cn3 = Workload("cooperative_navigation", 3).specs()
+    cn3 = _navigation_specs(3)
 
     def per(capacity: int) -> Callable[[], None]:
         buf = _filled(cn3, capacity, sampler=Prioritized())
@@ -188,7 +196,7 @@ def build_cases() -> dict[str, Callable[[], Callable[[], None]]]:
         import torch
 
         torch.set_num_threads(1)
-        specs = Workload("cooperative_navigation", n).specs()
+        specs = _navigation_specs(n)
         return _round(_filled(specs, 20_000, device="cpu", next_obs=next_obs))
 
     cases["CN-24 torch cpu round dense"] = lambda: torch_round(24, "stored")

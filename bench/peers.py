@@ -21,8 +21,8 @@ import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, per_workload, quiet_threads, time_interleaved
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
 from marlbuf.samplers import Neighbor, Uniform
+from marlbuf.workloads import PAPER_WORKLOADS, Workload, random_steps
 
 SUITE = "peers"
 BATCH = 1024

@@ -38,8 +38,8 @@ import numpy as np
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf.bench.common import markdown_table, quiet_threads, time_interleaved, write_result
-from marlbuf.bench.workloads import Workload, random_steps
 from marlbuf.samplers import Prioritized, PrioritizedNeighbor
+from marlbuf.workloads import Workload, random_steps
 
 SUITE = "prioritized"
 

@@ -32,10 +32,10 @@ from marlbuf import MultiAgentReplayBuffer
 from marlbuf.bench.baselines import ListOfTuplesBuffer, NumpyPerAgentBuffer
 from marlbuf.bench.common import copy_bandwidth, markdown_table, quiet_threads, time_interleaved
 from marlbuf.bench.memory import half_specs
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, episode_steps
 from marlbuf.memory import estimate
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 from marlbuf.storage import BlockPool
+from marlbuf.workloads import PAPER_WORKLOADS, Workload, episode_steps
 
 SUITE = "sampling"
 BATCH = 1024

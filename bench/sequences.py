@@ -105,9 +105,9 @@ from marlbuf.bench.padded_episodes import (
     TorchPaddedEpisodeBuffer,
     from_stream,
 )
-from marlbuf.bench.workloads import Workload, episode_steps
 from marlbuf.memory import GIB, estimate
 from marlbuf.storage import available_memory_bytes
+from marlbuf.workloads import Workload, episode_steps
 
 SUITE = "sequences"
 BATCH = 256

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from marlbuf.bench.common import markdown_table, quiet_threads
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, random_steps
+from marlbuf.workloads import PAPER_WORKLOADS, Workload, random_steps
 
 SUITE = "update"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from marlbuf.bench import cli, common
-from marlbuf.bench.workloads import Workload
+from marlbuf.workloads import Workload
 
 TINY = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],

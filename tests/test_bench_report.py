@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from marlbuf.bench import cli, common, report
-from marlbuf.bench.workloads import Workload
+from marlbuf.workloads import Workload
 
 
 def _write(tmp_path: Path, suite: str, quick: bool, **payload: object) -> Path:

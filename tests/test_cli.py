@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from marlbuf import cli, info
+from marlbuf import cli
+from marlbuf.profiling import info
 
 
 def test_usage_and_unknown_command(capsys):

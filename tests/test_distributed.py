@@ -329,7 +329,7 @@ def test_distributed_bench_suite_runs_tiny(monkeypatch):
     pytest.importorskip("mpe2")
     from marlbuf.bench import cli, common
     from marlbuf.bench import distributed as suite
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     assert cli.SUITES["distributed"] == "marlbuf.bench.distributed"
     tiny = {

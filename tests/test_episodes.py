@@ -637,7 +637,7 @@ def test_bench_episodes_part_runs_tiny(monkeypatch) -> None:
     (the full run: ``sequences.run(parts=("episodes",))``)."""
     pytest.importorskip("torch")
     from marlbuf.bench import sequences
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     tiny = dict(sequences.QUICK, episodes_stored=40, episode_repeats=2)
     tiny["episode_workloads"] = [Workload("cooperative_navigation", 3)]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from marlbuf.bench import cli, common, locality, plots, rewards
-from marlbuf.bench.workloads import Workload
+from marlbuf.workloads import Workload
 
 TINY = {
     "run_lengths": (4, 16),

@@ -13,7 +13,7 @@ def test_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     from marlbuf.bench import common, sampling
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     # tiny quick results in a scratch folder, so the test never depends on committed files
     monkeypatch.setattr(

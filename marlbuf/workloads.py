@@ -1,7 +1,8 @@
 """The paper's MADDPG workloads as data: agent counts and observation sizes per environment.
 
-Kept free of mpe2 so that buffer benchmarks run with only the core installed. The numbers match
-MPE's observation layout (tests check them against the real environments):
+Kept free of mpe2 so that ``marlbuf memory``, the benchmarks and the profiler run with only the
+core installed; the environments (:mod:`marlbuf.envs`) take their sizes from here too. The
+numbers match MPE's observation layout (tests check them against the real environments):
 
 * cooperative navigation (``simple_spread``), N agents and N landmarks: every agent sees
   ``6N`` floats (own velocity and position, N landmarks, N-1 other positions, N-1 comm channels

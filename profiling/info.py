@@ -50,10 +50,8 @@ def _cpu_model() -> str:
 
 def _perf_counters() -> dict[str, str]:
     """Which perf events open here: event -> "ok" or the plain reason it does not."""
-    try:
-        from marlbuf.profiling.perf_events import probe
-    except ImportError as exc:
-        return {"all": f"unknown (profiling module unavailable: {exc})"}
+    from marlbuf.profiling.perf_events import probe
+
     return probe()
 
 
