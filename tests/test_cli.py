@@ -281,7 +281,7 @@ def test_import_marlbuf_is_lazy() -> None:
 
 
 def test_first_calls_suite_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from marlbuf.bench import first_calls
+    from marlbuf.bench.suites import first_calls
 
     monkeypatch.setattr(first_calls, "QUICK", {"repeats": 1})
     payload = first_calls.run(quick=True)

@@ -623,8 +623,8 @@ def test_predictor_round_trip_and_registry() -> None:
 
 
 def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
-    from marlbuf.bench import common
-    from marlbuf.bench import prioritized as suite
+    from marlbuf.bench.suites import prioritized as suite
+    from marlbuf.bench.tools import common
     from marlbuf.workloads import Workload
 
     tiny = {
