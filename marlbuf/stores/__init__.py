@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from marlbuf.staging import RowCodec
+from marlbuf.rows import RowGeometry
 from marlbuf.storage import Allocator
 from marlbuf.stores.base import Storage, StoreOptions
 from marlbuf.writer import NextObsLinks
@@ -46,7 +46,7 @@ def store_class(name: str) -> type[Storage]:
 
 def make_store(
     layout: str,
-    codec: RowCodec,
+    codec: RowGeometry,
     capacity: int,
     pool_blocks: int,
     batch_layout: str,

@@ -25,8 +25,8 @@ from marlbuf._kernels import (
 )
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 from marlbuf.batch import Batch, NotGathered, as_sequences
+from marlbuf.rows import RowGeometry, RowViews
 from marlbuf.spec import ALIVE, FIELDS, GLOBAL, AgentSpec, FieldSlot, FieldSpec
-from marlbuf.staging import RowCodec, RowViews
 from marlbuf.storage import Allocator, BlockPool, allocate_in_memory
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class RowViewPlan:
     items of more dimensions). Indexing with a prebuilt key costs about a quarter of an
     ``np.ndarray(shape, dtype, buffer, offset, strides)`` construction, and a MADDPG batch
     makes five such arrays per agent. The views are those of
-    :meth:`marlbuf.staging.RowCodec.views`: the same shapes, strides and memory, and their base
+    :meth:`marlbuf.rows.RowGeometry.views`: the same shapes, strides and memory, and their base
     chain ends where the block's does.
 
     Parameters
@@ -215,7 +215,7 @@ class RowViewPlan:
 
 class FieldSelection:
     """The fields one batch gathers (``fields=`` of ``sample``/``gather``/...): a restricted
-    row format, described as :class:`marlbuf.staging.RowCodec` describes the full one.
+    row format, described as :class:`marlbuf.rows.RowGeometry` describes the full one.
 
     The chosen (field, agent) slots keep the batch codec's order (field-major, agents in spec
     order, then globals and the alive mask), each at the first offset with the alignment its
@@ -231,7 +231,7 @@ class FieldSelection:
 
     Parameters
     ----------
-    codec : RowCodec
+    codec : RowGeometry
         The row format of full batches (the storage's ``batch_codec``).
     names : tuple of str
         The chosen field names, in ``codec.field_names`` order, not all of them.
@@ -245,7 +245,7 @@ class FieldSelection:
 
     def __init__(
         self,
-        codec: RowCodec,
+        codec: RowGeometry,
         names: tuple[str, ...],
         not_stored: tuple[str, ...] = (),
         row_align: int = 8,
@@ -340,7 +340,7 @@ class StoreOptions:
 
     Parameters
     ----------
-    codec : RowCodec
+    codec : RowGeometry
         The row format of the buffer's specs (its ``specs``, global fields and alive mask).
     capacity : int
         Slots of the ring.
@@ -361,7 +361,7 @@ class StoreOptions:
         ``False``: rows without next observations (``next_obs="none"``).
     """
 
-    codec: RowCodec
+    codec: RowGeometry
     capacity: int
     pool_blocks: int = 8
     batch_layout: str = "rows"
@@ -439,7 +439,7 @@ class Storage(ABC):
         self.converts = self.batch_specs != self.specs or batch_globals != self.codec.global_fields
         #: the row format of gathered batches (``batch_layout="rows"``)
         self.batch_codec = (
-            RowCodec(self.batch_specs, batch_globals, self.codec.alive)
+            RowGeometry(self.batch_specs, batch_globals, self.codec.alive)
             if self.converts
             else self.codec
         )

@@ -27,8 +27,8 @@ from marlbuf._kernels import (
 )
 from marlbuf._kernels.plan import HALF_TO_FLOAT
 from marlbuf.batch import NotGathered
+from marlbuf.rows import RowViews
 from marlbuf.spec import GLOBAL
-from marlbuf.staging import RowViews
 from marlbuf.stores.base import (
     FieldSelection,
     Storage,

@@ -49,8 +49,8 @@ from marlbuf._kernels import scatter_lean
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 from marlbuf.batch import Batch, DrawnIndices, NotGathered
 from marlbuf.memory import check_fits_in_memory
+from marlbuf.rows import RowGeometry, RowViews
 from marlbuf.spec import ALIVE, FIELDS, GLOBAL
-from marlbuf.staging import RowCodec, RowViews
 from marlbuf.stores.base import FieldSelection, Storage, StoreOptions, build_plan, ring_ranges
 
 Tensor = torch.Tensor
@@ -119,14 +119,14 @@ class RowLayout:
 
     Parameters
     ----------
-    codec : RowCodec
+    codec : RowGeometry
         The buffer's row format (offsets of every (field, agent) in a row).
     lean : bool, default False
         Describe the codec's lean rows (observations stored once: no ``next_obs`` section)
         instead of its dense rows.
     """
 
-    def __init__(self, codec: RowCodec | FieldSelection, lean: bool = False) -> None:
+    def __init__(self, codec: RowGeometry | FieldSelection, lean: bool = False) -> None:
         self.codec = codec
         self.agents = list(codec.agents)
         self.row_bytes = codec.lean_row_bytes if lean else codec.row_bytes
@@ -244,7 +244,7 @@ class RowLayout:
                 first = stop
 
 
-def _not_gathered(codec: RowCodec | FieldSelection, name: str) -> NotGathered:
+def _not_gathered(codec: RowGeometry | FieldSelection, name: str) -> NotGathered:
     """What stands for the field ``name`` that batches of rows ``codec`` do not hold (left
     out by ``fields=``, or not stored: ``next_obs`` of ``next_obs="none"``)."""
     if isinstance(codec, FieldSelection):
