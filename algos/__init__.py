@@ -34,6 +34,7 @@ _EXPORTS = {
     "TrainConfig": "marlbuf.algos.config",
     "UpdateStats": "marlbuf.algos.maddpg",
     "build_sampler": "marlbuf.algos.runner",
+    "checkpoint_policy": "marlbuf.algos.policy",
     "make_env": "marlbuf.algos.runner",
     "make_learner": "marlbuf.algos.maddpg",
 }
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         UpdateStats,
         make_learner,
     )
+    from marlbuf.algos.policy import checkpoint_policy
     from marlbuf.algos.runner import (
         PHASES,
         EpisodeRecord,
@@ -84,6 +86,7 @@ __all__ = [
     "TrainConfig",
     "UpdateStats",
     "build_sampler",
+    "checkpoint_policy",
     "make_env",
     "make_learner",
 ]

@@ -37,10 +37,7 @@ TAKES_THE_BUFFER_FOR_NOW = {
     "marlbuf.distributed.sharded": "validates its arguments with a capacity-1 template buffer",
 }
 #: TEMPORARY: core modules that still import a layer above the core, each with why
-IMPORTS_ABOVE_FOR_NOW = {
-    "marlbuf.offline.record": "checkpoint_policy loads a `marlbuf train` checkpoint with "
-    "marlbuf.algos (record(policy=<checkpoint folder>))",
-}
+IMPORTS_ABOVE_FOR_NOW: dict[str, str] = {}
 #: TEMPORARY: annotation-only imports of the front that close a cycle, the same modules
 CYCLE_EDGES_FOR_NOW = {("marlbuf.mapped", FRONT), ("marlbuf.persistence", FRONT)}
 

@@ -119,8 +119,7 @@ def test_recorder_refuses_what_it_cannot_record(tmp_path):
 
 def test_checkpoint_policy_acts_with_the_trained_actors(tmp_path):
     pytest.importorskip("torch")
-    from marlbuf.algos import Runner, TrainConfig
-    from marlbuf.offline.record import checkpoint_policy
+    from marlbuf.algos import Runner, TrainConfig, checkpoint_policy
 
     runner = Runner(TrainConfig(batch_size=32, buffer_size=2000, warmup_steps=100, seed=0))
     runner.train(episodes=6)
@@ -141,8 +140,11 @@ def test_checkpoint_policy_acts_with_the_trained_actors(tmp_path):
             x = np.maximum(x, 0) if k < 2 else x
         expected = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
         np.testing.assert_allclose(actions[agent], expected, rtol=1e-5, atol=1e-6)
-    buf = record(make(continuous=True), 30, tmp_path / "checkpoint", seed=0)
+    buf = record(make(continuous=True), 30, policy, seed=0)
     assert len(buf) == 30
+    # record takes the policy, not the folder (loading a checkpoint needs the trainers' extra)
+    with pytest.raises(TypeError, match=r"marlbuf\.algos\.checkpoint_policy\(folder\)"):
+        record(make(continuous=True), 5, tmp_path / "checkpoint")
 
 
 def test_record_command_writes_a_vault_or_a_buffer_file(tmp_path, monkeypatch, capsys):

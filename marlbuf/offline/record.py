@@ -10,11 +10,9 @@ truncated; the environment is then reset (the first reset of environment ``k`` i
 Policies:
 
 * ``"random"``: each agent's ``action_space(agent).sample()``, the spaces seeded from ``seed``;
-* a path to a ``marlbuf train`` checkpoint folder (:func:`checkpoint_policy`): its MADDPG/MATD3
-  actors, the most likely action (or, with ``explore=True``, a Gumbel-softmax sample as in
-  training);
 * any callable taking one environment's observation dict ``{agent: obs}`` and returning its
-  action dict ``{agent: action}``.
+  action dict ``{agent: action}``, such as the actors of a ``marlbuf train`` checkpoint
+  folder (:func:`marlbuf.algos.checkpoint_policy`, extra ``[algos]``).
 
 Into a buffer, K environments are written with ``add_envs`` (environment ``k`` is stream
 ``k``); into a vault they are its ``B = K`` streams, written a chunk at a time, with the true
@@ -24,7 +22,6 @@ Into a buffer, K environments are written with ``add_envs`` (environment ``k`` i
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -60,82 +57,19 @@ def random_policy(env: Any, seed: int | None) -> Policy:
     return act
 
 
-def checkpoint_policy(
-    path: str | os.PathLike[str], explore: bool = False, seed: int | None = None
-) -> Policy:
-    """The actors of a ``marlbuf train`` checkpoint folder as a policy (needs torch).
-
-    Trainer ``t``'s actor acts for the ``t``-th agent of the observation dict (the
-    environment's agent order, as in training). Without ``explore`` an agent's action is the
-    actor's softmax (continuous action spaces, as MPE's ``continuous_actions=True``); with
-    ``explore``, a Gumbel-softmax sample, as the trainer explores. A discrete action space gets
-    the index of the largest value.
-    """
-    import torch
-
-    from marlbuf.algos.config import TrainConfig
-    from marlbuf.algos.maddpg import make_learner
-    from marlbuf.algos.nets import LAYERS
-
-    folder = Path(path)
-    meta_path = folder / "runner.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"no marlbuf checkpoint at {str(folder)!r} (missing runner.json); pass the "
-            "'checkpoint' folder that marlbuf train writes"
-        )
-    meta = json.loads(meta_path.read_text())
-    config = TrainConfig.from_dict(meta["config"])
-    state = torch.load(folder / "learner.pt", map_location="cpu", weights_only=True)
-    from marlbuf.algos.runner import make_env
-
-    env = make_env(config)
-    try:
-        obs_dims, action_dim = list(env.obs_dims), int(env.action_dims[0])
-    finally:
-        env.close()
-    learner = make_learner(config, obs_dims, action_dim)
-    learner.load_state_dict(state)
-    actors = [
-        [
-            (p[f"actor.{layer}.W"].numpy().astype(np.float64), p[f"actor.{layer}.b"].numpy())
-            for layer in LAYERS
-        ]
-        for p in learner.get_params()
-    ]
-    rng = np.random.default_rng(seed)
-
-    def act(obs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        if len(obs) != len(actors):
-            raise ValueError(
-                f"the checkpoint has {len(actors)} actors; got observations of {len(obs)} agents"
-            )
-        out = {}
-        for (agent, o), layers in zip(obs.items(), actors):
-            x = np.asarray(o, np.float64).reshape(-1)
-            for k, (w, b) in enumerate(layers):
-                x = x @ w + b
-                if k < len(layers) - 1:
-                    x = np.maximum(x, 0.0)
-            if explore:
-                x = x - np.log(-np.log(rng.uniform(size=x.shape)))
-            e = np.exp(x - x.max())
-            out[agent] = (e / e.sum()).astype(np.float32)
-        return out
-
-    return act
-
-
 def _policy(policy: Any, env: Any, seed: int | None, index: int) -> Policy:
     if isinstance(policy, str) and policy == "random":
         return random_policy(env, None if seed is None else seed * 1_000 + index)
-    if isinstance(policy, (str, os.PathLike)):
-        return checkpoint_policy(policy, seed=seed)
     if callable(policy):
         return policy
+    if isinstance(policy, (str, os.PathLike)):
+        raise TypeError(
+            f"policy must be 'random' or a callable obs dict -> action dict; got "
+            f"policy={policy!r}. For the actors of a marlbuf train checkpoint folder pass "
+            "policy=marlbuf.algos.checkpoint_policy(folder) (extra [algos])"
+        )
     raise TypeError(
-        f"policy must be 'random', a checkpoint folder or a callable obs dict -> action dict; "
-        f"got policy={policy!r}"
+        f"policy must be 'random' or a callable obs dict -> action dict; got policy={policy!r}"
     )
 
 
@@ -471,4 +405,4 @@ def _flush(
     )
 
 
-__all__ = ["checkpoint_policy", "random_policy", "record"]
+__all__ = ["random_policy", "record"]

@@ -132,11 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     from marlbuf.offline.record import record
 
     to_buffer = args.out.suffix == ".npz"
+    policy: Any = args.policy
     try:
+        if policy != "random":
+            from marlbuf.algos.policy import checkpoint_policy
+
+            policy = checkpoint_policy(policy, seed=args.seed)
         result = record(
             envs,
             args.steps,
-            args.policy,
+            policy,
             vault=None if to_buffer else args.out,
             seed=args.seed,
             state=args.state,
