@@ -31,7 +31,10 @@ the failures are printed but the status stays 0 (small sizes on a noisy machine)
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -39,8 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marlbuf.bench.common import markdown_table, write_result
+import marlbuf
 from marlbuf.cli import ArgumentParser
+
+#: the folder of the ``marlbuf`` package (its subpackages' sources are found from it)
+_PACKAGE_ROOT = Path(marlbuf.__file__).resolve().parent
 
 #: Where results go unless ``--out`` says otherwise: a folder in the current directory (the
 #: package's own folder may be a read-only site-packages).
@@ -71,6 +77,8 @@ SUITES: dict[str, str] = {
     "precision": "marlbuf.bench.precision",
     "sequences": "marlbuf.bench.sequences",
     "torchrl": "marlbuf.bench.torchrl_buffers",
+    "first_calls": "marlbuf.bench.first_calls",
+    "offline": "marlbuf.bench.offline",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
@@ -104,13 +112,173 @@ def suite_options(module: Any) -> list[str]:
     return [name for name in SUITE_OPTIONS if name in parameters]
 
 
+def describe(name: str) -> tuple[list[str], str | None]:
+    """A suite's options (:func:`suite_options`) and why it cannot run here (``None``: it
+    can), read from its source without importing it (a suite imports torch, Ray or
+    matplotlib, which take seconds): the parameters of its ``run()``, and the first package
+    it imports at module level, directly or through marlbuf modules it imports so, that is
+    not installed. A module imported already is asked directly."""
+    module_name = SUITES[name]
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        return suite_options(loaded), None
+    path = _source_path(module_name)
+    if path is None:
+        return [], f"unavailable: no module named {module_name!r}"
+    options: list[str] = []
+    source = path.read_text()
+    at = source.find("\ndef run(")
+    if at >= 0:  # the signature alone, parsed as a function of its own
+        depth, end = 0, at + len("\ndef run")
+        while end < len(source):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        signature = ast.parse(source[at + 1 : end + 1] + ": pass").body[0]
+        assert isinstance(signature, ast.FunctionDef)
+        arguments = signature.args.args + signature.args.kwonlyargs
+        options = [o for o in SUITE_OPTIONS if o in {a.arg for a in arguments}]
+    missing = _missing_import(module_name)
+    return options, None if missing is None else f"unavailable: No module named {missing!r}"
+
+
+def _source_path(module_name: str) -> Path | None:
+    """The source file of a ``marlbuf`` module, found without importing it or its parent
+    packages (a parent may import Ray): ``None`` where there is none."""
+    parts = module_name.split(".")
+    if parts[0] != "marlbuf":
+        return None
+    folder = _PACKAGE_ROOT.joinpath(*parts[1:])
+    for candidate in (folder / "__init__.py", folder.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _source_tree(module_name: str) -> ast.Module | None:
+    """The head of a ``marlbuf`` module's source, parsed (``None``: no such module), not
+    imported: the lines before its first top-level function or class (where its module-level
+    imports are; an import below them is not seen)."""
+    path = _source_path(module_name)
+    if path is None:
+        return None
+    lines = path.read_text().splitlines(keepends=True)
+    head = next(
+        (i for i, line in enumerate(lines) if line.startswith(("def ", "class ", "@"))),
+        len(lines),
+    )
+    try:
+        return ast.parse("".join(lines[:head]))
+    except SyntaxError:  # cut inside a string (a docstring's example): the whole module
+        return ast.parse("".join(lines))
+
+
+def _top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of the imports run when the module is imported: at its top level
+    and in its top-level ``if``/``try`` blocks (``if TYPE_CHECKING:`` excluded), not in
+    functions or classes. Relative imports resolved against ``package``."""
+    found: list[tuple[str, list[str]]] = []
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.extend((a.name, []) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, module] if module else base)
+                found.append((module, [a.name for a in node.names]))
+            elif isinstance(node, ast.If) and not ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+
+    visit(tree.body)
+    return found
+
+
+def _lazy_exports(tree: ast.Module) -> dict[str, str]:
+    """A package's names imported on first use (its ``_EXPORTS`` table), if it has one."""
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [ast.unparse(t) for t in node.targets] == ["_EXPORTS"]
+            and isinstance(node.value, ast.Dict)
+        ):
+            try:
+                table = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {str(k): str(v) for k, v in table.items()}
+    return {}
+
+
+@functools.cache
+def _missing_import(module_name: str) -> str | None:
+    """The first package ``module_name`` needs at import (see :func:`describe`) that is not
+    installed, or ``None`` (an import cycle counts as nothing missing)."""
+    if module_name in _VISITING:
+        return None
+    _VISITING.add(module_name)
+    try:
+        return _first_missing(module_name)
+    finally:
+        _VISITING.discard(module_name)
+
+
+#: marlbuf's subpackages with dependencies of their own (extras)
+_ABOVE_THE_CORE = ("algos", "bench", "compat", "distributed", "envs", "profiling")
+
+
+@functools.cache
+def _installed(package: str) -> bool:
+    """Whether a top-level package can be found (it is not imported)."""
+    return package in sys.modules or importlib.util.find_spec(package) is not None
+
+
+#: the modules :func:`_missing_import` is inside of (an import cycle stops there)
+_VISITING: set[str] = set()
+
+
+def _first_missing(module_name: str) -> str | None:
+    tree = _source_tree(module_name)
+    if tree is None:
+        return None
+    path = _source_path(module_name)
+    is_package = path is not None and path.name == "__init__.py"
+    package = module_name if is_package else module_name.rpartition(".")[0]
+    for module, names in _top_level_imports(tree, package):
+        top = module.partition(".")[0]
+        if top == "__future__":
+            continue
+        if top != "marlbuf":
+            if not _installed(top):
+                return top
+            continue
+        exports = _lazy_exports(_source_tree(module) or ast.Module(body=[], type_ignores=[]))
+        targets = [module, *(exports[n] for n in names if n in exports)]
+        targets += [f"{module}.{n}" for n in names if n not in exports]
+        for target in targets:
+            if target.split(".")[1:2] and target.split(".")[1] not in _ABOVE_THE_CORE:
+                continue  # the core needs NumPy and Numba only, which marlbuf requires
+            if _source_tree(target) is not None:
+                missing = _missing_import(target)
+                if missing is not None:
+                    return missing
+    return None
+
+
 def options_error(names: list[str], given: dict[str, Any]) -> str | None:
     """Why the given suite options do not fit the chosen suites (``None``: they do). A suite
     that cannot be imported here is skipped when it runs, so it refuses nothing."""
 
     def takes(name: str, option: str) -> bool | None:
-        module = _load(name)
-        return None if isinstance(module, str) else option in suite_options(module)
+        options, why_not = describe(name)
+        return None if why_not is not None else option in options
 
     problems = []
     for option in given:
@@ -153,6 +321,7 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
     unless ``allow_mixed_sizes``: their times are not comparable.
     """
     from marlbuf.bench import report
+    from marlbuf.bench.common import markdown_table
 
     a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
     sizes = {p: "quick" if r.get("quick") else "full" for p, r in ((path_a, a), (path_b, b))}
@@ -299,12 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     if ns.list:
         for name in SUITES:
-            mod = _load(name)
-            if isinstance(mod, str):
-                print(f"{name:<12} {mod}")
+            options, why_not = describe(name)
+            if why_not is not None:
+                print(f"{name:<12} {why_not}")
                 continue
-            options = " ".join(f"--{o}" for o in suite_options(mod))
-            print(f"{name:<12} ok" + (f" (options: {options})" if options else ""))
+            listed = " ".join(f"--{o}" for o in options)
+            print(f"{name:<12} ok" + (f" (options: {listed})" if listed else ""))
         return 0
 
     names = ns.suites or [s for s in SUITES if ns.quick or s not in LONG_SUITES]
@@ -320,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             "conclusive (run without --quick for figures to quote)",
             flush=True,
         )
+    from marlbuf.bench.common import write_result
+
     quiet_third_party_logs()
     notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
     failed = []

@@ -1,85 +1,83 @@
-"""Drop-in, end to end: two MADDPG codebases with their own buffer and with marlbuf swapped in.
+"""Drop-in, end to end: three codebases with their own buffer and with marlbuf swapped in,
+driven by a real environment.
 
-The consumers (:mod:`marlbuf.bench.consumers`) are complete PyTorch MADDPG loops written the way
-two popular kinds of codebase write them. marlbuf enters each as a user would build it, with the
-library's defaults (no tuning options); a case that exists for a tuning option is labelled so
-(column ``buffer``) and sits beside the default case:
+The consumers (:mod:`marlbuf.bench.consumers`) are complete PyTorch training loops written the
+way three popular kinds of codebase write them. marlbuf enters each as a user would swap it in,
+with the library's defaults (no tuning options; a case that exists for a tuning option is
+labelled so in column ``buffer``):
 
-* **per_agent** — one buffer object per agent (``buffers[i].add(...)`` every step; a trainer
-  draws ``np.random.choice(len, B, replace=False)`` and reads every agent's buffer with
-  ``sample_index``). Case ``marlbuf``: :func:`marlbuf.compat.maddpg.make_buffers` with
-  ``Uniform(replace=False)`` (the consumer's draw without replacement) and float32 fields (what
-  the consumer stores).
-* **joint** — one ``push(obs_n, act_n, rew_n, next_obs_n, done_n)`` / ``sample(B)`` buffer
-  returning per-agent tensor lists with normalised rewards. Case ``marlbuf``:
-  ``MultiAgentReplayBuffer(specs, capacity, sampler=Uniform(replace=False))`` behind ``push`` /
-  ``sample`` + ``Batch.as_lists()`` + ``torch.from_numpy`` (rewards normalised from
-  ``stored("reward")``). Case ``marlbuf_per_agent_batches``: the same with the tuning option
-  ``batch_layout="per_agent"`` (contiguous per-agent arrays).
+* **per_agent** — MADDPG with one buffer object per agent (``buffers[i].add(obs[a], act[a],
+  rew[a], next_obs[a], term[a])`` every step; a trainer draws ``np.random.choice(len, B,
+  replace=False)`` and reads every agent's buffer with ``sample_index``). Case ``marlbuf``:
+  :func:`marlbuf.compat.maddpg.make_buffers` with ``Uniform(replace=False)`` and float32
+  fields.
+* **joint** — MADDPG with one ``push(obs, act, rew, next_obs, term)`` / ``sample(B)`` buffer
+  returning per-agent tensor lists with normalised rewards. Case ``marlbuf``: ``push`` is
+  ``MultiAgentReplayBuffer.add`` of the env's dicts, ``sample`` is ``sample(B)`` +
+  ``Batch.as_lists()`` + ``torch.from_numpy``; case ``marlbuf_per_agent_batches`` adds the
+  tuning option ``batch_layout="per_agent"``.
+* **epymarl** — EPyMARL's QMIX pipeline (:mod:`marlbuf.bench.consumers.epymarl`: episode
+  runner, padded ``EpisodeBatch``/``ReplayBuffer`` semantics, QMIX learner). Case ``marlbuf``:
+  the one-line swap to :class:`marlbuf.compat.epymarl.ReplayBuffer`.
 
-Every agent count, consumer and case is prefilled (not timed) with the same synthetic
-transitions of each of two data kinds (:data:`marlbuf.bench.workloads.DATA_KINDS`):
+**The environment** is mpe2's ``simple_spread`` through its PettingZoo parallel API, and the
+consumers store what ``env.step`` returns, unmodified: dicts keyed by agent, rewards a
+``collections.defaultdict`` of Python floats, terminations bools (continuous actions for the
+MADDPG loops, discrete ones for QMIX).
 
-* ``streams`` — MPE-like: every step's next observation is the following step's observation,
-  except at an episode end every 25 steps;
-* ``independent`` — next observations unrelated to the following observations, as in a
-  shuffled dataset.
+**Whole runs** (rows of ``rows``) are measured as paired seeds: per seed, both (or all three)
+cases are built with that seed (networks, global generators, environment), their buffers
+prefilled with the same MPE-like stream data (not timed; capacity 1e5, lowered where one table
+would exceed the table budget; EPyMARL: episodes of a random policy), and then timed windows
+alternate between the cases: 100 environment steps with the update round that falls in them
+(EPyMARL: a number of episodes, each inserted, and once enough are stored sampled, truncated
+and trained on). ``ratio`` is the median over seeds of each seed's median of paired window
+ratios (case / own), with ``ratio_min``/``ratio_max`` over the seeds: the spread. A verdict is
+claimed only where the spread allows it (``faster``: every seed's ratio below 1, ``slower``:
+every seed's above 1, else ``within spread``). Per window each loop times its calls apart:
+``buffer_s`` (the write path and the sampling calls up to the tensors the update reads) and
+``update_s`` (forward and backward passes, optimiser steps); ``batch_cost_s`` is the case's
+update time minus the own buffer's in the same window (what the batches add to the update:
+their memory layout), ``gain_s`` the own window minus the case's, and ``gain_vs_own_buffer``
+that gain over ``own_buffer_s``, the own buffer's time in its calls (1: as if the buffer cost
+nothing; negative: slower).
 
-marlbuf's buffers are filled with one ``extend`` call per chunk of steps (the per-agent adapter
-takes its first step through ``add``, which allocates its store); column ``next_obs`` records
-how the default buffer chose to keep next observations for that data. Capacity 1e5, lowered
-where one table would exceed ``TABLE_BUDGET_BYTES``. The run first checks that the swapped
-buffer returns the consumer's arrays at the same indices. All cases are built from the same
-seeded environment (:func:`marlbuf.envs.make`'s cooperative navigation, continuous actions,
-vectorized step: the same cost in every case). Then, repeats interleaved across cases:
+**Write path** (``write_rows``): one step of mpe2's raw ``env.step`` output through ``add``,
+against ``add`` of the same step as plain dicts of arrays and Python numbers, a one-step
+``extend`` of it, and the consumers' own writes (every agent's NumPy row write of the per-agent
+buffers, the joint buffer's ``push``), continuous and discrete actions; every buffer holds 512
+steps and has wrapped before the timing starts (the steady state: no write touches memory for
+the first time).
 
-* ``write_us`` — the consumer's write path per environment step (every agent's ``add`` / one
-  ``push``), on env-shaped transitions;
-* ``sample_ms`` — one sampling call of one trainer, tensors included;
-* ``update_ms`` — one update round (every trainer samples and updates);
-* ``per100_s`` — 100 environment steps of the training loop: action selection, env step, write,
-  and the one update round that falls in every 100 steps.
+**Batch layouts** (``batch_rows``): what strided batch views cost in a real update. The joint
+consumer's update (critic and actor, forward and backward) of one agent on batches gathered as
+``batch_layout="rows"`` (strided views, the default), ``"per_agent"`` (contiguous, written by
+the gather kernel) and ``"rows"`` followed by ``.contiguous()`` copies; the sampling call and
+the update timed apart, interleaved; ``total_ms`` is their sum.
 
-``ratio_*`` columns are case / the consumer's own buffer (below 1: marlbuf is faster): ratios
-of medians, except ``ratio_per100``, the median of the ratios of the windows timed in the same
-round. ``sample_speedup`` is the own buffer's sampling call over the case's. The Amdahl bound,
-from the same run: ``own_buffer_s`` is the time the own buffer spends in its calls in a 100-step
-window (100 writes and one sampling call per trainer), ``own_buffer_share`` its share of the
-window; ``gain_s`` is the own window minus the case's (median of the same-round differences),
-and ``gain_vs_own_buffer`` that gain over ``own_buffer_s`` (1: as if the buffer cost nothing;
-0: no gain; negative: slower). Where the buffer's share is a few percent (3 agents, the quick
-sizes) the gain is within the noise of the window and this ratio swings widely.
+**EPyMARL's buffer on its own terms** (``episode_rows``): ``insert_episode_batch`` of runner
+episodes once the ring has wrapped (steady state), and the first fill of an empty buffer
+(which includes the padded buffer's zero-filled allocation and marlbuf's first touches of its
+rows), ``sample(32)`` with the truncation to ``max_t_filled``, and the memory each buffer takes
+for the same window, for fixed (25-step) and mixed episode lengths.
 
-Targets, reported as PASS/FAIL for the default cases (``targets`` in the payload, a table in the
-markdown; a miss is reported, not an error): the sampling call at least 3x faster than the own
-buffer's at 12 and 24 agents; whole runs (``per100_s``) never slower; the whole-run gain at least
-70% of ``own_buffer_s``.
-
-A write-path micro-benchmark completes it: one step from PettingZoo-style dicts with integer
-(discrete) actions through a default ``MultiAgentReplayBuffer``'s ``add`` (stored one-hot)
-against a minimal per-agent NumPy row write (one-hot, then five row assignments per agent), on
-both data kinds.
+Targets (``targets``, PASS/FAIL; a miss is reported, not an error): whole runs never slower
+beyond the spread (every consumer, every agent count); at 12 and 24 agents the whole-run gain
+at least half of the own buffer's time in its calls; ``add`` of raw ``env.step`` output within
+1.1x of ``add`` of plain dicts and at most the per-agent NumPy row write (3 agents) or 0.3x of
+it (24 agents); a one-step ``extend`` within 1.2x of ``add``; EPyMARL's buffer: insert at
+least 1.2x and sample + truncation 1.5x the padded buffer's speed, memory for mixed lengths at
+most 0.7x padding.
 
 **On a device** (``run(device="cuda")``, ``marlbuf bench dropin --device cuda``) the suite
-measures this instead: both consumers with their networks on the device, in two cases each,
-
-* ``own+copy`` — the consumer's own host buffers, every sampled array copied to the device
-  (``torch.tensor(..., device=...)``, as these codebases' ``.cuda()`` casts);
-* ``marlbuf device`` — marlbuf on the device, changed as a user would change it: the joint
-  consumer builds its buffer with ``device=...``
-  (:class:`~marlbuf.bench.consumers.joint.MarlbufJointBuffer`); the per-agent consumer's
-  buffers become one ``MultiAgentReplayBuffer(..., device=...)`` with ``store`` and ``sample``
-  rewritten for it (:class:`~marlbuf.bench.consumers.per_agent.DeviceBufferMADDPG`);
-
-at 3, 12 and 24 agents (B = 1024, MPE-like ``streams`` data), prefilled as above (after the
-same check that both hold the same data). Per case: ``per100_s``, whole runs of 100
-environment steps (action selection on the device, env step, write, the one update round),
-and ``update_ms``, one update round; each timed call ends with ``torch.cuda.synchronize()``.
-``speedup_per100`` is ``own+copy``'s window over the case's, paired within each round (median).
-Targets, PASS/FAIL per consumer: at least 3x at 24 agents, 1.5x at 12, never slower at 3. Where
-the device cannot be used (no CUDA) or mpe2 is missing, every case and target is recorded as
-not measured, with the reason. ``device="cpu"`` runs the same code on the host (a test of the
-suite, not a GPU figure).
+measures the MADDPG consumers with their networks on the device, in two cases each,
+``own+copy`` (the own host buffers, every sampled array copied to the device) and ``marlbuf
+device`` (the joint consumer's buffer built with ``device=...``; the per-agent loop's buffers
+replaced by one device buffer, :class:`~marlbuf.bench.consumers.per_agent.DeviceBufferMADDPG`),
+at 3, 12 and 24 agents, per 100 environment steps, each timed call synchronised with the
+device; targets: at least 3x at 24 agents, 1.5x at 12, never slower at 3. Without CUDA every
+case is recorded as not measured, with the reason; ``device="cpu"`` runs the same code on the
+host (a test of the suite, not a GPU figure).
 """
 
 from __future__ import annotations
@@ -88,11 +86,12 @@ import gc
 import warnings
 from collections.abc import Callable
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf import AgentSpec
 from marlbuf.bench.adapters import capacity_for
 from marlbuf.bench.common import (
     check,
@@ -102,32 +101,50 @@ from marlbuf.bench.common import (
     time_interleaved,
 )
 from marlbuf.bench.sampling import FILL_CHUNK
-from marlbuf.bench.workloads import DATA_KINDS, steps_of_kind
+from marlbuf.bench.workloads import steps_of_kind
 
 SUITE = "dropin"
 STEPS = 100  # environment steps per timed window (one update round in each)
 ACTION_DIM = 5
-EPISODE_STEPS = 25  # episode length of the streams in the write-path micro-benchmark
 
 #: Full-size run.
 FULL: dict[str, Any] = {
     "agents": (3, 12, 24),
     "capacity": None,  # 1e5, lowered to fit TABLE_BUDGET_BYTES (see bench.adapters)
     "batch_size": 1024,
-    "repeats": 5,
+    "seeds": (0, 1, 2),
+    # timed windows per seed and agent count: more where a window is short (its noise larger)
+    "windows": {3: 9, 12: 5, 24: 3},
     "write_agents": (3, 12, 24),
     "write_steps": 200,
     "write_repeats": 15,
+    "batch_agents": (3, 12, 24),
+    "batch_repeats": 7,
+    "episode_agents": (3, 12, 24),
+    "episode_windows": {3: 7, 12: 5, 24: 3},
+    "episodes_per_window": 8,
+    "episode_buffer_agents": (3, 12),
+    "episode_buffer_size": 300,
+    "episode_repeats": 9,
 }
 #: Sizes of the quick run (``marlbuf bench --quick``); tests patch it smaller.
 QUICK: dict[str, Any] = {
-    "agents": (3, 12),
+    "agents": (3,),
     "capacity": 2_000,
     "batch_size": 128,
-    "repeats": 5,
-    "write_agents": (3, 12, 24),
+    "seeds": (0, 1, 2),
+    "windows": {3: 3},
+    "write_agents": (3, 24),
     "write_steps": 50,
     "write_repeats": 5,
+    "batch_agents": (3,),
+    "batch_repeats": 3,
+    "episode_agents": (3,),
+    "episode_windows": {3: 2},
+    "episodes_per_window": 3,
+    "episode_buffer_agents": (3,),
+    "episode_buffer_size": 80,
+    "episode_repeats": 3,
 }
 
 #: Sizes of the device run (``run(device=...)``), full and quick.
@@ -153,37 +170,43 @@ DEVICE_BUFFERS = {
 #: the device run's targets: own+copy's 100-step window over marlbuf device's, at least
 DEVICE_TARGETS = {3: 1.0, 12: 1.5, 24: 3.0}
 
-METRICS = ("write_us", "sample_ms", "update_ms", "per100_s")
-#: the prefill data's keys (the consumers' field names) and the buffer's fields they hold
-FIELDS = ("obs", "act", "rew", "next_obs", "done")
-BUFFER_FIELDS = ("obs", "action", "reward", "next_obs", "done")
-
 #: what each case's buffer is, as its ``buffer`` column says
 BUFFERS = {
     "own": "the consumer's own",
     "marlbuf": "marlbuf, defaults",
     "marlbuf_per_agent_batches": 'marlbuf, batch_layout="per_agent" (tuning option)',
 }
-#: targets for the default cases: agent counts where the sampling call must be SAMPLE_SPEEDUP
-#: times faster; the whole run at most WHOLE_RUN_RATIO of the own buffer's; the whole-run gain at
-#: least AMDAHL_SHARE of the time the own buffer spends in its calls
-SAMPLE_SPEEDUP_AGENTS = (12, 24)
-SAMPLE_SPEEDUP = 3.0
-WHOLE_RUN_RATIO = 1.0
-AMDAHL_SHARE = 0.70
+#: the prefill data's keys (the consumers' field names) and the buffer's fields they hold
+FIELDS = ("obs", "act", "rew", "next_obs", "done")
+BUFFER_FIELDS = ("obs", "action", "reward", "next_obs", "done")
+
+#: targets: whole runs never slower beyond the spread; at these agent counts the gain at least
+#: AMDAHL_SHARE of the own buffer's time in its calls
+AMDAHL_AGENTS = (12, 24)
+AMDAHL_SHARE = 0.5
+#: write path: raw env output / plain dicts; add / per-agent NumPy rows (by agent count);
+#: one-step extend / add
+RAW_VS_PLAIN = 1.1
+ADD_VS_ROWS = {3: 1.0, 24: 0.3}
+EXTEND_VS_ADD = 1.2
+#: EPyMARL's buffer: speed-ups at least, memory (mixed lengths) at most
+EPISODE_INSERT = 1.2
+EPISODE_SAMPLE = 1.5
+EPISODE_MEMORY = 0.7
+#: EPyMARL's mixed episode lengths: each episode ends at a step drawn from this range
+MIXED_LENGTHS = (8, 25)
 
 
 # ------------------------------------------------------------------------------ prefill data
-def make_data(
-    obs_dims: list[int], capacity: int, seed: int, kind: str
-) -> dict[str, list[np.ndarray]]:
-    """Per agent, ``capacity`` synthetic transitions of data kind ``kind`` (see the module
-    docstring): lists in agent order under ``obs``, ``act``, ``rew``, ``next_obs``, ``done``."""
+def make_data(obs_dims: list[int], capacity: int, seed: int) -> dict[str, list[np.ndarray]]:
+    """Per agent, ``capacity`` MPE-like transitions (a step's next observation is the
+    following step's, except at an episode end every 25 steps): lists in agent order under
+    ``obs``, ``act``, ``rew``, ``next_obs``, ``done``."""
     specs = {
         f"agent_{i}": AgentSpec(obs_shape=(d,), action_shape=(ACTION_DIM,))
         for i, d in enumerate(obs_dims)
     }
-    steps = steps_of_kind(kind, specs, capacity, np.random.default_rng(seed))
+    steps = steps_of_kind("streams", specs, capacity, np.random.default_rng(seed))
     return {key: list(steps[field].values()) for key, field in zip(FIELDS, BUFFER_FIELDS)}
 
 
@@ -229,72 +252,46 @@ def fill_marlbuf_joint(buf: Any, data: dict[str, list[np.ndarray]]) -> None:
 
 
 def _filled(fill: Callable[[Any, Any], None], buf: Any, data: Any) -> list[str]:
-    """Run ``fill(buf, data)``; the warnings it raised (e.g. the side-table warning of a
-    default buffer holding independent transitions), recorded instead of printed."""
+    """Run ``fill(buf, data)``; the warnings it raised, recorded instead of printed."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fill(buf, data)
     return sorted({type(w.message).__name__ for w in caught})
 
 
-def env_transitions(obs_dims: list[int], steps: int, seed: int, kind: str) -> list[tuple[Any, ...]]:
-    """``steps`` transitions shaped as the environment returns them (per-agent lists of float32
-    observations and actions, a float64 reward array and a bool done array), of data kind
-    ``kind``: with ``"streams"`` a step's next observations are the following step's, except at
-    an episode end every ``EPISODE_STEPS`` steps."""
-    if kind not in DATA_KINDS:
-        raise ValueError(f"kind must be one of {DATA_KINDS}; got kind={kind!r}")
-    rng = np.random.default_rng(seed)
-    n = len(obs_dims)
-    observations = [[rng.random(d, np.float32) for d in obs_dims] for _ in range(steps + 1)]
-    out = []
-    for t in range(steps):
-        act = [rng.random(ACTION_DIM, np.float32) for _ in obs_dims]
-        linked = kind == "streams" and (t + 1) % EPISODE_STEPS
-        nxt = observations[t + 1] if linked else [rng.random(d, np.float32) for d in obs_dims]
-        out.append((observations[t], act, rng.standard_normal(n), nxt, np.zeros(n, dtype=bool)))
-    return out
-
-
-# ------------------------------------------------------------------------------ consumers
+# ------------------------------------------------------------------------------ MADDPG
 def build_cases(
-    consumer: str, n: int, capacity: int, batch_size: int, data: dict[str, list[np.ndarray]]
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The consumer's training loops, one per case, each with its own env (same seed) and a
-    buffer prefilled with ``data``; and per marlbuf case, how its buffer keeps next
-    observations (``next_obs``) and the warnings the fill raised (``fill_warnings``)."""
+    consumer: str, n: int, capacity: int, batch_size: int, seed: int
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The consumer's training loops for one seed, one per case, each with its own mpe2 env
+    and a buffer prefilled with the same data; and the warnings each prefill raised."""
     from marlbuf.bench.consumers import joint, per_agent
-    from marlbuf.envs import make
+    from marlbuf.bench.consumers.mpe import env_dims, parallel_env
 
-    def env() -> Any:
-        return make("cooperative_navigation", n, seed=0)
-
-    settings: dict[str, Any] = {"batch_size": batch_size, "update_every": STEPS, "seed": 0}
-    obs_dims = env().obs_dims
+    settings: dict[str, Any] = {"batch_size": batch_size, "update_every": STEPS, "seed": seed}
+    _, obs_dims, act_dims = env_dims(parallel_env(n))
+    data = make_data(obs_dims, capacity, seed=1000 + seed)
     loops: dict[str, Any] = {}
-    info: dict[str, dict[str, Any]] = {}
+    caught: dict[str, list[str]] = {}
     if consumer == "per_agent":
         own = per_agent.own_buffers(capacity, obs_dims, ACTION_DIM)
         fill_own_per_agent(own, data)
-        loops["own"] = per_agent.PerAgentMADDPG(env(), own, **settings)
-        ours = per_agent.marlbuf_buffers(capacity, obs_dims, ACTION_DIM, seed=0)
-        caught = _filled(fill_marlbuf_per_agent, ours, data)
-        info["marlbuf"] = {"next_obs": ours[0].store.buffer.next_obs, "fill_warnings": caught}
-        loops["marlbuf"] = per_agent.PerAgentMADDPG(env(), ours, **settings)
-        return loops, info
-    act_dims = [ACTION_DIM] * n
+        loops["own"] = per_agent.PerAgentMADDPG(parallel_env(n), own, **settings)
+        ours = per_agent.marlbuf_buffers(capacity, obs_dims, ACTION_DIM, seed=seed)
+        caught["marlbuf"] = _filled(fill_marlbuf_per_agent, ours, data)
+        loops["marlbuf"] = per_agent.PerAgentMADDPG(parallel_env(n), ours, **settings)
+        return loops, caught
     own_joint = joint.JointReplayBuffer(capacity, obs_dims, act_dims)
     fill_own_joint(own_joint, data)
-    loops["own"] = joint.JointMADDPG(env(), own_joint, **settings)
+    loops["own"] = joint.JointMADDPG(parallel_env(n), own_joint, **settings)
     for case, options in (
         ("marlbuf", {}),
         ("marlbuf_per_agent_batches", {"batch_layout": "per_agent"}),
     ):
-        swapped = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, seed=0, **options)
-        caught = _filled(fill_marlbuf_joint, swapped, data)
-        info[case] = {"next_obs": swapped.buffer.next_obs, "fill_warnings": caught}
-        loops[case] = joint.JointMADDPG(env(), swapped, **settings)
-    return loops, info
+        swapped = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, seed=seed, **options)
+        caught[case] = _filled(fill_marlbuf_joint, swapped, data)
+        loops[case] = joint.JointMADDPG(parallel_env(n), swapped, **settings)
+    return loops, caught
 
 
 def check_same_data(consumer: str, loops: dict[str, Any], capacity: int) -> None:
@@ -317,201 +314,509 @@ def check_same_data(consumer: str, loops: dict[str, Any], capacity: int) -> None
                 raise AssertionError(f"{case} and own buffers disagree; the benchmark is void")
 
 
-def measure_consumer(
-    consumer: str, n: int, capacity: int, batch_size: int, repeats: int, kind: str
-) -> list[dict[str, Any]]:
-    """Rows (one per case) of the four metrics and the Amdahl columns for one consumer at
-    ``n`` agents, prefilled with data of kind ``kind``."""
-    data = make_data([6 * n] * n, capacity, seed=n, kind=kind)
-    loops, info = build_cases(consumer, n, capacity, batch_size, data)
-    del data
-    check_same_data(consumer, loops, capacity)
-    transitions = env_transitions([6 * n] * n, STEPS, seed=100 + n, kind=kind)
-
-    def writes(loop: Any) -> Callable[[], None]:
-        def run() -> None:
-            for t in transitions:
-                loop.store(*t)
-
-        return run
-
-    timings: dict[str, dict[str, dict[str, Any]]] = {}
-    timings["write_us"] = time_interleaved(
-        {c: writes(loop) for c, loop in loops.items()}, repeats=repeats, warmup=1
-    )
-    timings["sample_ms"] = time_interleaved(
-        {c: partial(loop.sample, 0) for c, loop in loops.items()},
-        repeats=repeats,
-        warmup=1,
-        inner=5,
-    )
-    timings["update_ms"] = time_interleaved(
-        {c: loop.update_round for c, loop in loops.items()}, repeats=repeats, warmup=1
-    )
-    timings["per100_s"] = time_interleaved(
-        {c: partial(loop.run_steps, STEPS) for c, loop in loops.items()},
-        repeats=repeats,
-        warmup=1,
-        rotate=True,
-        keep_samples=True,
-    )
-    for case, loop in loops.items():
-        expected = 2 * (repeats + 1)  # the update_ms rounds, then one per 100-step window
-        if loop.updates != expected:
-            raise AssertionError(f"{case}: {loop.updates} update rounds, expected {expected}")
-    scale = {"write_us": 1e6 / STEPS, "sample_ms": 1e3, "update_ms": 1e3, "per100_s": 1.0}
-    rows = []
-    for case in loops:
-        row: dict[str, Any] = {"consumer": consumer, "kind": kind, "agents": n, "case": case}
-        row["buffer"] = BUFFERS[case]
-        row["capacity"] = capacity
-        row["next_obs"] = info.get(case, {}).get("next_obs", "stored")
-        row["fill_warnings"] = ", ".join(info.get(case, {}).get("fill_warnings", []))
-        for metric in METRICS:
-            row[metric] = timings[metric][case]["median"] * scale[metric]
-            row[f"{metric}_min"] = timings[metric][case]["min"] * scale[metric]
-        row["repeats"] = repeats
-        rows.append(row)
-    own = rows[0]
-    # the own buffer's calls in one 100-step window: STEPS writes, one sampling call per
-    # trainer (the window's update round); what a free buffer would take off the window
-    own_buffer_s = STEPS * own["write_us"] * 1e-6 + n * own["sample_ms"] * 1e-3
-    windows = {case: np.array(t["samples"]) for case, t in timings["per100_s"].items()}
-    for row in rows:
-        for metric in METRICS:
-            row[f"ratio_{metric.rsplit('_', 1)[0]}"] = row[metric] / own[metric]
-        # whole windows: paired within each timed round (the slow drift of a shared machine
-        # hits both windows of a pair alike), then the median
-        row["ratio_per100"] = float(np.median(windows[row["case"]] / windows["own"]))
-        row["sample_speedup"] = own["sample_ms"] / row["sample_ms"]
-        row["own_buffer_s"] = own_buffer_s
-        row["own_buffer_share"] = own_buffer_s / own["per100_s"]
-        row["gain_s"] = float(np.median(windows["own"] - windows[row["case"]]))
-        row["gain_vs_own_buffer"] = row["gain_s"] / own_buffer_s
-    del loops
-    gc.collect()
-    return rows
-
-
-def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """PASS/FAIL of the default marlbuf cases against the targets (module docstring)."""
-    out = []
-    for row in rows:
-        if row["case"] != "marlbuf":
-            continue
-        ident: dict[str, Any] = {"workload": f"{row['consumer']} N={row['agents']}"}
-        ident["kind"] = row["kind"]
-        if row["agents"] in SAMPLE_SPEEDUP_AGENTS:
-            out.append(
-                check(
-                    "sampling call: own / marlbuf",
-                    row["sample_speedup"],
-                    SAMPLE_SPEEDUP,
-                    at_most=False,
-                    **ident,
-                )
-            )
-        out.append(
-            check("100 env steps: marlbuf / own", row["ratio_per100"], WHOLE_RUN_RATIO, **ident)
-        )
-        out.append(
-            check(
-                "whole-run gain / own buffer's time in its calls",
-                row["gain_vs_own_buffer"],
-                AMDAHL_SHARE,
-                at_most=False,
-                **ident,
-            )
-        )
+def _window(loop: Any, run: Callable[[], None]) -> dict[str, float]:
+    """``run()`` timed: its wall time and what the loop's timers gained during it."""
+    before = dict(loop.timers)
+    start = perf_counter()
+    run()
+    wall = perf_counter() - start
+    out = {k: loop.timers[k] - before[k] for k in loop.timers}
+    out["wall"] = wall
+    out["buffer"] = sum(out.get(k, 0.0) for k in ("write", "sample", "insert"))
     return out
 
 
-# ------------------------------------------------------------------------------ write path
-def measure_write(
-    n: int, steps: int, repeats: int, kind: str = "independent"
+def paired_windows(
+    loops: dict[str, Any], run: Callable[[Any], Callable[[], None]], windows: int
+) -> dict[str, list[dict[str, float]]]:
+    """One untimed warm-up window per case, then ``windows`` rounds of one window per case
+    (the order rotated round by round): per case, the windows' timings in round order."""
+    for loop in loops.values():
+        run(loop)()
+    names = list(loops)
+    out: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for round_ in range(windows):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                out[name].append(_window(loops[name], run(loops[name])))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return out
+
+
+def seed_summary(timings: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per case of one seed's windows: the median paired ratio of whole windows over the own
+    buffer's, the median gain, the case's median buffer and update time per window, and the
+    median paired difference of update time (the batch cost)."""
+    own = timings["own"]
+    out = {}
+    for case, windows in timings.items():
+        wall = np.array([w["wall"] for w in windows])
+        own_wall = np.array([w["wall"] for w in own])
+        update = np.array([w["update"] for w in windows])
+        own_update = np.array([w["update"] for w in own])
+        out[case] = {
+            "ratio": float(np.median(wall / own_wall)),
+            "gain_s": float(np.median(own_wall - wall)),
+            "window_s": float(np.median(wall)),
+            "buffer_s": float(np.median([w["buffer"] for w in windows])),
+            "update_s": float(np.median(update)),
+            "batch_cost_s": float(np.median(update - own_update)),
+            "own_buffer_s": float(np.median([w["buffer"] for w in own])),
+        }
+    return out
+
+
+def whole_run_rows(
+    consumer: str, n: int, per_seed: list[dict[str, dict[str, float]]], extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """One step of PettingZoo-style dicts with integer actions: ``add`` (a default buffer) vs
-    NumPy rows. ``kind``: ``"streams"`` (a step's next observation is the following step's
-    observation, except at an episode end every 25 steps) or ``"independent"`` (unrelated)."""
-    if kind not in DATA_KINDS:
-        raise ValueError(f"kind must be one of {DATA_KINDS}; got kind={kind!r}")
-    agents = [f"agent_{i}" for i in range(n)]
-    obs_dim, capacity = 6 * n, 10_000
-    rng = np.random.default_rng(n)
-    observations = [{a: rng.random(obs_dim, np.float32) for a in agents} for _ in range(steps + 1)]
-    step_dicts = [
+    """Rows of one consumer at ``n`` agents from each seed's :func:`seed_summary`."""
+    rows = []
+    for case in per_seed[0]:
+        ratios = [s[case]["ratio"] for s in per_seed]
+        row: dict[str, Any] = {"consumer": consumer, "agents": n, "case": case}
+        row["buffer"] = BUFFERS.get(case, case)
+        row.update(extra)
+        row["seeds"] = len(per_seed)
+        row["ratio"] = float(np.median(ratios))
+        row["ratio_min"], row["ratio_max"] = float(min(ratios)), float(max(ratios))
+        row["verdict"] = (
+            "faster" if max(ratios) < 1 else "slower" if min(ratios) > 1 else "within spread"
+        )
+        for key in ("window_s", "buffer_s", "update_s", "batch_cost_s", "gain_s", "own_buffer_s"):
+            row[key] = float(np.median([s[case][key] for s in per_seed]))
+        row["own_buffer_share"] = row["own_buffer_s"] / float(
+            np.median([s["own"]["window_s"] for s in per_seed])
+        )
+        row["gain_vs_own_buffer"] = row["gain_s"] / row["own_buffer_s"]
+        rows.append(row)
+    return rows
+
+
+def measure_consumer(
+    consumer: str, n: int, capacity: int, batch_size: int, seeds: tuple[int, ...], windows: int
+) -> list[dict[str, Any]]:
+    """Whole-run rows (one per case) of a MADDPG consumer at ``n`` agents, paired seeds."""
+    per_seed = []
+    caught: dict[str, set[str]] = {}
+    for seed in seeds:
+        loops, warned = build_cases(consumer, n, capacity, batch_size, seed)
+        for case, names in warned.items():
+            caught.setdefault(case, set()).update(names)
+        check_same_data(consumer, loops, capacity)
+        timings = paired_windows(loops, lambda loop: partial(loop.run_steps, STEPS), windows)
+        for case, loop in loops.items():
+            if loop.updates != windows + 1:  # one update round per window, warm-up included
+                raise AssertionError(
+                    f"{case}: {loop.updates} update rounds, expected {windows + 1}"
+                )
+        per_seed.append(seed_summary(timings))
+        del loops
+        gc.collect()
+    rows = whole_run_rows(
+        consumer, n, per_seed, {"capacity": capacity, "window": f"{STEPS} env steps"}
+    )
+    for row in rows:
+        row["fill_warnings"] = ", ".join(sorted(caught.get(row["case"], ())))
+    return rows
+
+
+# ------------------------------------------------------------------------------ EPyMARL
+def measure_epymarl(
+    n: int, seeds: tuple[int, ...], windows: int, episodes: int
+) -> list[dict[str, Any]]:
+    """Whole-run rows of the QMIX consumer at ``n`` agents: per seed, the run with the padded
+    buffer and the run with marlbuf's fill their buffers with ``batch_size`` episodes (not
+    timed), then windows of ``episodes`` episodes alternate, each episode inserted, sampled,
+    truncated and trained on (the runs draw from NumPy's and torch's global generators, as
+    EPyMARL does, so alternating them gives each other draws: the learning of the swap is
+    checked apart, in the tests)."""
+    from marlbuf.bench.consumers.epymarl import PaddedReplayBuffer, QMIXRun
+    from marlbuf.compat.epymarl import ReplayBuffer
+
+    per_seed = []
+    for seed in seeds:
+        runs = {
+            "own": QMIXRun(PaddedReplayBuffer, n, seed=seed),
+            "marlbuf": QMIXRun(ReplayBuffer, n, seed=seed),
+        }
+        for run in runs.values():
+            for _ in range(run.config.batch_size):
+                run.episode(train=False)
+
+        def window(run: Any) -> Callable[[], None]:
+            def go() -> None:
+                for _ in range(episodes):
+                    run.episode()
+
+            return go
+
+        per_seed.append(seed_summary(paired_windows(runs, window, windows)))
+    return whole_run_rows(
+        "epymarl",
+        n,
+        per_seed,
+        {
+            "capacity": f"{runs['own'].config.buffer_size} episodes",
+            "window": f"{episodes} episodes",
+        },
+    )
+
+
+def _runner_episodes(n: int, mixed: Any, count: int, seed: int) -> tuple[Any, list[Any]]:
+    """``count`` episodes from EPyMARL's runner (a random policy: epsilon 1) and the
+    scheme, groups and preprocess they follow."""
+    from marlbuf.bench.consumers.epymarl import PaddedReplayBuffer, QMIXRun, scheme_of
+
+    run = QMIXRun(PaddedReplayBuffer, n, seed=seed, mixed=mixed)
+    return scheme_of(run.env.get_env_info()), [run.runner.run() for _ in range(count)]
+
+
+def measure_episode_buffers(n: int, lengths: str, size: int, repeats: int) -> list[dict[str, Any]]:
+    """EPyMARL's buffer against marlbuf's adapter on EPyMARL's terms (module docstring): rows
+    of ``insert_us`` (steady state), ``fill_ms`` (``size`` episodes into a new buffer),
+    ``sample_us`` (``sample(32)`` and the truncation) and ``bytes`` (once the window is
+    full)."""
+    import torch
+
+    from marlbuf.bench.consumers.epymarl import PaddedReplayBuffer
+    from marlbuf.compat.epymarl import ReplayBuffer
+
+    mixed = MIXED_LENGTHS if lengths == "mixed" else None
+    (scheme, groups, preprocess), pool = _runner_episodes(n, mixed, 40, seed=n)
+    max_t = pool[0].max_seq_length
+    classes = {"own": PaddedReplayBuffer, "marlbuf": ReplayBuffer}
+
+    def build(name: str) -> Any:
+        return classes[name](scheme, groups, size, max_t, preprocess=preprocess, device="cpu")
+
+    def fill(name: str) -> Callable[[], None]:
+        def go() -> None:
+            buf = build(name)
+            for k in range(size):
+                buf.insert_episode_batch(pool[k % len(pool)])
+
+        return go
+
+    buffers = {name: build(name) for name in classes}
+    for buf in buffers.values():  # past the ring's end: the steady state
+        for k in range(size + len(pool)):
+            buf.insert_episode_batch(pool[k % len(pool)])
+
+    def inserts(buf: Any) -> Callable[[], None]:
+        def go() -> None:
+            for episode in pool:
+                buf.insert_episode_batch(episode)
+
+        return go
+
+    def samples(buf: Any) -> Callable[[], None]:
+        state = {"round": 0}
+
+        def go() -> None:
+            np.random.seed(state["round"])  # noqa: NPY002 - both buffers draw the same ids
+            state["round"] += 1
+            for _ in range(10):
+                batch = buf.sample(32)
+                batch = batch[:, : batch.max_t_filled()]
+
+        return go
+
+    insert = time_interleaved(
+        {k: inserts(b) for k, b in buffers.items()}, repeats, rotate=True, keep_samples=True
+    )
+    sample = time_interleaved(
+        {k: samples(b) for k, b in buffers.items()}, repeats, rotate=True, keep_samples=True
+    )
+    first = time_interleaved({k: fill(k) for k in classes}, max(1, repeats // 3), warmup=0)
+    np.random.seed(0)  # noqa: NPY002
+    want = buffers["own"].sample(32)
+    np.random.seed(0)  # noqa: NPY002
+    got = buffers["marlbuf"].sample(32)
+    for key, value in want.data.transition_data.items():
+        if not torch.equal(got[key], value):
+            raise AssertionError(f"{key}: the buffers disagree; the benchmark is void")
+    padded_bytes = sum(v.nbytes for v in buffers["own"].data.transition_data.values())
+    rows = []
+    for name, buf in buffers.items():
+        held = padded_bytes if name == "own" else buf.nbytes
+        rows.append(
+            {
+                "agents": n,
+                "lengths": lengths,
+                "case": name,
+                "buffer": BUFFERS[name] if name == "own" else "marlbuf.compat.epymarl",
+                "buffer_size": size,
+                "insert_us": insert[name]["median"] / len(pool) * 1e6,
+                "fill_ms": first[name]["median"] * 1e3,
+                "sample_us": sample[name]["median"] / 10 * 1e6,
+                "bytes": int(held),
+                "insert_speedup": float(
+                    np.median(np.divide(insert["own"]["samples"], insert[name]["samples"]))
+                ),
+                "sample_speedup": float(
+                    np.median(np.divide(sample["own"]["samples"], sample[name]["samples"]))
+                ),
+                "fill_speedup": first["own"]["median"] / first[name]["median"],
+                "memory_vs_padded": held / padded_bytes,
+                "repeats": repeats,
+            }
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------ write path
+def _mpe_steps(n: int, count: int, continuous: bool, seed: int) -> list[tuple[Any, ...]]:
+    """``count`` steps of mpe2's raw ``env.step`` output (random actions), as
+    ``(obs, actions, rewards, next_obs, terminations)``."""
+    from marlbuf.bench.consumers.mpe import parallel_env
+
+    env = parallel_env(n, continuous)
+    obs, _ = env.reset(seed=seed)
+    for agent in env.possible_agents:
+        env.action_space(agent).seed(seed)
+    steps: list[tuple[Any, ...]] = []
+    while len(steps) < count:
+        if not env.agents:
+            obs, _ = env.reset()
+        actions = {a: env.action_space(a).sample() for a in env.agents}
+        nxt, rewards, terminations, _, _ = env.step(actions)
+        steps.append((obs, actions, rewards, nxt, terminations))
+        obs = nxt
+    return steps
+
+
+def measure_write(n: int, steps: int, repeats: int, continuous: bool) -> list[dict[str, Any]]:
+    """One step of mpe2's raw output through ``add`` and the alternatives (module docstring),
+    interleaved; ratios against the per-agent NumPy row write."""
+    from marlbuf import MultiAgentReplayBuffer
+    from marlbuf.bench.consumers import joint, per_agent
+    from marlbuf.bench.consumers.mpe import env_dims, parallel_env
+
+    agents, obs_dims, _ = env_dims(parallel_env(n, continuous))
+    raw = _mpe_steps(n, steps, continuous, seed=n)
+    plain = [
         (
-            observations[t],
-            {a: int(rng.integers(ACTION_DIM)) for a in agents},
-            {a: float(rng.standard_normal()) for a in agents},
-            observations[t + 1]
-            if kind == "streams" and (t + 1) % EPISODE_STEPS
-            else {a: rng.random(obs_dim, np.float32) for a in agents},
-            {a: False for a in agents},
+            dict(o),
+            {a: int(x) if not continuous else x for a, x in act.items()},
+            {a: float(x) for a, x in rew.items()},
+            dict(nxt),
+            {a: bool(x) for a, x in term.items()},
         )
-        for t in range(steps)
+        for o, act, rew, nxt, term in raw
     ]
+    one_step = [tuple({a: np.asarray(v[a])[None] for a in agents} for v in step) for step in raw]
+    capacity = 512  # small: the untimed first calls wrap every ring, so no write first-touches
     specs = {
-        a: AgentSpec(obs_shape=(obs_dim,), action_shape=(ACTION_DIM,), n_discrete_actions=5)
-        for a in agents
-    }
-    buf = MultiAgentReplayBuffer(specs, capacity, seed=0)
-    arrays = {
-        a: (
-            np.zeros((capacity, obs_dim), np.float32),
-            np.zeros((capacity, ACTION_DIM), np.float32),
-            np.zeros(capacity, np.float32),
-            np.zeros((capacity, obs_dim), np.float32),
-            np.zeros(capacity, np.float32),
+        a: AgentSpec(
+            obs_shape=(d,),
+            action_shape=(ACTION_DIM,),
+            n_discrete_actions=None if continuous else ACTION_DIM,
         )
-        for a in agents
+        for a, d in zip(agents, obs_dims)
     }
-    cursor = [0]
+    buffers = {name: MultiAgentReplayBuffer(specs, capacity, seed=0) for name in range(3)}
+    own_rows = per_agent.own_buffers(capacity, obs_dims, ACTION_DIM)
+    own_joint = joint.JointReplayBuffer(capacity, obs_dims, [ACTION_DIM] * n)
+    eye = np.eye(ACTION_DIM, dtype=np.float32)
 
-    def numpy_rows() -> None:
-        for obs, act, rew, nxt, done in step_dicts:
-            ptr = cursor[0]
-            for a in agents:
-                one_hot = np.zeros(ACTION_DIM, np.float32)
-                one_hot[act[a]] = 1.0
-                o, ac, r, o2, d = arrays[a]
-                o[ptr] = obs[a]
-                ac[ptr] = one_hot
-                r[ptr] = rew[a]
-                o2[ptr] = nxt[a]
-                d[ptr] = done[a]
-            cursor[0] = (ptr + 1) % capacity
+    def writes(buf_write: Callable[[Any], None], data: list[Any]) -> Callable[[], None]:
+        def go() -> None:
+            for step in data:
+                buf_write(step)
 
-    def marlbuf_add() -> None:
-        for obs, act, rew, nxt, done in step_dicts:
-            buf.add(obs, act, rew, nxt, done)
+        return go
 
+    def rows_write(step: Any) -> None:
+        obs, act, rew, nxt, term = step
+        for agent, buf in zip(agents, own_rows):
+            action = act[agent] if continuous else eye[act[agent]]
+            buf.add(obs[agent], action, rew[agent], nxt[agent], term[agent])
+
+    def push(step: Any) -> None:
+        obs, act, rew, nxt, term = step
+        if not continuous:
+            act = {a: eye[x] for a, x in act.items()}
+        own_joint.push(obs, act, rew, nxt, term)
+
+    cases = {
+        "numpy_rows": writes(rows_write, raw),
+        "joint_push": writes(push, raw),
+        "add_raw_env_step": writes(lambda s: buffers[0].add(*s), raw),
+        "add_plain_dicts": writes(lambda s: buffers[1].add(*s), plain),
+        "extend_one_step": writes(lambda s: buffers[2].extend(*s), one_step),
+    }
     with warnings.catch_warnings(record=True) as caught:  # recorded in the rows, not printed
         warnings.simplefilter("always")
-        times = time_interleaved(
-            {"numpy_rows": numpy_rows, "marlbuf_add": marlbuf_add}, repeats=repeats, warmup=1
-        )
+        for case in cases.values():  # past every ring's end (the steady state)
+            for _ in range(capacity // steps + 1):
+                case()
+        times = time_interleaved(cases, repeats=repeats, warmup=1, rotate=True)
     warned = ", ".join(sorted({type(w.message).__name__ for w in caught}))
-    # both wrote the same last step
-    last = (cursor[0] - 1) % capacity
-    got = buf.gather(np.array([(buf.cursor - 1) % capacity]))
-    for a in agents:
-        if not np.array_equal(got.action[a][0], arrays[a][1][last]):
-            raise AssertionError("add and the NumPy row write stored different actions")
+    last = buffers[0].gather(np.array([(buffers[0].cursor - 1) % capacity]))
+    if not all(np.array_equal(last.obs[a][0], raw[-1][0][a]) for a in agents):
+        raise AssertionError("add stored another step than it was given")
     base = times["numpy_rows"]["median"]
     return [
         {
             "agents": n,
-            "kind": kind,
+            "actions": "continuous" if continuous else "discrete",
             "case": case,
             "us_per_step": t["median"] / steps * 1e6,
             "us_per_step_min": t["min"] / steps * 1e6,
             "ratio_vs_numpy_rows": t["median"] / base,
+            "ratio_vs_add_plain": t["median"] / times["add_plain_dicts"]["median"],
+            "ratio_vs_add_raw": t["median"] / times["add_raw_env_step"]["median"],
             "repeats": t["n"],
-            "warnings": warned if case == "marlbuf_add" else "",
+            "warnings": warned,
         }
         for case, t in times.items()
     ]
+
+
+# ------------------------------------------------------------------------------ batch layouts
+class _ContiguousCopies:
+    """A joint buffer whose sampled tensors are made contiguous (``.contiguous()`` copies)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        return tuple(
+            [t.contiguous() for t in field] for field in self.inner.sample(*args, **kwargs)
+        )
+
+
+def measure_batches(n: int, capacity: int, batch_size: int, repeats: int) -> list[dict[str, Any]]:
+    """The joint consumer's sampling call and one agent's update on each batch layout
+    (module docstring), interleaved; the own buffer's for reference."""
+    from marlbuf.bench.consumers import joint
+    from marlbuf.bench.consumers.mpe import env_dims, parallel_env
+
+    _, obs_dims, act_dims = env_dims(parallel_env(n))
+    data = make_data(obs_dims, capacity, seed=n)
+    own = joint.JointReplayBuffer(capacity, obs_dims, act_dims)
+    fill_own_joint(own, data)
+    buffers: dict[str, Any] = {"own": own}
+    for name, options in (("rows", {}), ("per_agent", {"batch_layout": "per_agent"})):
+        buffers[name] = joint.MarlbufJointBuffer(capacity, obs_dims, act_dims, seed=0, **options)
+        fill_marlbuf_joint(buffers[name], data)
+    buffers["rows+contiguous()"] = _ContiguousCopies(buffers["rows"])
+    loops = {
+        name: joint.JointMADDPG(parallel_env(n), buf, batch_size=batch_size, seed=0)
+        for name, buf in buffers.items()
+    }
+    agent = n // 2
+    held: dict[str, Any] = {}
+
+    def sample(loop: Any, name: str) -> Callable[[], None]:
+        def go() -> None:
+            held[name] = loop.sample(agent)
+
+        return go
+
+    def update(loop: Any, name: str) -> Callable[[], None]:
+        def go() -> None:
+            if name not in held:
+                held[name] = loop.sample(agent)
+            loop.update(held[name], agent)
+
+        return go
+
+    samples = time_interleaved(
+        {k: sample(loop, k) for k, loop in loops.items()}, repeats, rotate=True
+    )
+    updates = time_interleaved(
+        {k: update(loop, k) for k, loop in loops.items()}, repeats, rotate=True
+    )
+    strided = held["rows"][0][0]
+    base = samples["own"]["median"] + updates["own"]["median"]
+    rows = []
+    for name in loops:
+        total = samples[name]["median"] + updates[name]["median"]
+        tensor = held[name][0][0]
+        rows.append(
+            {
+                "agents": n,
+                "case": name,
+                "contiguous": bool(tensor.is_contiguous()),
+                "row_stride": int(tensor.stride(0)),
+                "sample_ms": samples[name]["median"] * 1e3,
+                "update_ms": updates[name]["median"] * 1e3,
+                "total_ms": total * 1e3,
+                "total_vs_own": total / base,
+                "update_vs_rows": updates[name]["median"] / updates["rows"]["median"],
+                "total_vs_rows": total / (samples["rows"]["median"] + updates["rows"]["median"]),
+                "repeats": repeats,
+            }
+        )
+    del strided
+    return rows
+
+
+# ------------------------------------------------------------------------------ targets
+def targets(
+    rows: list[dict[str, Any]],
+    write_rows: list[dict[str, Any]],
+    episode_rows: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """PASS/FAIL of the default cases against the targets (module docstring)."""
+    out = []
+    for row in rows:
+        if row["case"] != "marlbuf":
+            continue
+        where = f"{row['consumer']} N={row['agents']}"
+        # "never slower beyond the spread": refused only when every seed was slower
+        out.append(
+            check("whole run: marlbuf / own (lowest seed)", row["ratio_min"], 1.0, workload=where)
+        )
+        if row["agents"] in AMDAHL_AGENTS:
+            # the gain in seconds beside the whole-run spread in seconds: a gain below the
+            # spread is not resolved by the run, whatever its ratio says
+            spread = (row["ratio_max"] - row["ratio_min"]) / 2 * row["window_s"] / row["ratio"]
+            out.append(
+                check(
+                    "whole-run gain / own buffer's time in its calls",
+                    row["gain_vs_own_buffer"],
+                    AMDAHL_SHARE,
+                    at_most=False,
+                    workload=where,
+                    note=f"gain {row['gain_s']:.3g} s of {row['own_buffer_s']:.3g} s; "
+                    f"spread ±{spread:.3g} s",
+                )
+            )
+    by = {(r["agents"], r["actions"], r["case"]): r for r in write_rows}
+    for (n, actions, case), row in by.items():
+        where = f"write N={n}, {actions} actions"
+        if case == "add_raw_env_step":
+            out.append(check("add: raw env.step / plain dicts", row["ratio_vs_add_plain"],
+                             RAW_VS_PLAIN, workload=where))  # fmt: skip
+            if n in ADD_VS_ROWS:
+                out.append(check("add: raw env.step / per-agent NumPy rows",
+                                 row["ratio_vs_numpy_rows"], ADD_VS_ROWS[n],
+                                 workload=where))  # fmt: skip
+        if case == "extend_one_step":
+            out.append(check("one-step extend / add (raw)", row["ratio_vs_add_raw"],
+                             EXTEND_VS_ADD, workload=where))  # fmt: skip
+    for row in episode_rows:
+        if row["case"] != "marlbuf":
+            continue
+        where = f"EPyMARL buffer N={row['agents']}, {row['lengths']} lengths"
+        out.append(check("insert: padded / marlbuf", row["insert_speedup"], EPISODE_INSERT,
+                         at_most=False, workload=where))  # fmt: skip
+        out.append(check("sample(32) + truncation: padded / marlbuf", row["sample_speedup"],
+                         EPISODE_SAMPLE, at_most=False, workload=where))  # fmt: skip
+        if row["lengths"] == "mixed":
+            out.append(check("memory: marlbuf / padded", row["memory_vs_padded"],
+                             EPISODE_MEMORY, workload=where))  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------ on a device
@@ -526,14 +831,14 @@ def build_device_cases(
     """The consumer's training loops with their networks on ``device``: ``own+copy`` and
     ``marlbuf device``, each with its own env (same seed) and buffer prefilled with ``data``."""
     from marlbuf.bench.consumers import joint, per_agent
-    from marlbuf.envs import make
+    from marlbuf.bench.consumers.mpe import env_dims, parallel_env
 
     def env() -> Any:
-        return make("cooperative_navigation", n, seed=0)
+        return parallel_env(n)
 
     settings: dict[str, Any] = {"batch_size": batch_size, "update_every": STEPS, "seed": 0}
     settings["device"] = device
-    obs_dims = env().obs_dims
+    _, obs_dims, _ = env_dims(env())
     loops: dict[str, Any] = {}
     if consumer == "per_agent":
         own = per_agent.own_buffers(capacity, obs_dims, ACTION_DIM)
@@ -588,7 +893,9 @@ def measure_on_device(
 
     capacity = sizes["capacity"] or capacity_for(n)[0]
     repeats, kind = sizes["repeats"], sizes["kind"]
-    data = make_data([6 * n] * n, capacity, seed=n, kind=kind)
+    from marlbuf.bench.consumers.mpe import env_dims, parallel_env
+
+    data = make_data(env_dims(parallel_env(n))[1], capacity, seed=n)
     loops = build_device_cases(consumer, n, capacity, sizes["batch_size"], data, device)
     del data
     check_same_data_on_device(consumer, loops, capacity)
@@ -737,7 +1044,7 @@ def run_on_device(quick: bool, device: str) -> dict[str, Any]:
             else why_not or "the CPU (a test of the suite, not a GPU figure)",
             "torch": torch.__version__,
             "steps_per_window": STEPS,
-            "env": "marlbuf.envs cooperative_navigation, continuous actions, seed 0",
+            "env": "mpe2 simple_spread_v3 (parallel API), continuous actions, seed 0",
             "threads": threads,
             "what": "medians of interleaved repeats, each timed call synchronised with the "
             "device; speedup_* = own+copy / case (per100: paired within each round)",
@@ -755,71 +1062,109 @@ def run(quick: bool = False, device: str | None = None) -> dict[str, Any]:
         return run_on_device(quick, device)
     threads = quiet_threads()
     sizes = QUICK if quick else FULL
+    seeds = tuple(sizes["seeds"])
+
+    def windows_at(key: str, n: int) -> int:
+        per_n = sizes[key]
+        return int(per_n) if isinstance(per_n, int) else int(per_n.get(n, min(per_n.values())))
+
     rows: list[dict[str, Any]] = []
     for n in sizes["agents"]:
         capacity = sizes["capacity"] or capacity_for(n)[0]
         for consumer in ("per_agent", "joint"):
-            for kind in DATA_KINDS:
-                print(
-                    f"[dropin] {consumer} consumer, N={n}, {kind}, capacity {capacity}", flush=True
-                )
-                rows += measure_consumer(
-                    consumer, n, capacity, sizes["batch_size"], sizes["repeats"], kind
-                )
+            print(f"[dropin] {consumer} consumer, N={n}, capacity {capacity}", flush=True)
+            rows += measure_consumer(
+                consumer, n, capacity, sizes["batch_size"], seeds, windows_at("windows", n)
+            )
+    for n in sizes["episode_agents"]:
+        print(f"[dropin] epymarl consumer, N={n}", flush=True)
+        rows += measure_epymarl(
+            n, seeds, windows_at("episode_windows", n), sizes["episodes_per_window"]
+        )
     write_rows: list[dict[str, Any]] = []
-    for kind in DATA_KINDS:
-        for n in sizes["write_agents"]:
-            write_rows += measure_write(n, sizes["write_steps"], sizes["write_repeats"], kind)
-    checks = targets(rows)
+    for n in sizes["write_agents"]:
+        for continuous in (True, False):
+            write_rows += measure_write(n, sizes["write_steps"], sizes["write_repeats"], continuous)
+    batch_rows: list[dict[str, Any]] = []
+    for n in sizes["batch_agents"]:
+        print(f"[dropin] batch layouts, N={n}", flush=True)
+        capacity = sizes["capacity"] or capacity_for(n)[0]
+        batch_rows += measure_batches(n, capacity, sizes["batch_size"], sizes["batch_repeats"])
+    episode_rows: list[dict[str, Any]] = []
+    for n in sizes["episode_buffer_agents"]:
+        for lengths in ("fixed", "mixed"):
+            print(f"[dropin] EPyMARL buffers, N={n}, {lengths} lengths", flush=True)
+            episode_rows += measure_episode_buffers(
+                n, lengths, sizes["episode_buffer_size"], sizes["episode_repeats"]
+            )
+    checks = targets(rows, write_rows, episode_rows)
 
     summary: dict[str, Any] = {}
     for row in rows:
-        if row["case"] == "own":
-            continue
-        key = f"{row['consumer']}/{row['case']}/{row['kind']}/N={row['agents']}"
-        summary[key] = {m: round(row[f"ratio_{m.rsplit('_', 1)[0]}"], 3) for m in METRICS}
-        for column in ("sample_speedup", "own_buffer_share", "gain_vs_own_buffer"):
-            summary[key][column] = round(row[column], 3)
+        if row["case"] != "own":
+            summary[f"{row['consumer']}/{row['case']}/N={row['agents']}"] = {
+                key: round(row[key], 3)
+                for key in ("ratio", "ratio_min", "ratio_max", "gain_vs_own_buffer")
+            } | {"verdict": row["verdict"]}
     for row in write_rows:
-        if row["case"] == "marlbuf_add":
-            summary[f"write_add_vs_numpy_rows/{row['kind']}/N={row['agents']}"] = round(
-                row["ratio_vs_numpy_rows"], 3
-            )
+        if row["case"] in ("add_raw_env_step", "extend_one_step"):
+            key = f"write/{row['case']}/{row['actions']}/N={row['agents']}"
+            summary[key] = round(row["ratio_vs_numpy_rows"], 3)
+    for row in batch_rows:
+        summary[f"batches/{row['case']}/N={row['agents']}"] = round(row["total_vs_own"], 3)
+    for row in episode_rows:
+        if row["case"] == "marlbuf":
+            summary[f"epymarl_buffer/{row['lengths']}/N={row['agents']}"] = {
+                key: round(row[key], 3)
+                for key in ("insert_speedup", "sample_speedup", "memory_vs_padded")
+            }
     summary["targets_missed"] = [
-        f"{c['check']} ({c['workload']}, {c['kind']}): {c['ratio']:.3g}"
-        for c in checks
-        if c["status"] == "FAIL"
+        f"{c['check']} ({c['workload']}): {c['ratio']:.3g}" for c in checks if c["status"] == "FAIL"
     ]
-    columns = ["consumer", "kind", "agents", "case", "next_obs", *METRICS]
-    columns += [f"ratio_{m.rsplit('_', 1)[0]}" for m in METRICS]
-    columns += ["sample_speedup", "own_buffer_share", "gain_vs_own_buffer"]
-    write_columns = ["kind", "agents", "case", "us_per_step", "ratio_vs_numpy_rows", "warnings"]
+    columns = ["consumer", "agents", "case", "ratio", "ratio_min", "ratio_max", "verdict"]
+    columns += ["window_s", "buffer_s", "update_s", "batch_cost_s", "own_buffer_s"]
+    columns += ["gain_vs_own_buffer"]
+    write_columns = ["actions", "agents", "case", "us_per_step", "ratio_vs_numpy_rows"]
+    write_columns += ["ratio_vs_add_plain", "warnings"]
+    batch_columns = ["agents", "case", "contiguous", "sample_ms", "update_ms", "total_ms"]
+    batch_columns += ["total_vs_own", "total_vs_rows"]
+    episode_columns = ["agents", "lengths", "case", "insert_us", "fill_ms", "sample_us", "bytes"]
+    episode_columns += ["insert_speedup", "sample_speedup", "fill_speedup", "memory_vs_padded"]
     markdown = (
         "Cases: "
         + "; ".join(f"`{case}`: {what}" for case, what in BUFFERS.items())
-        + ".\n\n"
+        + f". Whole runs: {len(seeds)} paired seeds, windows per seed {sizes['windows']} "
+        f"(MADDPG), {sizes['episode_windows']} (EPyMARL), by agent count.\n\n"
         + markdown_table(rows, columns)
-        + "\n\nTargets (default marlbuf cases; a miss is reported, not an error):\n\n"
+        + "\n\nTargets (a miss is reported, not an error):\n\n"
         + checks_markdown(checks)
-        + "\n\nWrite path, one step from PettingZoo-style dicts with integer actions:\n\n"
+        + "\n\nWrite path, one step of mpe2's env.step output:\n\n"
         + markdown_table(write_rows, write_columns)
+        + "\n\nBatch layouts in the joint consumer's update (one agent):\n\n"
+        + markdown_table(batch_rows, batch_columns)
+        + "\n\nEPyMARL's buffer (insert once the ring has wrapped; fill: a new buffer):\n\n"
+        + markdown_table(episode_rows, episode_columns)
     )
     return {
         "rows": rows,
         "write_rows": write_rows,
+        "batch_rows": batch_rows,
+        "episode_rows": episode_rows,
         "targets": checks,
         "markdown": markdown,
         "summary": summary,
         "config": {
             **{k: v for k, v in sizes.items() if k != "capacity"},
             "capacity": sizes["capacity"] or "1e5, lowered to fit 384 MiB per table",
-            "data_kinds": list(DATA_KINDS),
             "fill_chunk": FILL_CHUNK,
             "steps_per_window": STEPS,
-            "env": "marlbuf.envs cooperative_navigation, continuous actions, seed 0",
+            "env": "mpe2 simple_spread_v3 (parallel API, env.step output unmodified); "
+            "continuous actions (MADDPG), discrete (QMIX)",
+            "mixed_lengths": MIXED_LENGTHS,
             "threads": threads,
-            "what": "medians of interleaved repeats; ratio_* = case / own buffer; "
-            "gain_vs_own_buffer = (own - case time per 100 steps) / own buffer's time in its calls",
+            "what": "whole runs: median over paired seeds of each seed's median window ratio "
+            "case / own, with the spread over seeds; micro-benchmarks: medians of interleaved "
+            "repeats",
         },
     }
 

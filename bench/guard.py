@@ -35,9 +35,10 @@ The checks, each on both data kinds where it applies:
    prioritized ``MultiAgentReplayBuffer`` against cpprb's ``PrioritizedReplayBuffer`` (the
    ``prioritized`` suite's part 1): at least 4x at capacity 1e6, 3x at 1e5
    (:data:`PER_TARGETS`); skipped, with a note, where cpprb is not installed.
-9. **add / NumPy row write** — one step from PettingZoo-style dicts with integer actions through
-   a default buffer's ``add`` over a per-agent NumPy row write (the ``dropin`` suite's write
-   micro-benchmark): at most 3x at N = 3 and 0.5x at N = 24 (:data:`ADD_LIMITS`).
+9. **add / NumPy row write** — one step of mpe2's raw ``env.step`` output (discrete and
+   continuous actions) through a default buffer's ``add`` over a per-agent NumPy row write (the
+   ``dropin`` suite's write micro-benchmark): at most 3x at N = 3 and 0.5x at N = 24
+   (:data:`ADD_LIMITS`).
 
 Workloads: cooperative navigation CN-3, CN-12 and CN-24 (obs 6N, action 5) and predator-prey
 PP-24+8 (:mod:`marlbuf.bench.workloads`); ``--quick`` runs CN-3, CN-12 (streams) and CN-24 at
@@ -392,14 +393,16 @@ def per_target(capacity: int) -> float:
 
 
 def measure_add(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Check 5 from the ``dropin`` suite's write-path micro-benchmark, on both data kinds."""
+    """Check 5 from the ``dropin`` suite's write-path micro-benchmark, both action kinds."""
     rows: list[dict[str, Any]] = []
     checks = []
-    for kind in DATA_KINDS:
+    for kind in ("discrete", "continuous"):
         for n, limit in ADD_LIMITS.items():
-            write_rows = dropin.measure_write(n, cfg["add_steps"], cfg["add_repeats"], kind)
+            write_rows = dropin.measure_write(
+                n, cfg["add_steps"], cfg["add_repeats"], kind == "continuous"
+            )
             rows += [{"workload": f"add N={n}", **r} for r in write_rows]
-            add = next(r for r in write_rows if r["case"] == "marlbuf_add")
+            add = next(r for r in write_rows if r["case"] == "add_raw_env_step")
             note = f"add warned: {add['warnings']}" if add["warnings"] else ""
             checks.append(
                 check(

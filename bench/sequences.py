@@ -65,9 +65,10 @@ times, carry over between machines):
 
   - ``marlbuf``: ``MultiAgentReplayBuffer(specs, capacity=the rows of those episodes,
     sampler=Episodes(), next_obs="none", global_fields={"state": ..., "terminated": uint8})``,
-    each episode written by one ``extend`` as EPyMARL keeps it (``marlbuf.compat.epymarl``'s
-    mapping): ``length + 1`` rows, the last holding the observation after the last
-    transition, ``terminated`` at the last transition, the episode closed by ``truncated``;
+    each episode written by one ``extend`` as EPyMARL keeps it (the mapping of
+    docs/migrating.md's "Or use the buffer directly"): ``length + 1`` rows, the last holding
+    the observation after the last transition, ``terminated`` at the last transition, the
+    episode closed by ``truncated``;
     ``sample(32, fields=("obs", "action", "reward", "state", "terminated"))`` (what an
     EPyMARL learner reads) returns an ``EpisodeBatch`` of those fields padded to the batch's
     longest episode (``marlbuf_torch``: the same, then ``to_torch()``, CPU tensors sharing
@@ -751,7 +752,7 @@ def _marlbuf_episode(episode: Mapping[str, Any], length: int) -> dict[str, Any]:
     ``length + 1`` rows (the last holds the observation and state after the last transition),
     no next_obs, ``terminated`` (a global flag) at the last transition, and the episode closed
     by ``truncated`` on its last row (``done`` stays 0: it would end the episode one row
-    early). The mapping ``marlbuf.compat.epymarl`` uses."""
+    early)."""
     rows = length + 1
     terminated = np.zeros(rows, np.uint8)
     terminated[length - 1] = 1
@@ -795,7 +796,7 @@ def _episode_buffers(
     from marlbuf.spec import FieldSpec  # type: ignore[attr-defined,unused-ignore]
 
     first = next(iter(specs.values()))
-    # done as one byte per agent, as marlbuf.compat.epymarl stores it (EPyMARL keeps none)
+    # done as one byte per agent (EPyMARL keeps none)
     byte_done = {a: dataclasses.replace(s, done_dtype=np.uint8) for a, s in specs.items()}
     ours = MultiAgentReplayBuffer(
         byte_done,

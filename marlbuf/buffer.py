@@ -15,7 +15,9 @@ from marlbuf import _config, mapped, persistence
 from marlbuf._kernels import (
     commit_dense_step,
     commit_lean_step,
+    store_dense_leading_step,
     store_dense_step,
+    store_lean_leading_step,
     store_lean_step,
 )
 from marlbuf._kernels.drawn import judge_update
@@ -40,6 +42,8 @@ from marlbuf.stores import make_store
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 
+#: the store kernels of a one-step ``extend``/``add_envs`` (items with a leading axis of 1)
+_LEADING_KERNELS = (store_dense_leading_step, store_lean_leading_step)
 #: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
 _NO_PENDING = (-1, -1)
 #: how next observations are stored: once (from the successor's obs, a side table where they
@@ -94,6 +98,14 @@ class NextObsDroppedWarning(UserWarning):
     Raised once per buffer, before anything is stored; build the buffer with
     ``next_obs="none"`` to choose this format without the warning, or pass ``next_obs=`` to
     every write to keep next observations."""
+
+
+class SlowWriteWarning(UserWarning):
+    """A valid step of ``add`` (or a one-step ``extend``/``add_envs``) was not taken by the
+    one-kernel write path because of how one of its inputs is given (a list where an array is
+    expected, a torch tensor, a dtype the kernels do not read, specs whose five fields are
+    stored in different dtypes), so it was staged by NumPy or the complete checks: several
+    times slower. The message names the input and the fix. Raised once per buffer."""
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -238,6 +250,8 @@ class MultiAgentReplayBuffer:
     _stand_ins = False
     #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
     _breaks_warned = False
+    #: whether the slow-write warning was given (:class:`SlowWriteWarning`)
+    _slow_warned = False
     #: environments of the latest ``add_envs`` call (0: none yet)
     _declared_envs = 0
     #: what the one-step commit of ``add`` needs, for the storage and sampler it was made for
@@ -546,12 +560,44 @@ class MultiAgentReplayBuffer:
                     rows = codec.stage_fast(values, None)
                     if rows is None:
                         rows, _ = codec.stage(dict(zip(codec.field_names, values)), None)
+                    if not self._slow_warned:
+                        self._warn_slow_step(values, "add")
             except ValueError as exc:
                 raise _with_hint(exc, self._leading_axis_hint("add", obs)) from exc
             if step[2] is None:
                 self._commit(rows, 1, stream, cut)
             else:
                 self._commit_step(step, rows, stream, bool(cut))
+
+    def _add_one(self, values: tuple[Any, ...], stream: int, truncated: Any, per_env: bool) -> bool:
+        """A one-step ``extend`` or ``add_envs`` (every item with a leading axis of length 1)
+        written as ``add`` writes a step: checked and stored by one kernel call, or staged by
+        one kernel and committed as one step. ``False`` where the kernels decline it (nothing
+        changed: the general path then decides and explains)."""
+        codec = self._codec
+        items = codec.step_items(values)
+        if items is None:
+            return False
+        step = self._step
+        if step is None or step[0] is not self.storage or step[1] is not self.sampler:
+            step = self._step = self._step_target()
+        cut = (
+            None
+            if truncated is False or truncated is None
+            else _check_truncated(truncated, self.agents, 1, per_env=per_env)
+        )
+        if step[3] and self._mapped is None:
+            if self._store_step(step, items, stream, _LEADING_KERNELS):
+                return True
+        with self.writer.write_lock:
+            rows = codec.stage_step(values, items, leading=True)
+            if rows is None:
+                return False
+            if step[2] is None:
+                self._commit(rows, 1, stream, cut)
+            else:
+                self._commit_step(step, rows, stream, cut is not None)
+        return True
 
     def extend(
         self,
@@ -582,7 +628,20 @@ class MultiAgentReplayBuffer:
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "extend")
-        self._extend(values, _check_stream(stream), 0, truncated)
+        if type(stream) is not int or not 0 <= stream <= persistence.MAX_STREAM:
+            stream = _check_stream(stream)
+        # one step of per-agent dicts (the common case): add's path at once
+        first = next(iter(obs.values()), None) if type(obs) is dict else None
+        if type(first) is np.ndarray and first.ndim and first.shape[0] == 1:
+            if self._add_one(values, stream, truncated, False):
+                return
+        values = self._unstacked(values)
+        one = _leading_length(values[0]) == 1
+        if one and first is None and self._add_one(values, stream, truncated, False):
+            return  # one step given otherwise (lists, stacked arrays, other mappings)
+        self._extend(values, stream, 0, truncated)
+        if one and not self._slow_warned:
+            self._warn_slow_step(values, "extend")
 
     def add_envs(
         self,
@@ -611,7 +670,22 @@ class MultiAgentReplayBuffer:
         values = (obs, action, reward, next_obs, done)
         if fields or self._codec.more:
             values = self._codec.arrange(values, fields, "add_envs")
-        self._extend(values, None, _check_stream(first_stream), truncated)
+        first_stream = _check_stream(first_stream)
+        # one environment of per-agent dicts (the common case): add's path at once
+        first = next(iter(obs.values()), None) if type(obs) is dict else None
+        one = type(first) is np.ndarray and first.ndim > 0 and first.shape[0] == 1
+        unstacked = not one
+        if unstacked:
+            values = self._unstacked(values)
+            one = _leading_length(values[0]) == 1
+        if one and self._add_one(values, first_stream, truncated, True):
+            self._declared_envs = 1  # one environment, as the general path records it
+            return
+        if not unstacked:
+            values = self._unstacked(values)
+        self._extend(values, None, first_stream, truncated)
+        if one and not self._slow_warned:
+            self._warn_slow_step(values, "add_envs")
 
     def _stand_in(self, obs: Any, next_obs: Any, done: Any, call: str) -> Any:
         """What a write passes as ``next_obs`` when it leaves it out or the buffer stores none
@@ -713,7 +787,6 @@ class MultiAgentReplayBuffer:
         # the fast path checks every item's shape against the first observation's length, so
         # the complete length check (a loop over every item) runs only when it declines
         call = "extend" if stream is not None else "add_envs"
-        fields = self._unstacked(fields)
         guess = _leading_length(fields[0])
         with self.writer.write_lock:
             try:
@@ -942,12 +1015,21 @@ class MultiAgentReplayBuffer:
             typed = table.view(plan.dtype)
         return storage, sampler, table if kernel else None, direct, on_write, typed
 
-    def _store_step(self, step: tuple[Any, ...], items: StepItems, stream: int) -> bool:
+    def _store_step(
+        self,
+        step: tuple[Any, ...],
+        items: StepItems,
+        stream: int,
+        kernels: tuple[Any, Any] = (store_dense_step, store_lean_step),
+    ) -> bool:
         """Check and store one step of ``add`` (``items``: :meth:`RowCodec.step_items`) by one
         kernel call under the storage lock (:func:`marlbuf._kernels.store_dense_step` /
         :func:`~marlbuf._kernels.store_lean_step`); ``False`` when the kernel declined it
-        (nothing changed: the caller stages it, and the complete checks explain)."""
+        (nothing changed: the caller stages it, and the complete checks explain).
+        ``kernels``: the dense and lean kernels (:data:`_LEADING_KERNELS` for the items of a
+        one-step ``extend``/``add_envs``)."""
         _, _, _, _, on_write, table = step
+        store_dense, store_lean = kernels
         plan = self._codec.step_plan
         if plan is None:
             return False  # turned off since (see RowCodec.step_failed)
@@ -958,7 +1040,7 @@ class MultiAgentReplayBuffer:
             generation = writer.total_writes
             try:
                 if links is None:
-                    if not store_dense_step(
+                    if not store_dense(
                         *items,
                         plan.plan,
                         plan.dense_gaps,
@@ -974,7 +1056,7 @@ class MultiAgentReplayBuffer:
                         return False  # the side table must grow: after the checks, staged
                     pending = links.pending
                     prev_slot, prev_generation = pending.get(stream, _NO_PENDING)
-                    code = store_lean_step(
+                    code = store_lean(
                         *items,
                         plan.plan,
                         plan.lean_gaps,
@@ -1143,6 +1225,22 @@ class MultiAgentReplayBuffer:
         self.storage = store
         self.links = None
         self.next_obs = next_obs
+
+    def _warn_slow_step(self, values: tuple[Any, ...], call: str) -> None:
+        """Warn once that a valid step took a staging path slower than the one-kernel write
+        path, naming the input that sent it there and the fix (:class:`SlowWriteWarning`).
+        Nothing is said where no input is to blame (an absent agent of an ``alive=True``
+        buffer, a value the kernels cannot type)."""
+        self._slow_warned = True
+        reason = self._codec.slow_reason(values)
+        if reason is None:
+            return
+        warnings.warn(
+            f"{call}() wrote a valid step through a slower staging path (several times the "
+            f"one-kernel write) because {reason}. This warning is given once per buffer",
+            SlowWriteWarning,
+            stacklevel=3,
+        )
 
     def _warn_stream_break(self) -> None:
         """Warn once that a stream break ended an episode (see :class:`StreamBreakWarning`)."""
@@ -2399,6 +2497,15 @@ class MultiAgentReplayBuffer:
         if self._mapped is not None:
             self._mapped.flush(self)
 
+    def release_pages(self) -> None:
+        """A memory-mapped buffer (``path=``): let the OS take back the pages of its storage
+        files that this process has touched (they stay in the files and are read back on the
+        next access), so that bulk loading keeps resident memory bounded by what each call
+        writes, not by the files. Nothing to do for a buffer in memory, or opened read-only."""
+        if self._mapped is not None:
+            with self.writer.lock:
+                self._mapped.release_pages()
+
     def close(self) -> None:
         """:meth:`flush`, then release the folder (another buffer object may :meth:`open` it);
         later writes are refused. Closing twice, or a buffer in memory, does nothing."""
@@ -2668,7 +2775,7 @@ def _truncation_flags(value: Any, lead: tuple[int, ...] | None, name: str) -> np
 
 def _leading_length(obs: Any) -> int | None:
     """The leading length of the first agent's observations, if cheaply known (else None)."""
-    first = next(iter(obs.values()), None) if type(obs) is dict else None
+    first = next(iter(obs.values()), None) if isinstance(obs, Mapping) else None
     if first is None and type(obs) in (list, tuple) and obs:
         first = obs[0]
     if type(first) is np.ndarray and first.ndim and first.shape[0] > 0:
@@ -2731,6 +2838,7 @@ __all__ = [
     "MultiAgentReplayBuffer",
     "NextObsDroppedWarning",
     "NextObsWarning",
+    "SlowWriteWarning",
     "StreamBreakWarning",
     "make_rng",
     "update_each_trainer",

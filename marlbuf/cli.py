@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "profile": ("marlbuf.profiling.cli", "time and cache counters per training phase"),
     "memory": ("marlbuf.memory_cli", "each storage format's size against this machine's RAM"),
+    "record": ("marlbuf.offline.record_cli", "record a PettingZoo environment as a vault"),
 }
 
 

@@ -1,11 +1,16 @@
 """``marlbuf info``: what this machine offers the buffer and the profiler, and the versions of
-marlbuf and the libraries it runs with (torch is imported only to ask whether CUDA is there)."""
+marlbuf and the libraries it runs with. Nothing is imported to learn them (versions come from
+the packages' metadata, torch's CUDA build from its version file, the devices from the NVIDIA
+driver); ``--cuda`` asks torch itself whether it can use CUDA."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -58,17 +63,52 @@ LIBRARIES = ("torch", "ray", "mpe2", "pettingzoo", "torchrl", "cpprb", "matplotl
 
 def library_versions(ask_cuda: bool = False) -> dict[str, str]:
     """Installed versions of :data:`LIBRARIES` (from package metadata, nothing imported), and
-    ``cuda``: torch's CUDA version and device where torch is imported already or
-    ``ask_cuda`` allows importing it."""
+    ``cuda``: torch's CUDA version and devices, asked of torch where it is imported already or
+    ``ask_cuda`` allows importing it, else read without importing it (:func:`cuda_build`)."""
     versions = {}
     for name in LIBRARIES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    if versions["torch"] != "not installed" and (ask_cuda or "torch" in sys.modules):
-        versions["cuda"] = _cuda()
+    if versions["torch"] != "not installed":
+        versions["cuda"] = _cuda() if ask_cuda or "torch" in sys.modules else cuda_build()
     return versions
+
+
+def cuda_build() -> str:
+    """torch's CUDA build (the ``cuda`` line of its ``version.py``) and the NVIDIA devices the
+    driver lists, without importing torch (which takes seconds)."""
+    spec = importlib.util.find_spec("torch")
+    build = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = (Path(folder) / "version.py").read_text()
+        except OSError:
+            continue
+        found = re.search(r"^cuda\b[^=]*=\s*(.+)$", text, re.MULTILINE)
+        if found:
+            try:
+                build = ast.literal_eval(found.group(1).strip())
+            except (ValueError, SyntaxError):
+                build = "unknown"
+        break
+    if build is None:
+        return "none (a CPU build of torch)"
+    models = []
+    for information in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            for line in information.read_text().splitlines():
+                if line.startswith("Model:"):
+                    models.append(line.split(":", 1)[1].strip())
+        except OSError:
+            continue
+    devices = (
+        f"{len(models)} device(s): {', '.join(sorted(set(models)))}"
+        if models
+        else "no NVIDIA device listed by a driver here"
+    )
+    return f"{build} (torch's build; {devices}; 'marlbuf info --cuda' asks torch)"
 
 
 def _cuda() -> str:
@@ -130,9 +170,15 @@ def perf_lines(counters: dict[str, str]) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser("marlbuf info", (__doc__ or "").replace("``", ""))
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--cuda",
+        action="store_true",
+        help="import torch to ask whether it can use CUDA here (seconds); by default torch's "
+        "CUDA build and the driver's devices are read without importing it",
+    )
     args = parser.parse_args(argv)
     info = machine_info()
-    info["libraries"] = library_versions(ask_cuda=True)
+    info["libraries"] = library_versions(ask_cuda=args.cuda)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

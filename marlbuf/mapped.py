@@ -626,6 +626,17 @@ class MappedStore:
             for array in self._mapped_arrays:
                 array.flags.writeable = False
 
+    def release_pages(self) -> None:
+        """Let the OS take back this process's pages of the storage files (``madvise`` with
+        ``MADV_DONTNEED``): their contents stay in the files (the mappings are shared), and
+        the next access reads them back. Bulk writers call it between chunks, so that resident
+        memory follows the chunk, not the files. Nothing to do for a read-only store, whose
+        private mappings may hold replayed rows that are in no file."""
+        if self.readonly or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for mapping in self._maps:
+            mapping.madvise(mmap.MADV_DONTNEED)
+
     def sync_arrays(self) -> None:
         """Flush the mapped storage arrays to disk (``msync``)."""
         if self.readonly:

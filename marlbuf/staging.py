@@ -25,7 +25,12 @@ import numpy as np
 from numba.core import errors as numba_errors
 
 from marlbuf import _config
-from marlbuf._kernels import first_nonfinite, first_nonfinite_half, stage_step
+from marlbuf._kernels import (
+    first_nonfinite,
+    first_nonfinite_half,
+    stage_leading_step,
+    stage_step,
+)
 from marlbuf._kernels.actions import first_bad_action
 from marlbuf._kernels.staging import (
     DENSE_DONE,
@@ -235,6 +240,9 @@ class RowCodec:
         #: the staging row of add() as one row of words (what the commit kernels take)
         #: the plan of the one-step kernels (``None``: turned off for these specs)
         self.step_plan = self._step_plan()
+        #: whether these specs are written by the one-step kernels (the five fields stored in
+        #: one dtype, float32 or float64), even once an input turned them off (step_failed)
+        self.one_step_specs = self.step_plan is not None
         self._single_views = self.views(self._single)  # the complete path's, built once
         self._fast = self._fast_plan()
         self._fast_more = self._fast_plan_more()
@@ -300,8 +308,14 @@ class RowCodec:
     def step_items(self, values: Sequence[Any]) -> StepItems | None:
         """``add``'s five field values as the one-step kernels take them — per field, a tuple of
         the agents' items in agent order — or ``None`` where they cannot: another dtype
-        stored, a field that is not a dict with exactly the buffer's agents (or a list/tuple
-        in agent order), observations that are not arrays."""
+        stored, a field that does not hold exactly the buffer's agents, observations that are
+        not arrays.
+
+        A field may be any ``Mapping`` keyed by agent (a ``dict``, ``defaultdict``,
+        ``OrderedDict``, ``MappingProxyType``, a dict subclass: what environments return), a
+        list or tuple in agent order, or one array stacked over the agents (its first axis).
+        Items are read, never converted here; the kernels read NumPy arrays, NumPy scalars,
+        0-d arrays, Python numbers and bools."""
         step = self.step_plan
         if step is None:
             return None
@@ -318,9 +332,22 @@ class RowCodec:
                 if not len(obs) == len(action) == len(reward) == len(next_obs) == len(done) == n:
                     return None
                 items = (get(obs), get(action), get(reward), get(next_obs), get(done))
-            else:
-                o, a, r, no, d = (_step_items(value, n) for value in values[:5])
-                items = (o, a, r, no, d)
+            else:  # per field: a plain dict as above, anything else by _step_items
+                items = (
+                    get(obs) if type(obs) is dict and len(obs) == n else _step_items(obs, n, get),
+                    get(action)
+                    if type(action) is dict and len(action) == n
+                    else _step_items(action, n, get),
+                    get(reward)
+                    if type(reward) is dict and len(reward) == n
+                    else _step_items(reward, n, get),
+                    get(next_obs)
+                    if type(next_obs) is dict and len(next_obs) == n
+                    else _step_items(next_obs, n, get),
+                    get(done)
+                    if type(done) is dict and len(done) == n
+                    else _step_items(done, n, get),
+                )
         except (KeyError, _NotCommonCase):
             return None
         if type(items[0][0]) is not np.ndarray or type(items[3][0]) is not np.ndarray:
@@ -342,8 +369,41 @@ class RowCodec:
         if not isinstance(exc, (TypeError, ValueError, numba_errors.TypingError)):
             self.step_plan = None
 
+    def slow_reason(self, values: Sequence[Any]) -> str | None:
+        """Why the one-step kernels did not take a valid step given as ``values`` (in
+        :attr:`field_names` order), as a clause naming the input and the fix; ``None`` where
+        no input is to blame: specs the kernels do not write (the five fields stored in more
+        than one dtype, or in float16: a memory option, staged by NumPy), an absent agent of an
+        ``alive=True`` buffer, a number the kernels cannot type. For
+        :class:`marlbuf.buffer.SlowWriteWarning`."""
+        if not self.one_step_specs:
+            return None  # the specs' choice (several stored dtypes, float16), not the input
+        globals_ = set(self.global_fields)
+        for name, value in zip(self.field_names, values):
+            if value is MISSING or value is None or name == ALIVE:
+                continue
+            if name in globals_:
+                pairs: list[tuple[str, Any]] = [("", value)]
+            elif isinstance(value, Mapping):
+                pairs = [(a, value[a]) for a in self.agents if a in value]
+            elif isinstance(value, (list, tuple, np.ndarray)) and len(value) == len(self.agents):
+                pairs = list(zip(self.agents, value))
+            else:
+                return None  # the complete checks refuse it, or it is not a per-agent value
+            for agent, item in pairs:
+                why = _unread(name, item)
+                if why is not None:
+                    label = name if name in globals_ else f"{name}[{agent!r}]"
+                    return f"{label} {why}"
+        if self.step_plan is None:
+            return (
+                "an earlier input the one-step kernels cannot compile (float16 arrays) turned "
+                "them off for this buffer: pass float32 or float64 arrays"
+            )
+        return None
+
     def stage_step(
-        self, values: Sequence[Any], items: StepItems | None = None
+        self, values: Sequence[Any], items: StepItems | None = None, leading: bool = False
     ) -> np.ndarray | None:
         """``add``'s common case staged by one kernel call, or ``None`` to take
         :meth:`stage_fast`.
@@ -356,6 +416,9 @@ class RowCodec:
         it declines; the slower paths then decide, and :meth:`stage` explains any rejection.
         Extras, global fields and the alive mask are staged as by :meth:`stage_fast` and
         scanned for NaN/inf. Returns the staging row (shape (1, row_words), uint64).
+
+        ``leading=True``: the values of a one-step ``extend``/``add_envs`` (every item with a
+        leading axis of length 1; :func:`marlbuf._kernels.stage_leading_step`).
         """
         step = self.step_plan
         if step is None:
@@ -364,8 +427,9 @@ class RowCodec:
             items = self.step_items(values)
             if items is None:
                 return None
+        kernel = stage_leading_step if leading else stage_step
         try:
-            if not stage_step(*items, step.row, step.plan):
+            if not kernel(*items, step.row, step.plan):
                 return None
         except Exception as exc:  # a value Numba cannot type: the other paths decide
             self.step_failed(exc)
@@ -373,7 +437,9 @@ class RowCodec:
         if self.more:
             try:
                 with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, scanned
-                    self._fill_more(values[len(FIELDS) :], None, self._single.view(np.uint8))
+                    self._fill_more(
+                        values[len(FIELDS) :], 1 if leading else None, self._single.view(np.uint8)
+                    )
             except (_NotCommonCase, AttributeError, TypeError, ValueError, KeyError, IndexError):
                 return None
             for dt, starts, counts, _ in self._more_segments:
@@ -1021,11 +1087,44 @@ def _gaps(slots: list[FieldSlot], row_bytes: int, itemsize: int) -> np.ndarray:
     return edges.reshape(-1, 2).astype(np.int64)
 
 
-def _step_items(value: Any, n: int) -> tuple[Any, ...]:
-    """A list or tuple of one item per agent as a tuple (what the one-step kernel takes)."""
-    if type(value) in (list, tuple) and len(value) == n:
+def _step_items(value: Any, n: int, get: Any) -> tuple[Any, ...]:
+    """One field's items in agent order as a tuple (what the one-step kernels take), from
+    anything but a plain dict (which the caller reads itself): a list or tuple of ``n`` items,
+    an array stacked over ``n`` agents (its rows, as views), or any other ``Mapping`` keyed by
+    agent (read by ``get``, the agents' item getter, from a plain copy: a ``defaultdict``
+    never makes up a missing agent, and a dict subclass is read as ``dict.get`` reads it,
+    as the complete checks do)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        if len(value) != n:
+            raise _NotCommonCase
         return tuple(value)
+    if kind is np.ndarray:
+        if value.ndim == 0 or value.shape[0] != n:
+            raise _NotCommonCase
+        return tuple(value)
+    if (isinstance(value, dict) or isinstance(value, Mapping)) and len(value) == n:
+        return get(dict(value))
     raise _NotCommonCase
+
+
+def _unread(field: str, item: Any) -> str | None:
+    """Why the one-step kernels do not read ``item`` of ``field`` (a clause with the fix), or
+    ``None`` when they read it: NumPy arrays of bools, integers, float32 or float64 (0-d ones
+    too, outside obs and next_obs), and Python or NumPy bools, integers and floats."""
+    kind = type(item)
+    if kind is np.ndarray:
+        if item.dtype.kind in "biu" or item.dtype in (np.float32, np.float64):
+            return None
+        return f"has dtype {item.dtype}: pass float32 or float64 arrays (x.astype(np.float32))"
+    if isinstance(item, (bool, int, float, np.bool_, np.integer, np.float32, np.float64)):
+        return None if field not in ("obs", "next_obs") else "is a number, not an array"
+    if isinstance(item, (list, tuple)):
+        return f"is a {kind.__name__}: pass a NumPy array (np.asarray(x, dtype=np.float32))"
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__.partition(".")[0] == "torch":
+        return f"is a {name}: pass NumPy arrays (tensor.cpu().numpy()) or numbers (tensor.item())"
+    return f"is a {name}: pass a NumPy array or a number"
 
 
 def _first_nonfinite(rows: np.ndarray, dt: np.dtype, starts: np.ndarray, counts: np.ndarray) -> int:

@@ -548,10 +548,37 @@ def _plan_columns() -> Any:
     return staging
 
 
-def step_is_common(items: tuple[tuple[Any, ...], ...], plan: np.ndarray, stored: np.dtype) -> bool:
+def read_items(
+    items: tuple[tuple[Any, ...], ...], leading: bool = False
+) -> tuple[tuple[Any, ...], ...] | None:
+    """The items as the kernels read them: a 0-d array as its scalar; with ``leading`` (a
+    one-step extend) every item must be an array with a leading axis of length 1 and is read
+    at its first row (``None`` when one is not)."""
+    out = []
+    for field in items:
+        read = []
+        for x in field:
+            if leading:
+                if type(x) is not np.ndarray or x.ndim == 0 or x.shape[0] != 1:
+                    return None
+                x = x[0]
+            elif type(x) is np.ndarray and x.ndim == 0:
+                x = x[()]
+            read.append(x)
+        out.append(tuple(read))
+    return tuple(out)
+
+
+def step_is_common(
+    items: tuple[tuple[Any, ...], ...], plan: np.ndarray, stored: np.dtype, leading: bool = False
+) -> bool:
     """Whether the kernels take the step: every item of a type they read, of the planned
     shape, every float finite and within the stored dtype's range, every integer action a
-    discrete action in range (bools are not actions)."""
+    discrete action in range (bools are not actions). Items as :func:`read_items` reads them."""
+    read = read_items(items, leading)
+    if read is None:
+        return False
+    items = read
     k_ = _plan_columns()
     limit = float(np.finfo(stored).max)
     action_dims = k_.PLAN_OBS_DIMS + (plan.shape[1] - k_.PLAN_OBS_DIMS) // 2
@@ -625,14 +652,16 @@ def write_step(
 
 
 def stage_step(
-    items: tuple[tuple[Any, ...], ...], row: np.ndarray, plan: np.ndarray
+    items: tuple[tuple[Any, ...], ...], row: np.ndarray, plan: np.ndarray, leading: bool = False
 ) -> tuple[bool, np.ndarray]:
     """``(taken, staging row after the call)``."""
     k_ = _plan_columns()
     out = row.copy()
-    if not step_is_common(items, plan, row.dtype):
+    if not step_is_common(items, plan, row.dtype, leading):
         return False, out
-    write_step(items, plan, out, k_.PLAN_DONE, k_.PLAN_NEXT_OBS)
+    read = read_items(items, leading)
+    assert read is not None
+    write_step(read, plan, out, k_.PLAN_DONE, k_.PLAN_NEXT_OBS)
     return True, out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, NextObsWarning
+from marlbuf.buffer import SlowWriteWarning
 
 SPECS = {
     f"agent_{i}": AgentSpec(obs_shape=(5,), action_shape=(4,), n_discrete_actions=4)
@@ -27,7 +28,7 @@ def general(buf: MultiAgentReplayBuffer) -> MultiAgentReplayBuffer:
     """Force ``buf`` through the complete checks and the general commit."""
     codec = buf._codec
     codec.step_items = lambda values: None  # type: ignore[method-assign]
-    codec.stage_step = lambda values, items=None: None  # type: ignore[method-assign]
+    codec.stage_step = lambda values, items=None, leading=False: None  # type: ignore[method-assign]
     codec.stage_fast = lambda values, steps: None  # type: ignore[method-assign]
     buf._step_target = lambda: (buf.storage, buf.sampler, None, False, None, None)  # type: ignore[method-assign]
     return buf
@@ -186,9 +187,13 @@ def test_half_precision_inputs_turn_the_kernel_off_and_are_stored_as_before():
     slow = general(MultiAgentReplayBuffer(SPECS, 8, seed=0))
     step = valid()
     step["obs"] = {a: x.astype(np.float16) for a, x in step["obs"].items()}
-    for _ in range(3):
-        fast.add(**step)
-        slow.add(**step)
+    with pytest.warns(SlowWriteWarning, match=r"obs\['agent_0'\] has dtype float16") as caught:
+        for _ in range(3):
+            fast.add(**step)
+    assert len(caught) == 1  # once per buffer
+    with pytest.warns(SlowWriteWarning):  # the twin takes the complete path: said there too
+        for _ in range(3):
+            slow.add(**step)
     assert fast._codec.step_plan is None
     assert state(fast) == state(slow)
 

@@ -104,7 +104,11 @@ def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
         )
     }
     expected.add(("float16 round / float32 round", "CN-3", "streams"))
-    expected |= {("add / NumPy row write", f"N={n}", kind) for n in (3, 24) for kind in kinds}
+    expected |= {
+        ("add / NumPy row write", f"N={n}", kind)
+        for n in (3, 24)
+        for kind in ("discrete", "continuous")
+    }
     expected.add(("PER sample + update: cpprb / marlbuf", "capacity 5,000", ""))
     checks = payload["checks"]
     assert {(c["check"], c["workload"], c["kind"]) for c in checks} == expected

@@ -218,3 +218,74 @@ def test_help_reads_as_plain_words(command, capsys):
     text = capsys.readouterr().out
     assert "``" not in text and "['" not in text  # no reStructuredText, no list reprs
     assert "(default: False)" not in text and "(default: None)" not in text
+
+
+HEAVY = ("torch", "ray", "matplotlib")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["train", "--help"],
+        ["train", "--no-such-flag"],
+        ["info"],
+        ["bench", "--list"],
+        ["bench", "--no-such-flag"],
+    ],
+)
+def test_first_calls_import_no_torch_ray_or_matplotlib(args: list[str]) -> None:
+    """The quick commands start in a fresh process without importing torch, Ray or
+    matplotlib (each takes seconds); ``import marlbuf`` alone imports neither NumPy's
+    dependants nor Numba."""
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['marlbuf', *{args!r}]\n"
+        "try:\n"
+        "    runpy.run_module('marlbuf', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('IMPORTED', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "IMPORTED []" in done.stdout, done.stdout + done.stderr
+
+
+def test_import_marlbuf_is_lazy() -> None:
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys, marlbuf\n"
+        "before = 'numba' in sys.modules, 'marlbuf.buffer' in sys.modules\n"
+        "from marlbuf import MultiAgentReplayBuffer, samplers\n"
+        "after = 'numba' in sys.modules, 'torch' in sys.modules\n"
+        "from marlbuf.version import __version__\n"
+        "print(before, after, marlbuf.__version__ == __version__)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["(False,", "False)", "(True,", "False)", "True"], done.stderr
+
+
+def test_first_calls_suite_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from marlbuf.bench import first_calls
+
+    monkeypatch.setattr(first_calls, "QUICK", {"repeats": 1})
+    payload = first_calls.run(quick=True)
+    cases = [r["case"] for r in payload["rows"]]
+    assert cases[:2] == ["import marlbuf", "from marlbuf import MultiAgentReplayBuffer"]
+    assert all(r["s_median"] > 0 for r in payload["rows"])
+    assert {t["status"] for t in payload["targets"]} <= {"PASS", "FAIL"}
+    assert payload["config"]["first_add_s"] > 0

@@ -184,29 +184,32 @@ def test_batches_equal_the_padded_ring_field_by_field(size: int) -> None:
         assert not buffers[0].can_sample(buffers[1].episodes_in_buffer + 1)
 
 
-def test_a_sample_gathers_the_scheme_fields_only() -> None:
-    """The marlbuf batch behind a sample holds the scheme's fields, not the buffer's own
-    one-byte transition fields (and the buffer stores no next_obs: next_obs="none")."""
-    buf = make(10)
-    fill((buf, PaddedRing(10)), 3)
-    seen = []
-    gather = buf.buffer.gather_sequences
+def test_one_kernel_call_per_insert_and_per_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An insert of several episodes is one call of the store kernel, a sample one call of
+    the gather kernel, whatever the number of fields and steps."""
+    from marlbuf.compat import epymarl
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        batch = gather(*args, **kwargs)
-        seen.append(batch)
-        return batch
+    calls = {"store": 0, "gather": 0}
+    store, gather = epymarl.store_episodes, epymarl.gather_episodes
 
-    buf.buffer.gather_sequences = spy  # type: ignore[method-assign]
-    buf.sample(2)
-    (batch,) = seen
-    assert batch.gathered_fields is not None and "next_obs" not in batch.gathered_fields
-    assert buf.buffer.next_obs == "none"
-    with pytest.raises(ValueError, match="next_obs='none'"):
-        batch.next_obs["member_0"]
-    with pytest.raises(ValueError, match="fields="):
-        batch.reward["member_0"]
-    assert set(batch.extras) | set(batch.globals) == set(batch.gathered_fields)
+    def counted(name: str, kernel: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return kernel(*args)
+
+        return call
+
+    monkeypatch.setattr(epymarl, "store_episodes", counted("store", store))
+    monkeypatch.setattr(epymarl, "gather_episodes", counted("gather", gather))
+    buf = make(40)
+    rng = np.random.default_rng(0)
+    for inserts in range(1, 6):
+        buf.insert_episode_batch(runner_batch(rng, 4))
+        assert calls["store"] == inserts
+    buf.sample(8)
+    assert calls["gather"] == 1
+    # a preprocessed one-hot field is computed by the gather kernel: no transform call
+    assert set(buf._one_hot) == {"actions_onehot"} and not buf._transformed
 
 
 def test_indexing_as_the_learners_do() -> None:
@@ -244,7 +247,8 @@ def test_a_smaller_capacity_keeps_only_what_it_holds() -> None:
     held = small.episodes_in_buffer
     assert 0 < held < ring.episodes_in_buffer
     full = make(30)
-    assert small.buffer.nbytes < full.buffer.nbytes / 4
+    fill((full, PaddedRing(30)), 12, seed=4)
+    assert small.nbytes <= (60 + MAX_T) * small.row_bytes < full.nbytes / 3
     for _ in range(20):
         batch = small.sample(min(held, 5))
         for b, position in enumerate(small.last_episode_ids.tolist()):
@@ -422,3 +426,170 @@ def test_episode_constants_and_other_groups() -> None:
         assert torch.equal(batch["obs"][b], inserted[position].data.transition_data["obs"][0])
     assert batch[1:3]["seed"].shape == (2, 1)  # episode data follow the batch index
     assert set(batch[("seed", "obs")].data.episode_data) == {"seed"}
+
+
+# ------------------------------------------------------------------ bad input, at the call
+def test_an_action_outside_the_one_hot_range_is_refused_at_the_insert() -> None:
+    """EPyMARL's insert runs the one-hot transform, which cannot encode an index outside its
+    classes: the adapter refuses such an episode at the insert (every later sample drawing it
+    would fail otherwise), naming the field, and stores nothing of the batch."""
+    buf = make(10)
+    rng = np.random.default_rng(5)
+    buf.insert_episode_batch(runner_batch(rng, 2))
+    stored = buf.episodes([0, 1]).data.transition_data
+    before = (buf.episodes_in_buffer, buf.buffer_index, buf.nbytes, buf._table.copy())
+    for bad in (N_ACTIONS, -1):
+        episodes = runner_batch(rng, 3)
+        episodes.data.transition_data["actions"][2, 1, 0, 0] = bad
+        with pytest.raises(ValueError, match=r"actions holds an index outside \[0, 5\).*episode 2"):
+            buf.insert_episode_batch(episodes)
+        assert (buf.episodes_in_buffer, buf.buffer_index, buf.nbytes) == before[:3]
+        assert np.array_equal(buf._table, before[3])
+        again = buf.episodes([0, 1]).data.transition_data
+        assert all(torch.equal(again[k], v) for k, v in stored.items())
+    for _ in range(10):
+        buf.sample(2)  # every stored episode still samples
+
+
+def test_nan_is_refused_at_the_insert_and_nothing_changes() -> None:
+    buf = make(10)
+    rng = np.random.default_rng(6)
+    buf.insert_episode_batch(runner_batch(rng, 1))
+    episodes = runner_batch(rng, 1)
+    episodes.data.transition_data["state"][0, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match="state holds NaN or inf"):
+        buf.insert_episode_batch(episodes)
+    assert buf.episodes_in_buffer == 1 and buf.buffer_index == 1
+
+
+def test_constructor_and_position_edges_are_refused_where_they_are_made() -> None:
+    """A group of no members, capacity_steps below one whole episode and positions that are
+    not integers are refused at the call that makes them."""
+    with pytest.raises(ValueError, match=r"groups\['agents'\] must be a positive int"):
+        ReplayBuffer(SCHEME, {"agents": 0}, 5, MAX_T)
+    with pytest.raises(ValueError, match=r"groups\['agents'\] must be a positive int"):
+        ReplayBuffer(SCHEME, {"agents": 2.0}, 5, MAX_T)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="capacity_steps must be an int of at least"):
+        make(10, capacity_steps=MAX_T - 1)
+    with pytest.raises(ValueError, match="capacity_steps must be an int of at least"):
+        make(10, capacity_steps=float(10 * MAX_T))
+    buf = make(10)
+    buf.insert_episode_batch(runner_batch(np.random.default_rng(0), 3))
+    for ids in ([0.5], np.array([1.0]), [True], [[0, 1]], []):
+        with pytest.raises(ValueError, match="int positions"):
+            buf.episodes(ids)
+    assert buf.episodes([2, 0])["obs"].shape[0] == 2
+
+
+class Doubled:
+    """A transform that is not a one-hot encoding: computed by the transform at each gather."""
+
+    def transform(self, tensor: Any) -> Any:
+        if (tensor < 0).any():
+            raise RuntimeError("negative values")
+        return tensor * 2
+
+    def infer_output_info(self, vshape: Any, dtype: Any) -> tuple[Any, Any]:
+        return vshape, dtype
+
+
+def test_other_transforms_run_at_the_gather_and_check_the_insert() -> None:
+    buf = ReplayBuffer(SCHEME, GROUPS, 10, MAX_T, preprocess={"actions": ("twice", [Doubled()])})
+    assert set(buf._transformed) == {"twice"} and not buf._one_hot
+    rng = np.random.default_rng(3)
+    episodes = runner_batch(rng, 2)
+    del episodes.data.transition_data["actions_onehot"]  # not in this buffer's scheme
+    buf.insert_episode_batch(episodes)
+    batch = buf.episodes([0, 1])
+    filled = batch["filled"].bool()
+    assert torch.equal(batch["twice"], batch["actions"] * 2 * filled.unsqueeze(-1))
+    bad = runner_batch(rng, 1)
+    del bad.data.transition_data["actions_onehot"]
+    bad.data.transition_data["actions"][0, 0, 0, 0] = -3
+    with pytest.raises(ValueError, match="preprocess of 'actions' into 'twice' refuses"):
+        buf.insert_episode_batch(bad)
+    assert buf.episodes_in_buffer == 2
+
+
+# ------------------------------------------------------------------ EPyMARL's own semantics
+def _faithful(size: int) -> Any:
+    consumers = pytest.importorskip("marlbuf.bench.consumers.epymarl")
+    return consumers.PaddedReplayBuffer(SCHEME, GROUPS, size, MAX_T, preprocess=PREPROCESS)
+
+
+@pytest.mark.parametrize("lengths", ["fixed", "mixed"])
+def test_equal_to_the_epymarl_faithful_buffer_through_split_inserts(lengths: str) -> None:
+    """Against the suite's reproduction of EPyMARL's EpisodeBatch/ReplayBuffer (padded
+    tensors, update with view_as, the ring's split insert, np.random.choice draws): batches of
+    several episodes crossing the ring's end, fixed or mixed lengths, samples truncated to
+    max_t_filled, field by field, dtype and contiguity included."""
+    size = 11
+    ours, theirs = make(size), _faithful(size)
+    rng = np.random.default_rng(9)
+    for round_ in range(12):
+        count = int(rng.integers(1, 5))
+        fixed = [LIMIT] * count if lengths == "fixed" else None
+        data = runner_batch(rng, count, fixed).data
+        # an EpisodeBatch, as EPyMARL's runners hand over (its split insert slices it)
+        episodes = type(theirs).__mro__[1](theirs.scheme, GROUPS, count, MAX_T, data=data)
+        ours.insert_episode_batch(episodes)
+        theirs.insert_episode_batch(episodes)
+        assert ours.episodes_in_buffer == theirs.episodes_in_buffer
+        batch_size = min(4, theirs.episodes_in_buffer)
+        np.random.seed(round_)  # noqa: NPY002 - both buffers draw from it
+        got = ours.sample(batch_size)
+        np.random.seed(round_)  # noqa: NPY002 - both buffers draw from it
+        want = theirs.sample(batch_size)
+        assert torch.equal(got.max_t_filled(), want.max_t_filled())
+        for a, b in ((got, want), (got[:, : got.max_t_filled()], want[:, : want.max_t_filled()])):
+            assert a.max_seq_length == b.max_seq_length and a.batch_size == b.batch_size
+            for key, value in b.data.transition_data.items():
+                tensor = a[key]
+                assert tensor.dtype == value.dtype and tensor.shape == value.shape, key
+                assert torch.equal(tensor, value), key
+        for key, value in got.data.transition_data.items():
+            assert value.is_contiguous(), key
+
+
+def test_memory_follows_the_stored_steps() -> None:
+    """Mixed lengths: the ring holds what the episodes' steps need (plus an eighth), not
+    buffer_size * max_seq_length padded steps as EPyMARL's buffer allocates; fixed lengths
+    take what padding would."""
+    rng = np.random.default_rng(11)
+    mixed, fixed = make(200), make(200)
+    for _ in range(300):
+        mixed.insert_episode_batch(runner_batch(rng, 1, [int(rng.integers(3, LIMIT + 1))]))
+        fixed.insert_episode_batch(runner_batch(rng, 1, [LIMIT]))
+    theirs = _faithful(200)
+    padded = sum(v.nbytes for v in theirs.data.transition_data.values())
+    assert mixed.nbytes <= 0.7 * padded
+    assert fixed.nbytes <= 200 * MAX_T * fixed.row_bytes  # never more rows than padding
+
+
+@pytest.mark.parametrize("capacity_steps", [None, 5 * MAX_T])
+def test_episodes_growing_longer_are_packed_and_stay_right(capacity_steps: Any) -> None:
+    """Short episodes, then long ones, in batches of one to four: the ring grows, wraps and
+    packs its episodes; every stored episode reads back as the reference holds it, and no two
+    stored episodes share a row."""
+    size = 9
+    ours = make(size, capacity_steps=capacity_steps)
+    ring = PaddedRing(size)
+    rng = np.random.default_rng(12)
+    for round_ in range(40):
+        count = int(rng.integers(1, 5))
+        high = 4 if round_ < 15 else LIMIT
+        episodes = runner_batch(rng, count, rng.integers(3, high + 1, size=count))
+        ours.insert_episode_batch(episodes)
+        ring.insert(episodes.data.transition_data)
+        held = np.flatnonzero(ours._held())
+        rows = np.concatenate(
+            [np.arange(s, s + n) for s, n in zip(ours._start[held], ours._length[held])]
+        )
+        assert len(set(rows.tolist())) == rows.size  # no row shared
+        assert rows.max() < ours._table.shape[0]
+        if capacity_steps is None:
+            assert ours.episodes_in_buffer == ring.episodes_in_buffer
+        batch = ours.episodes(held)
+        for b, position in enumerate(held.tolist()):
+            for key, value in batch.data.transition_data.items():
+                assert torch.equal(value[b], ring.data[key][position]), key

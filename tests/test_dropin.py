@@ -14,7 +14,7 @@ import torch
 
 from marlbuf.bench import cli, common, dropin
 from marlbuf.bench.consumers import joint, per_agent
-from marlbuf.envs import make
+from marlbuf.bench.consumers.mpe import env_dims, parallel_env
 
 N_AGENTS = 3
 CAPACITY = 400
@@ -23,7 +23,12 @@ STEPS = 120  # 9 update rounds, 4 finished episodes
 
 
 def _env():
-    return make("cooperative_navigation", N_AGENTS, seed=5)
+    return parallel_env(N_AGENTS)
+
+
+def _dims():
+    _, obs_dims, act_dims = env_dims(_env())
+    return obs_dims, act_dims
 
 
 def _consumer_indices_per_agent(buffers):
@@ -50,15 +55,27 @@ def _assert_same_run(a, b):
         assert torch.equal(x, y)  # bit-identical
 
 
+def test_consumers_store_mpe2_env_step_output_unmodified():
+    """The loops hand the env's dicts to their write paths as env.step returned them (the
+    rewards a defaultdict)."""
+    from collections import defaultdict
+
+    seen = []
+    loop = joint.JointMADDPG(_env(), joint.JointReplayBuffer(CAPACITY, *_dims()), **SETTINGS)
+    loop.store = lambda *step: seen.append(step)  # type: ignore[method-assign]
+    loop.run_steps(3)
+    obs, _, rewards, next_obs, dones = seen[0]
+    assert type(rewards) is defaultdict and type(obs) is dict and set(obs) == set(loop.agents)
+    assert all(type(v) is bool for v in dones.values())
+    assert next_obs is seen[1][0]  # the next step's observations: the same dict
+
+
 def test_per_agent_consumer_learns_the_same_with_marlbuf():
-    env = _env()
-    own = per_agent.PerAgentMADDPG(
-        env, per_agent.own_buffers(CAPACITY, env.obs_dims, 5), **SETTINGS
-    )
+    obs_dims, _ = _dims()
+    own = per_agent.PerAgentMADDPG(_env(), per_agent.own_buffers(CAPACITY, obs_dims, 5), **SETTINGS)
     own.run_steps(STEPS)
-    env = _env()
-    swapped = per_agent.marlbuf_buffers(CAPACITY, env.obs_dims, 5)
-    ours = per_agent.PerAgentMADDPG(env, _consumer_indices_per_agent(swapped), **SETTINGS)
+    swapped = per_agent.marlbuf_buffers(CAPACITY, obs_dims, 5)
+    ours = per_agent.PerAgentMADDPG(_env(), _consumer_indices_per_agent(swapped), **SETTINGS)
     ours.run_steps(STEPS)
     _assert_same_run(own, ours)
     # the swap stored exactly what the consumer's buffers hold
@@ -70,69 +87,108 @@ def test_per_agent_consumer_learns_the_same_with_marlbuf():
 
 @pytest.mark.parametrize(("batch_layout", "norm_rews"), [("per_agent", True), ("rows", False)])
 def test_joint_consumer_learns_the_same_with_marlbuf(batch_layout, norm_rews):
-    env = _env()
-    own_buf = joint.JointReplayBuffer(CAPACITY, env.obs_dims, env.action_dims)
-    own = joint.JointMADDPG(env, own_buf, norm_rews=norm_rews, **SETTINGS)
+    obs_dims, act_dims = _dims()
+    own_buf = joint.JointReplayBuffer(CAPACITY, obs_dims, act_dims)
+    own = joint.JointMADDPG(_env(), own_buf, norm_rews=norm_rews, **SETTINGS)
     own.run_steps(STEPS)
-    env = _env()
-    swapped = _ConsumerIndicesJoint(
-        CAPACITY, env.obs_dims, env.action_dims, batch_layout=batch_layout
-    )
-    ours = joint.JointMADDPG(env, swapped, norm_rews=norm_rews, **SETTINGS)
+    swapped = _ConsumerIndicesJoint(CAPACITY, obs_dims, act_dims, batch_layout=batch_layout)
+    ours = joint.JointMADDPG(_env(), swapped, norm_rews=norm_rews, **SETTINGS)
     ours.run_steps(STEPS)
     _assert_same_run(own, ours)
 
 
+def test_the_qmix_consumer_learns_the_same_with_marlbuf():
+    """EPyMARL's run loop (run, insert, sample, truncate, train) with the padded buffer and
+    with the one-line swap: the same losses and parameters (runs one after the other: both
+    draw from the global generators, as EPyMARL)."""
+    from marlbuf.bench.consumers.epymarl import PaddedReplayBuffer, QMIXConfig, QMIXRun
+    from marlbuf.compat.epymarl import ReplayBuffer
+
+    config = QMIXConfig(batch_size=4, buffer_size=12, target_update_interval=5)
+    losses = {}
+    runs = {}
+    for name, cls in (("own", PaddedReplayBuffer), ("marlbuf", ReplayBuffer)):
+        run = QMIXRun(cls, 2, seed=1, mixed=(4, 25), config=config)
+        losses[name] = []
+        for _ in range(12):
+            run.episode()
+            if run.trains:
+                losses[name].append(run.learner.last_loss)
+        runs[name] = run
+    assert runs["own"].trains == runs["marlbuf"].trains == 9
+    assert losses["own"] == losses["marlbuf"]
+    for x, y in zip(runs["own"].learner.parameters(), runs["marlbuf"].learner.parameters()):
+        assert torch.equal(x, y)
+
+
+TINY = {
+    "agents": (2,),
+    "capacity": 300,
+    "batch_size": 32,
+    "seeds": (0, 1, 2),
+    "windows": 1,
+    "write_agents": (2,),
+    "write_steps": 20,
+    "write_repeats": 1,
+    "batch_agents": (2,),
+    "batch_repeats": 1,
+    "episode_agents": (2,),
+    "episode_windows": 1,
+    "episodes_per_window": 1,
+    "episode_buffer_agents": (2,),
+    "episode_buffer_size": 40,
+    "episode_repeats": 1,
+}
+
+
 def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
-    tiny = {"agents": (2,), "capacity": 300, "batch_size": 32, "repeats": 1}
-    tiny.update(write_agents=(2,), write_steps=30, write_repeats=1)
-    monkeypatch.setattr(dropin, "QUICK", tiny)
+    monkeypatch.setattr(dropin, "QUICK", TINY)
     payload = dropin.run(quick=True)
     rows = payload["rows"]
-    kinds = ("streams", "independent")
-    assert [(r["consumer"], r["kind"], r["case"]) for r in rows] == [
-        *[("per_agent", kind, case) for kind in kinds for case in ("own", "marlbuf")],
-        *[
-            ("joint", kind, case)
-            for kind in kinds
-            for case in ("own", "marlbuf", "marlbuf_per_agent_batches")
-        ],
+    assert [(r["consumer"], r["case"]) for r in rows] == [
+        ("per_agent", "own"),
+        ("per_agent", "marlbuf"),
+        ("joint", "own"),
+        ("joint", "marlbuf"),
+        ("joint", "marlbuf_per_agent_batches"),
+        ("epymarl", "own"),
+        ("epymarl", "marlbuf"),
     ]
     for row in rows:
-        assert row["agents"] == 2 and row["capacity"] == 300
-        assert row["buffer"] == dropin.BUFFERS[row["case"]]
-        for metric in ("write_us", "sample_ms", "update_ms", "per100_s"):
-            assert row[metric] > 0
-        assert {"ratio_write", "ratio_sample", "ratio_update", "ratio_per100"} <= set(row)
-        assert row["sample_speedup"] > 0 and row["own_buffer_s"] > 0
-        assert 0 < row["own_buffer_share"] and np.isfinite(row["gain_vs_own_buffer"])
+        assert row["agents"] == 2 and row["seeds"] == 3
+        assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+        assert row["verdict"] in ("faster", "slower", "within spread")
+        assert row["window_s"] > 0 and row["buffer_s"] > 0 and row["update_s"] > 0
+        assert row["own_buffer_s"] > 0 and np.isfinite(row["gain_vs_own_buffer"])
+        if row["case"] == "own":
+            assert row["ratio"] == 1 and row["batch_cost_s"] == 0
     assert "tuning option" in dropin.BUFFERS["marlbuf_per_agent_batches"]
-    assert [(r["kind"], r["case"]) for r in payload["write_rows"]] == [
-        (kind, case) for kind in kinds for case in ("numpy_rows", "marlbuf_add")
-    ]
-    assert payload["write_rows"][0]["ratio_vs_numpy_rows"] == 1.0
-    expected = {
-        f"{consumer}/{case}/{kind}/N=2"
-        for kind in kinds
-        for consumer, case in (
-            ("per_agent", "marlbuf"),
-            ("joint", "marlbuf"),
-            ("joint", "marlbuf_per_agent_batches"),
+    cases = {(r["actions"], r["case"]) for r in payload["write_rows"]}
+    assert cases == {
+        (actions, case)
+        for actions in ("continuous", "discrete")
+        for case in (
+            "numpy_rows", "joint_push", "add_raw_env_step", "add_plain_dicts", "extend_one_step"
         )
+    }  # fmt: skip
+    assert {r["case"] for r in payload["batch_rows"]} == {
+        "own", "rows", "per_agent", "rows+contiguous()"
+    }  # fmt: skip
+    layouts = {r["case"]: r["contiguous"] for r in payload["batch_rows"]}
+    assert layouts == {"own": True, "rows": False, "per_agent": True, "rows+contiguous()": True}
+    episode = payload["episode_rows"]
+    assert {(r["lengths"], r["case"]) for r in episode} == {
+        (lengths, case) for lengths in ("fixed", "mixed") for case in ("own", "marlbuf")
     }
-    expected |= {f"write_add_vs_numpy_rows/{kind}/N=2" for kind in kinds}
-    assert set(payload["summary"]) == expected | {"targets_missed"}
-    assert set(dropin.METRICS) <= set(payload["summary"]["joint/marlbuf/streams/N=2"])
-    # targets only for the default cases; the sampling-call target applies at 12 and 24 agents
-    assert {(t["workload"], t["kind"]) for t in payload["targets"]} == {
-        (f"{consumer} N=2", kind) for consumer in ("per_agent", "joint") for kind in kinds
-    }
+    mixed = next(r for r in episode if r["lengths"] == "mixed" and r["case"] == "marlbuf")
+    assert 0 < mixed["memory_vs_padded"] < 1
+    checks = {(t["check"], t["workload"]) for t in payload["targets"]}
+    assert ("whole run: marlbuf / own (lowest seed)", "epymarl N=2") in checks
+    assert ("memory: marlbuf / padded", "EPyMARL buffer N=2, mixed lengths") in checks
     assert all(t["status"] in ("PASS", "FAIL") for t in payload["targets"])
     path = common.write_result("dropin", payload, quick=True, out_dir=tmp_path)
-    assert path.name == "dropin-quick.json"
     record = json.loads(path.read_text())
     assert record["suite"] == "dropin" and record["config"]["batch_size"] == 32
-    assert "dropin" in cli.SUITES
     report = cli.write_report(tmp_path, quick=True).read_text()
     assert "## dropin" in report and "marlbuf_per_agent_batches" in report
     assert "numpy_rows" in report and ("PASS" in report or "FAIL" in report)
@@ -151,20 +207,21 @@ class _ConsumerIndicesDevice(per_agent.DeviceBufferMADDPG):
 def test_consumers_with_a_device_buffer_learn_the_same(consumer):
     # the device swaps on device="cpu" (the code a GPU runs): the same data, the same learning
     settings = {**SETTINGS, "device": "cpu"}
-    env = _env()  # each loop seeds the global generators when built: build, run, then the next
+    obs_dims, act_dims = _dims()
+    # each loop seeds the global generators when built: build, run, then the next
     if consumer == "per_agent":
         own = per_agent.PerAgentMADDPG(
-            env, per_agent.own_buffers(CAPACITY, env.obs_dims, 5), **settings
+            _env(), per_agent.own_buffers(CAPACITY, obs_dims, 5), **settings
         )
         own.run_steps(STEPS)
-        buffer = per_agent.device_buffer(CAPACITY, env.obs_dims, 5, "cpu")
+        buffer = per_agent.device_buffer(CAPACITY, obs_dims, 5, "cpu")
         ours = _ConsumerIndicesDevice(_env(), buffer, **settings)
     else:
         own = joint.JointMADDPG(
-            env, joint.JointReplayBuffer(CAPACITY, env.obs_dims, env.action_dims), **settings
+            _env(), joint.JointReplayBuffer(CAPACITY, obs_dims, act_dims), **settings
         )
         own.run_steps(STEPS)
-        swapped = _ConsumerIndicesJoint(CAPACITY, env.obs_dims, env.action_dims, device="cpu")
+        swapped = _ConsumerIndicesJoint(CAPACITY, obs_dims, act_dims, device="cpu")
         ours = joint.JointMADDPG(_env(), swapped, **settings)
     ours.run_steps(STEPS)
     _assert_same_run(own, ours)
@@ -194,15 +251,6 @@ def test_dropin_on_a_device_runs_tiny(monkeypatch):
         assert all("no CUDA" in t["note"] for t in payload["targets"])
     with pytest.raises(ValueError, match="device must be"):
         dropin.run(quick=True, device="tpu")
-
-
-def test_write_path_streams_link_next_obs_to_the_following_obs():
-    transitions = dropin.env_transitions([4, 4], 60, seed=0, kind="streams")
-    for t, (_, _, _, nxt, _) in enumerate(transitions[:-1]):
-        follows = all(np.array_equal(a, b) for a, b in zip(nxt, transitions[t + 1][0]))
-        assert follows == bool((t + 1) % dropin.EPISODE_STEPS)
-    independent = dropin.env_transitions([4, 4], 10, seed=0, kind="independent")
-    assert not any(np.array_equal(independent[t][3][0], independent[t + 1][0][0]) for t in range(9))
 
 
 def test_docs_joint_buffer_snippet_matches_the_consumer_buffer():

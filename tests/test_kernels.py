@@ -112,6 +112,28 @@ def test_first_nonfinite_matches_naive(dtype, bad):
     assert got == (-1 if bad is None else 2)
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_first_nonfinite_reports_the_first_segment_not_the_first_row(half):
+    # a bad value in a later segment of an earlier row: the scan goes row by row, the answer
+    # is still the lowest segment with a bad value, as the segment-by-segment naive scan says
+    from marlbuf._kernels import first_nonfinite, first_nonfinite_half
+
+    rng = np.random.default_rng(11)
+    dtype = np.float16 if half else np.float32
+    starts = np.array([0, 6, 9, 20], np.int64)
+    counts = np.array([6, 3, 11, 4], np.int64)
+    for seed in range(20):
+        values = rng.standard_normal((9, 24)).astype(dtype)
+        bad = np.random.default_rng(seed).integers(0, [9, 24], size=(seed % 4, 2))
+        for row, col in bad:
+            values[row, col] = (np.nan, np.inf, -np.inf)[(row + col) % 3]
+        if half:
+            got = first_nonfinite_half(values.view(np.uint16), starts, counts)
+        else:
+            got = first_nonfinite(values, starts, counts)
+        assert got == naive.first_nonfinite(values, starts, counts), (seed, bad)
+
+
 @pytest.mark.parametrize(("capacity", "width", "batch"), [(1, 1, 1), (100, 37, 64), (50, 600, 200)])
 def test_gather_rows_parallel_matches_naive(capacity, width, batch):
     from marlbuf._kernels import gather_rows_parallel
@@ -430,6 +452,14 @@ def _step_items(specs, rng, case: str):
         obs[0] = obs[0].astype(np.float16)
     elif case == "0-d reward":
         rew[0] = np.array(1.5)
+    elif case == "0-d action and done" and discrete:
+        act[0] = np.array(act[0])
+        done[0] = np.array(done[0])
+    elif case == "numpy scalars":
+        rew = [np.float64(r) for r in rew]
+        done = [np.bool_(d) for d in done]
+        if discrete:
+            act = [np.int64(a) for a in act]
     elif case == "complex reward":
         rew[0] = 1 + 2j
     elif case == "unsigned action" and discrete:
@@ -441,7 +471,8 @@ STEP_CASES = [
     "plain", "mixed types", "int and bool arrays", "strided and read-only", "one-hot arrays",
     "nan obs", "inf next_obs", "beyond float32", "huge reward", "nan done",
     "action out of range", "negative action", "bool action", "float action", "wrong shape",
-    "wrong ndim", "float16 obs", "0-d reward", "complex reward", "unsigned action",
+    "wrong ndim", "float16 obs", "0-d reward", "0-d action and done", "numpy scalars",
+    "complex reward", "unsigned action",
 ]  # fmt: skip
 
 
@@ -468,8 +499,49 @@ def test_stage_step_matches_naive(kind, case):
         return
     assert stage_step(*items, row, step.plan) == taken
     np.testing.assert_array_equal(row, expected)
-    if case in ("plain", "mixed types", "int and bool arrays", "strided and read-only"):
+    if case in (
+        "plain", "mixed types", "int and bool arrays", "strided and read-only", "0-d reward",
+        "0-d action and done", "numpy scalars",
+    ):  # fmt: skip
         assert taken  # the common cases are taken
+
+
+def _leading(items, case: str):
+    """``items`` as a one-step extend passes them: every item with a leading axis of 1 (two
+    rows for the case ``"two rows"``)."""
+    rows = 2 if case == "two rows" else 1
+    return tuple(
+        tuple(np.repeat(np.asarray(x)[None], rows, axis=0) for x in field) for field in items
+    )
+
+
+@pytest.mark.parametrize("kind", ["discrete", "shapes", "float64", "solo"])
+@pytest.mark.parametrize("case", [*STEP_CASES, "two rows"])
+def test_stage_leading_step_matches_naive(kind, case):
+    """The one-step kernels of a one-step extend (every item with a leading axis of length 1)
+    take what the twin takes on the items' first rows, write the same row, and decline an
+    item of more than one row."""
+    from marlbuf._kernels import stage_leading_step
+    from marlbuf.staging import RowCodec
+
+    specs = _step_specs(kind)
+    step = RowCodec(specs).step_plan
+    assert step is not None
+    rng = np.random.default_rng(len(STEP_CASES) + [*STEP_CASES, "two rows"].index(case))
+    items = _leading(_step_items(specs, rng, "plain" if case == "two rows" else case), case)
+    row = rng.standard_normal(step.row.shape).astype(step.row.dtype)
+    taken, expected = naive.stage_step(items, row, step.plan, leading=True)
+    if case == "float16 obs":
+        with pytest.raises(NotImplementedError):
+            stage_leading_step(*items, row, step.plan)
+        assert not taken
+        return
+    assert stage_leading_step(*items, row, step.plan) == taken
+    np.testing.assert_array_equal(row, expected)
+    if case in ("plain", "mixed types", "int and bool arrays", "0-d reward", "numpy scalars"):
+        assert taken  # the common cases are taken
+    if case == "two rows":
+        assert not taken
 
 
 def _link_state(capacity, obs_bytes, rng):

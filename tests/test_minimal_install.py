@@ -34,6 +34,22 @@ class Missing(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Missing())
+
+# where a package is not installed, find_spec answers None and its metadata is missing
+import importlib.metadata, importlib.util
+_find_spec, _version = importlib.util.find_spec, importlib.metadata.version
+
+def find_spec(name, package=None):
+    if name.partition(".")[0] in HIDDEN:
+        return None
+    return _find_spec(name, package)
+
+def version(name):
+    if name.replace("-", "_") in HIDDEN:
+        raise importlib.metadata.PackageNotFoundError(name)
+    return _version(name)
+
+importlib.util.find_spec, importlib.metadata.version = find_spec, version
 """
 
 

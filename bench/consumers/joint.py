@@ -1,22 +1,25 @@
 """Stand-in consumer 2: MADDPG with one joint buffer (``push`` / ``sample`` of per-agent lists).
 
 Written the way PyTorch MADDPG codebases with a joint buffer are: the buffer keeps per-agent
-preallocated float32 arrays; ``push(obs_n, act_n, rew_n, next_obs_n, done_n)`` writes one
-environment step of every agent; ``sample(B)`` draws ``np.random.choice(filled, B,
-replace=False)`` and returns lists of per-agent tensors, with every agent's rewards normalised
-by the mean and standard deviation of all its stored rewards. Every 100 steps each agent draws
-its own sample and updates its critic and actor (the other agents' actions in the actor loss
-come from their current policies); then all target networks are soft-updated.
+preallocated float32 arrays; ``push(obs, act, rew, next_obs, done)`` writes one environment step
+of every agent from the dicts mpe2's parallel ``env.step`` returns
+(:mod:`marlbuf.bench.consumers.mpe`; the rewards a ``defaultdict``); ``sample(B)`` draws
+``np.random.choice(filled, B, replace=False)`` and returns lists of per-agent tensors, with every
+agent's rewards normalised by the mean and standard deviation of all its stored rewards. Every
+100 steps each agent draws its own sample and updates its critic and actor (the other agents'
+actions in the actor loss come from their current policies); then all target networks are
+soft-updated.
 
 Swapping marlbuf in is the thirty lines of :class:`MarlbufJointBuffer`: ``push`` becomes
-``MultiAgentReplayBuffer.add``, ``sample`` becomes ``sample(B)`` with a ``Uniform(replace=False)``
-sampler, ``Batch.as_lists()`` and ``torch.from_numpy``. The reward normalisation reads
-``stored("reward")`` with the consumer's float32 arithmetic (so learning stays bit-identical)
-and recomputes it only when the buffer has been written to since (``total_writes``): the
-consumer's own buffer makes that pass over every stored reward at every sample call, N times
-per update round although nothing is written during the round. The buffer is built with the
-library's defaults; the tuning option ``batch_layout="per_agent"`` makes every per-agent array
-contiguous, which the per-agent networks here may read faster than strided views.
+``MultiAgentReplayBuffer.add`` of the env's dicts as they are, ``sample`` becomes ``sample(B)``
+with a ``Uniform(replace=False)`` sampler, ``Batch.as_lists()`` and ``torch.from_numpy``. The
+reward normalisation reads ``stored("reward")`` with the consumer's float32 arithmetic (so
+learning stays bit-identical) and recomputes it only when the buffer has been written to since
+(``total_writes``): the consumer's own buffer makes that pass over every stored reward at every
+sample call, N times per update round although nothing is written during the round. The buffer
+is built with the library's defaults; the tuning option ``batch_layout="per_agent"`` makes every
+per-agent array contiguous, which the per-agent networks here may read faster than strided
+views.
 
 On a GPU (``JointMADDPG(..., device="cuda")``) the networks live on the device and ``sample``
 is asked for tensors there: the own buffer copies each sampled array with ``torch.tensor(...,
@@ -28,7 +31,8 @@ device already, normalised there.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -36,6 +40,7 @@ import torch
 from torch import nn
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf.bench.consumers.mpe import EnvLoop
 from marlbuf.samplers import Uniform
 
 Tensor = torch.Tensor
@@ -70,19 +75,21 @@ class JointReplayBuffer:
 
     def push(
         self,
-        observations: Sequence[Any],
-        actions: Sequence[Any],
-        rewards: Sequence[Any],
-        next_observations: Sequence[Any],
-        dones: Sequence[Any],
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        dones: Any,
     ) -> None:
-        """Store one step of every agent (each argument: one entry per agent)."""
-        for i in range(self.num_agents):
-            self.obs_buffs[i][self.curr_i] = observations[i]
-            self.ac_buffs[i][self.curr_i] = actions[i]
-            self.rew_buffs[i][self.curr_i] = rewards[i]
-            self.next_obs_buffs[i][self.curr_i] = next_observations[i]
-            self.done_buffs[i][self.curr_i] = dones[i]
+        """Store one step of every agent (each argument: a dict keyed by agent, as the env
+        returns it, or one entry per agent in order)."""
+        keys = list(observations) if isinstance(observations, Mapping) else range(self.num_agents)
+        for i, key in enumerate(keys):
+            self.obs_buffs[i][self.curr_i] = observations[key]
+            self.ac_buffs[i][self.curr_i] = actions[key]
+            self.rew_buffs[i][self.curr_i] = rewards[key]
+            self.next_obs_buffs[i][self.curr_i] = next_observations[key]
+            self.done_buffs[i][self.curr_i] = dones[key]
         self.curr_i = (self.curr_i + 1) % self.max_steps
         self.filled_i = min(self.filled_i + 1, self.max_steps)
 
@@ -159,13 +166,14 @@ class MarlbufJointBuffer:
 
     def push(
         self,
-        observations: Sequence[Any],
-        actions: Sequence[Any],
-        rewards: Sequence[Any],
-        next_observations: Sequence[Any],
-        dones: Sequence[Any],
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        next_observations: Any,
+        dones: Any,
     ) -> None:
-        """Store one step of every agent."""
+        """Store one step of every agent: the env's dicts (or lists in agent order), as they
+        are."""
         self.buffer.add(observations, actions, rewards, next_observations, dones)
 
     def draw(self, n: int) -> Any:
@@ -242,13 +250,14 @@ class DDPGAgent:
         return action
 
 
-class JointMADDPG:
+class JointMADDPG(EnvLoop):
     """The training loop: action selection, env step, ``push``, periodic updates.
 
     Parameters
     ----------
-    env : marlbuf.envs.MPEEnv
-        Continuous-action environment.
+    env : PettingZoo ParallelEnv
+        mpe2's continuous-action cooperative navigation
+        (:func:`marlbuf.bench.consumers.mpe.parallel_env`).
     buffer : JointReplayBuffer or MarlbufJointBuffer
     batch_size : int
     update_every : int
@@ -259,7 +268,7 @@ class JointMADDPG:
     norm_rews : bool
         Normalise sampled rewards by the stored rewards' mean and std.
     seed : int
-        Seeds the global NumPy and torch generators.
+        Seeds the global NumPy and torch generators, and the env.
     device : str or torch.device, optional
         Where the networks live and the sampled tensors are asked for; ``None``: the CPU.
     """
@@ -281,60 +290,34 @@ class JointMADDPG:
     ) -> None:
         np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
-        self.env = env
+        super().__init__(env, seed, update_every, batch_size if warmup is None else warmup)
         self.buffer = buffer
         self.device = device
-        self.nagents = env.n_agents
-        critic_in = sum(env.obs_dims) + sum(env.action_dims)
-        self.agents = [
-            DDPGAgent(o, a, critic_in, lr, device) for o, a in zip(env.obs_dims, env.action_dims)
+        self.nagents = self.n_agents
+        critic_in = sum(self.obs_dims) + sum(self.action_dims)
+        self.agents_nets = [
+            DDPGAgent(o, a, critic_in, lr, device) for o, a in zip(self.obs_dims, self.action_dims)
         ]
         self.batch_size = batch_size
-        self.update_every = update_every
-        self.warmup = batch_size if warmup is None else warmup
         self.gamma, self.tau, self.noise = gamma, tau, noise
         self.norm_rews = norm_rews
-        self.obs: list[np.ndarray] = env.reset()
-        self.steps = 0
-        self.updates = 0
-        self.episode_returns: list[float] = []
 
     # ----------------------------------------------------------------------------- acting
-    def select_actions(self, obs: list[np.ndarray]) -> list[np.ndarray]:
+    def select_actions(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every agent's exploring action (one policy call per agent)."""
         with torch.no_grad():
-            torch_obs = [torch.as_tensor(o, device=self.device).unsqueeze(0) for o in obs]
-            actions = [a.step(o, True, self.noise) for a, o in zip(self.agents, torch_obs)]
-        return [a[0].cpu().numpy() for a in actions]
+            actions = [
+                net.step(torch.as_tensor(obs[a], device=self.device).unsqueeze(0), True, self.noise)
+                for net, a in zip(self.agents_nets, self.agents)
+            ]
+        return {a: x[0].cpu().numpy() for a, x in zip(self.agents, actions)}
 
-    def store(
-        self,
-        obs: Sequence[Any],
-        actions: Sequence[Any],
-        rewards: Sequence[Any],
-        next_obs: Sequence[Any],
-        dones: Sequence[Any],
-    ) -> None:
-        """The write path: one ``push`` of every agent's transition."""
+    def store(self, obs: Any, actions: Any, rewards: Any, next_obs: Any, dones: Any) -> None:
+        """The write path: one ``push`` of the step's dicts, as the env returned them."""
         self.buffer.push(obs, actions, rewards, next_obs, dones)
 
-    def env_step(self) -> None:
-        """One environment step, stored; resets at the end of an episode."""
-        actions = self.select_actions(self.obs)
-        next_obs, rewards, dones, info = self.env.step(actions)
-        self.store(self.obs, actions, rewards, next_obs, dones)
-        self.obs = next_obs
-        if info["episode_over"]:
-            self.episode_returns.append(float(info["episode_return"].sum()))
-            self.obs = self.env.reset()
-        self.steps += 1
-
-    def run_steps(self, n_steps: int) -> None:
-        """``n_steps`` environment steps with an update round every ``update_every`` steps."""
-        for _ in range(n_steps):
-            self.env_step()
-            if self.steps % self.update_every == 0 and len(self.buffer) >= self.warmup:
-                self.update_round()
+    def stored_steps(self) -> int:
+        return len(self.buffer)
 
     # ----------------------------------------------------------------------------- learning
     def sample(self, agent_i: int) -> Sample:
@@ -344,12 +327,12 @@ class JointMADDPG:
     def update(self, sample: Sample, agent_i: int) -> None:
         """Critic and policy update of agent ``agent_i``."""
         obs, acs, rews, next_obs, dones = sample
-        agent = self.agents[agent_i]
+        agent = self.agents_nets[agent_i]
 
         agent.critic_optimizer.zero_grad()
         with torch.no_grad():
             all_trgt_acs = [
-                torch.sigmoid(a.target_policy(nobs)) for a, nobs in zip(self.agents, next_obs)
+                torch.sigmoid(a.target_policy(nobs)) for a, nobs in zip(self.agents_nets, next_obs)
             ]
             trgt_vf_in = torch.cat((*next_obs, *all_trgt_acs), dim=1)
             target_value = rews[agent_i].view(-1, 1) + self.gamma * agent.target_critic(
@@ -365,7 +348,7 @@ class JointMADDPG:
         agent.policy_optimizer.zero_grad()
         curr_pol_out = agent.policy(obs[agent_i])
         all_pol_acs = []
-        for i, (other, ob) in enumerate(zip(self.agents, obs)):
+        for i, (other, ob) in enumerate(zip(self.agents_nets, obs)):
             if i == agent_i:
                 all_pol_acs.append(torch.sigmoid(curr_pol_out))
             else:
@@ -380,22 +363,30 @@ class JointMADDPG:
     def update_all_targets(self) -> None:
         """Soft update of every agent's target policy and critic."""
         with torch.no_grad():
-            for a in self.agents:
+            for a in self.agents_nets:
                 for net, target in ((a.policy, a.target_policy), (a.critic, a.target_critic)):
                     for p, tp in zip(net.parameters(), target.parameters()):
                         tp.mul_(1 - self.tau).add_(p, alpha=self.tau)
 
     def update_round(self) -> None:
-        """Every agent samples and updates once; then the targets move."""
+        """Every agent samples and updates once; then the targets move (sampling and updates
+        timed apart)."""
         for agent_i in range(self.nagents):
-            self.update(self.sample(agent_i), agent_i)
+            start = perf_counter()
+            sample = self.sample(agent_i)
+            middle = perf_counter()
+            self.update(sample, agent_i)
+            self.timers["sample"] += middle - start
+            self.timers["update"] += perf_counter() - middle
+        start = perf_counter()
         self.update_all_targets()
+        self.timers["update"] += perf_counter() - start
         self.updates += 1
 
     def parameters(self) -> list[Tensor]:
         """Every network parameter (online and target), in a fixed order."""
         nets = []
-        for a in self.agents:
+        for a in self.agents_nets:
             nets += [a.policy, a.critic, a.target_policy, a.target_critic]
         return [p.detach() for net in nets for p in net.parameters()]
 

@@ -1,8 +1,10 @@
 """Stand-in consumer 1: MADDPG with one replay buffer object per agent.
 
-Written the way PyTorch ports of the original MADDPG trainer are: every agent owns a buffer of
-preallocated NumPy arrays and a trainer; each environment step every agent adds its own
-transition (``buffers[i].add(obs, act, rew, next_obs, done)``); every 100 steps each trainer
+Written the way PyTorch ports of the original MADDPG trainer to PettingZoo are: every agent owns
+a buffer of preallocated NumPy arrays and a trainer; each environment step (mpe2's parallel
+``env.step``, :mod:`marlbuf.bench.consumers.mpe`) every agent adds its own transition from the
+step's dicts (``buffers[i].add(obs[a], act[a], rew[a], next_obs[a], term[a])``: the reward a
+Python float out of mpe2's ``defaultdict``, the termination a bool); every 100 steps each trainer
 draws indices with ``np.random.choice(len, B, replace=False)`` from its own buffer, reads every
 agent's buffer at those indices (``buffers[j].sample_index(idx)``), converts the arrays with
 ``torch.tensor`` and updates its critic, its actor and its target networks.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -32,6 +35,7 @@ import torch
 from torch import nn
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf.bench.consumers.mpe import EnvLoop
 from marlbuf.compat.maddpg import make_buffers
 from marlbuf.samplers import Uniform
 
@@ -153,13 +157,14 @@ class AgentTrainer:
                     tp.mul_(1 - tau).add_(p, alpha=tau)
 
 
-class PerAgentMADDPG:
+class PerAgentMADDPG(EnvLoop):
     """The training loop: action selection, env step, per-agent ``add``, periodic updates.
 
     Parameters
     ----------
-    env : marlbuf.envs.MPEEnv
-        Continuous-action environment (observations and actions as per-agent sequences).
+    env : PettingZoo ParallelEnv
+        mpe2's continuous-action cooperative navigation
+        (:func:`marlbuf.bench.consumers.mpe.parallel_env`).
     buffers : list
         One buffer per agent with ``add``, ``make_index``, ``sample_index`` and ``len``
         (:func:`own_buffers` or :func:`marlbuf_buffers`).
@@ -171,7 +176,7 @@ class PerAgentMADDPG:
     lr, gamma, tau, noise : float
         Adam learning rate, discount, target smoothing, exploration noise (Gaussian std).
     seed : int
-        Seeds the global NumPy and torch generators, as these codebases do.
+        Seeds the global NumPy and torch generators, as these codebases do, and the env.
     device : str or torch.device, optional
         Where the networks live (and the tensors the update reads); ``None``: the CPU.
     """
@@ -192,68 +197,37 @@ class PerAgentMADDPG:
     ) -> None:
         np.random.seed(seed)  # noqa: NPY002 - global seeding, as these codebases do
         torch.manual_seed(seed)
-        self.env = env
+        super().__init__(env, seed, update_every, batch_size if warmup is None else warmup)
         self.buffers = buffers
         self.device = device
-        self.n = env.n_agents
-        self.act_dim = env.action_dims[0]
+        self.n = self.n_agents
+        self.act_dim = self.action_dims[0]
         self.trainers = [
-            AgentTrainer(i, env.obs_dims, self.act_dim, lr, device) for i in range(self.n)
+            AgentTrainer(i, self.obs_dims, self.act_dim, lr, device) for i in range(self.n)
         ]
         self.batch_size = batch_size
-        self.update_every = update_every
-        self.warmup = batch_size if warmup is None else warmup
         self.gamma, self.tau, self.noise = gamma, tau, noise
-        self.obs: list[np.ndarray] = env.reset()
-        self.steps = 0
-        self.updates = 0
-        self.episode_returns: list[float] = []
 
     # ----------------------------------------------------------------------------- acting
-    def select_actions(self, obs: list[np.ndarray]) -> list[np.ndarray]:
+    def select_actions(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each actor on its own observation, plus Gaussian noise, clipped to [0, 1]."""
-        actions = []
+        actions = {}
         with torch.no_grad():
-            for trainer, o in zip(self.trainers, obs):
-                logits = trainer.actor(torch.tensor(o, device=self.device).unsqueeze(0))
-                a = torch.sigmoid(logits)[0].cpu().numpy()
+            for trainer, agent in zip(self.trainers, self.agents):
+                o = torch.tensor(obs[agent], device=self.device).unsqueeze(0)
+                a = torch.sigmoid(trainer.actor(o))[0].cpu().numpy()
                 a = a + np.random.normal(0.0, self.noise, self.act_dim)  # noqa: NPY002
-                actions.append(np.clip(a, 0.0, 1.0).astype(np.float32))
+                actions[agent] = np.clip(a, 0.0, 1.0).astype(np.float32)
         return actions
 
-    def store(
-        self,
-        obs: Sequence[Any],
-        actions: Sequence[Any],
-        rewards: Sequence[Any],
-        next_obs: Sequence[Any],
-        dones: Sequence[Any],
-    ) -> None:
+    def store(self, obs: Any, actions: Any, rewards: Any, next_obs: Any, dones: Any) -> None:
         """The write path: every agent adds its own transition to its own buffer."""
-        for i, buf in enumerate(self.buffers):
-            buf.add(obs[i], actions[i], rewards[i], next_obs[i], dones[i])
-
-    def env_step(self) -> None:
-        """One environment step, stored; resets at the end of an episode."""
-        actions = self.select_actions(self.obs)
-        next_obs, rewards, dones, info = self.env.step(actions)
-        self.store(self.obs, actions, rewards, next_obs, dones)
-        self.obs = next_obs
-        if info["episode_over"]:
-            self.episode_returns.append(float(info["episode_return"].sum()))
-            self.obs = self.env.reset()
-        self.steps += 1
+        for agent, buf in zip(self.agents, self.buffers):
+            buf.add(obs[agent], actions[agent], rewards[agent], next_obs[agent], dones[agent])
 
     def stored_steps(self) -> int:
         """Environment steps held by the replay data."""
         return len(self.buffers[0])
-
-    def run_steps(self, n_steps: int) -> None:
-        """``n_steps`` environment steps with an update round every ``update_every`` steps."""
-        for _ in range(n_steps):
-            self.env_step()
-            if self.steps % self.update_every == 0 and self.stored_steps() >= self.warmup:
-                self.update_round()
 
     # ----------------------------------------------------------------------------- learning
     def sample(self, i: int) -> tuple[list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]:
@@ -306,9 +280,14 @@ class PerAgentMADDPG:
         me.soft_update(self.tau)
 
     def update_round(self) -> None:
-        """Every trainer samples and updates once."""
+        """Every trainer samples and updates once (sampling and updates timed apart)."""
         for i in range(self.n):
-            self.update_agent(i, self.sample(i))
+            start = perf_counter()
+            sample = self.sample(i)
+            middle = perf_counter()
+            self.update_agent(i, sample)
+            self.timers["sample"] += middle - start
+            self.timers["update"] += perf_counter() - middle
         self.updates += 1
 
     def parameters(self) -> list[Tensor]:
@@ -336,15 +315,8 @@ class DeviceBufferMADDPG(PerAgentMADDPG):
     def stored_steps(self) -> int:
         return len(self.buffer)
 
-    def store(
-        self,
-        obs: Sequence[Any],
-        actions: Sequence[Any],
-        rewards: Sequence[Any],
-        next_obs: Sequence[Any],
-        dones: Sequence[Any],
-    ) -> None:
-        """One ``add`` of every agent's transition (lists in agent order)."""
+    def store(self, obs: Any, actions: Any, rewards: Any, next_obs: Any, dones: Any) -> None:
+        """One ``add`` of the step's dicts, as ``env.step`` returned them."""
         self.buffer.add(obs, actions, rewards, next_obs, dones)
 
     def sample(self, i: int) -> tuple[list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]:

@@ -38,8 +38,11 @@ from marlbuf._kernels.staging import link_rows as link_rows
 from marlbuf._kernels.staging import link_step as link_step
 from marlbuf._kernels.staging import next_is_obs as next_is_obs
 from marlbuf._kernels.staging import release_slots as release_slots
+from marlbuf._kernels.staging import stage_leading_step as stage_leading_step
 from marlbuf._kernels.staging import stage_step as stage_step
+from marlbuf._kernels.staging import store_dense_leading_step as store_dense_leading_step
 from marlbuf._kernels.staging import store_dense_step as store_dense_step
+from marlbuf._kernels.staging import store_lean_leading_step as store_lean_leading_step
 from marlbuf._kernels.staging import store_lean_step as store_lean_step
 from marlbuf._kernels.sumtree import (
     apply_td_errors,

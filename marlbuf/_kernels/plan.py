@@ -160,14 +160,20 @@ def first_nonfinite_half(values: np.ndarray, starts: np.ndarray, counts: np.ndar
     starts, counts : ndarray, shape (n_segments,), int64
         Each segment covers ``values[:, starts[s] : starts[s] + counts[s]]``.
     """
-    for s in range(starts.shape[0]):
-        lo = starts[s]
-        hi = lo + counts[s]
-        for r in range(values.shape[0]):
-            row = values[r]
-            for w in range(lo, hi):
-                if row[w] & 0x7C00 == 0x7C00:  # all exponent bits set: inf or NaN
-                    return s
+    n_segments = starts.shape[0]
+    flagged = np.zeros(n_segments, dtype=np.bool_)
+    for r in range(values.shape[0]):  # rows in memory order, as first_nonfinite
+        row = values[r]
+        for s in range(n_segments):
+            lo = starts[s]
+            bad = False
+            for w in range(lo, lo + counts[s]):
+                bad |= row[w] & 0x7C00 == 0x7C00  # all exponent bits set: inf or NaN
+            if bad:
+                flagged[s] = True
+    for s in range(n_segments):
+        if flagged[s]:
+            return s
     return -1
 
 

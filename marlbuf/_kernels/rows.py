@@ -162,6 +162,11 @@ def neighbor_indices(refs: np.ndarray, run_length: int, capacity: int, out: np.n
 def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> int:
     """Index of the first segment holding a NaN or inf in any row, or -1.
 
+    Rows are scanned in memory order (each row once, every segment of it), each segment's
+    words reduced without a branch (``x - x`` is 0 for every finite ``x``, NaN for NaN and
+    inf), and the lowest flagged segment is returned: the answer of a segment-by-segment
+    scan, at the speed of one pass over the rows.
+
     Parameters
     ----------
     values : ndarray, shape (rows, width), float32 or float64
@@ -169,15 +174,21 @@ def first_nonfinite(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) 
     starts, counts : ndarray, shape (n_segments,), int64
         Each segment covers ``values[:, starts[s] : starts[s] + counts[s]]``.
     """
-    for s in range(starts.shape[0]):
-        lo = starts[s]
-        hi = lo + counts[s]
-        for r in range(values.shape[0]):
-            row = values[r]
-            for w in range(lo, hi):
-                x = row[w]
-                if x - x != 0.0:  # NaN - NaN and inf - inf are NaN; finite x gives 0
-                    return s
+    n_segments = starts.shape[0]
+    flagged = np.zeros(n_segments, dtype=np.bool_)
+    zero = values.dtype.type(0)
+    for r in range(values.shape[0]):
+        row = values[r]
+        for s in range(n_segments):
+            lo = starts[s]
+            acc = zero
+            for w in range(lo, lo + counts[s]):
+                acc += row[w] - row[w]  # stays 0 unless some word is NaN or inf
+            if acc != 0:
+                flagged[s] = True
+    for s in range(n_segments):
+        if flagged[s]:
+            return s
     return -1
 
 

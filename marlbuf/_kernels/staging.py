@@ -3,11 +3,15 @@
 The kernels take ``add``'s five fields as tuples in agent order — per-agent arrays
 (observations, continuous or one-hot actions) and scalars (integer actions, rewards, dones) —
 exactly as the caller's dicts hold them, so the values are read by compiled code, not converted
-by NumPy call by call. Every kernel first *checks* the whole step without writing anything:
-each item has its expected shape and a dtype the kernel takes (bools, integers, float32,
-float64), every float is finite and within the stored dtype's range, every integer action is a
-discrete action in range. Anything else (or any item type the kernel does not take) makes it
-return without a write, and the caller hands the step to the complete validation
+by NumPy call by call. A 0-d array is read as the scalar it holds (what some environments return
+as a reward or an action). The ``*_leading_step`` variants take the items of a one-step
+``extend`` or ``add_envs``: every item with a leading axis of length 1 (``obs[agent]`` of shape
+``(1, *obs_shape)``, ``reward[agent]`` of shape ``(1,)``), read at its first row without a
+copy. Every kernel first *checks* the whole step without writing anything: each item has its
+expected shape and a dtype the kernel takes (bools, integers, float32, float64), every float is
+finite and within the stored dtype's range, every integer action is a discrete action in range.
+Anything else (or any item type the kernel does not take) makes it return without a write, and
+the caller hands the step to the complete validation
 (:meth:`marlbuf.staging.RowCodec.stage`), which explains the problem. The tuples may mix item
 types (a Python float and a NumPy float32 reward): each item type gets its own code
 (``literal_unroll``), and a type the kernel does not take compiles to "not the common case".
@@ -63,6 +67,52 @@ LEAN_HEAD, LEAN_DONE, DENSE_DONE, DONE_WORDS, OBS_BYTES, DENSE_NEXT_OBS = range(
 
 #: What :func:`store_lean_step` returns for a step it did not take (nothing written).
 STEP_DECLINED = -3
+
+
+# ----------------------------------------------------------------------------- items
+def _at_step(x):
+    """An item of ``add`` as the kernels read it: a 0-d array as its scalar, else itself."""
+
+
+@overload(_at_step)
+def _at_step_impl(x):
+    if isinstance(x, types.Array) and x.ndim == 0:
+        return lambda x: x[()]
+    return lambda x: x
+
+
+def _at_first(x):
+    """An item of a one-step ``extend``/``add_envs`` as the kernels read it: its first row."""
+
+
+@overload(_at_first)
+def _at_first_impl(x):
+    if isinstance(x, types.Array) and x.ndim >= 1:
+        return lambda x: x[0]
+    return lambda x: x  # never read: the leading check declined it
+
+
+def _one_row(x):
+    """Whether the item of a one-step ``extend``/``add_envs`` has a leading axis of length 1."""
+
+
+@overload(_one_row)
+def _one_row_impl(x):
+    if isinstance(x, types.Array) and x.ndim >= 1:
+        return lambda x: x.shape[0] == 1
+    return lambda x: False
+
+
+def _read_type(item: Any, leading: bool) -> Any:
+    """The Numba type of an item as the kernels read it (see :func:`_at_step` and
+    :func:`_at_first`), or ``None`` for an item a one-step ``extend`` cannot take."""
+    if leading:
+        if not isinstance(item, types.Array) or item.ndim == 0:
+            return None
+        return item.dtype if item.ndim == 1 else item.copy(ndim=item.ndim - 1, layout="A")
+    if isinstance(item, types.Array) and item.ndim == 0:
+        return item.dtype
+    return item
 
 
 # ----------------------------------------------------------------------------- typing helpers
@@ -222,38 +272,6 @@ def _obs_bytes(plan: np.ndarray, itemsize: int) -> int:
     return (plan[last, PLAN_OBS] + size) * itemsize
 
 
-@njit(cache=True, nogil=True)
-def _valid(
-    obs: Any,
-    action: Any,
-    reward: Any,
-    next_obs: Any,
-    done: Any,
-    plan: np.ndarray,
-    limit: float,
-) -> bool:
-    """Whether the step is the common case (see the module docstring); writes nothing."""
-    action_dims = _action_dims(plan)
-    ok = True
-    k = 0
-    for x in literal_unroll(obs):
-        ok = ok and _check_array(x, plan, k, PLAN_OBS_DIMS, limit)
-        k += 1
-    k = 0
-    for x in literal_unroll(action):
-        ok = ok and _check_action(x, plan, k, action_dims, limit)
-        k += 1
-    for x in literal_unroll(reward):
-        ok = ok and _check_scalar(x, limit)
-    k = 0
-    for x in literal_unroll(next_obs):
-        ok = ok and _check_array(x, plan, k, PLAN_OBS_DIMS, limit)
-        k += 1
-    for x in literal_unroll(done):
-        ok = ok and _check_scalar(x, limit)
-    return ok
-
-
 # ----------------------------------------------------------------------------- writes
 def _write_array(x, dst, start):
     """Write the (checked) array ``x`` into ``dst[start:]`` in C order."""
@@ -312,39 +330,91 @@ def _write_scalar_impl(x, dst, pos):
     return lambda x, dst, pos: None  # never called: the check declined it
 
 
-@njit(cache=True, nogil=True)
-def _write_items(items: Any, dst: np.ndarray, plan: np.ndarray, column: int) -> None:
-    """Write one array per agent (obs or next_obs) at the offsets ``plan[:, column]``."""
-    k = 0
-    for x in literal_unroll(items):
-        _write_array(x, dst, plan[k, column])
-        k += 1
+def _always(x):
+    """True: an item of ``add`` needs no leading-axis check."""
 
 
-@njit(cache=True, nogil=True)
-def _write_head(
-    obs: Any,
-    action: Any,
-    reward: Any,
-    done: Any,
-    dst: np.ndarray,
-    plan: np.ndarray,
-    done_column: int,
-) -> None:
-    """Write obs, action, reward and done (at ``plan[:, done_column]``) into the row ``dst``."""
-    _write_items(obs, dst, plan, PLAN_OBS)
-    k = 0
-    for x in literal_unroll(action):
-        _write_action(x, dst, plan[k, PLAN_ACTION], plan[k, PLAN_DISCRETE])
-        k += 1
-    k = 0
-    for x in literal_unroll(reward):
-        _write_scalar(x, dst, plan[k, PLAN_REWARD])
-        k += 1
-    k = 0
-    for x in literal_unroll(done):
-        _write_scalar(x, dst, plan[k, done_column])
-        k += 1
+@overload(_always)
+def _always_impl(x):
+    return lambda x: True
+
+
+def _item_helpers(take: Any, whole: Any) -> tuple[Any, Any, Any]:
+    """The checks and writes of a step whose item types are mixed within a field (one
+    ``literal_unroll`` body per item type), for items read through ``take`` (:func:`_at_step`,
+    or :func:`_at_first` for a one-step ``extend``) and checked by ``whole`` first
+    (:func:`_always`, or :func:`_one_row`): ``(valid, write_items, write_head)``."""
+
+    @njit(nogil=True)
+    def valid(
+        obs: Any,
+        action: Any,
+        reward: Any,
+        next_obs: Any,
+        done: Any,
+        plan: np.ndarray,
+        limit: float,
+    ) -> bool:
+        """Whether the step is the common case (see the module docstring); writes nothing."""
+        action_dims = _action_dims(plan)
+        ok = True
+        k = 0
+        for x in literal_unroll(obs):
+            ok = ok and whole(x) and _check_array(take(x), plan, k, PLAN_OBS_DIMS, limit)
+            k += 1
+        k = 0
+        for x in literal_unroll(action):
+            ok = ok and whole(x) and _check_action(take(x), plan, k, action_dims, limit)
+            k += 1
+        for x in literal_unroll(reward):
+            ok = ok and whole(x) and _check_scalar(take(x), limit)
+        k = 0
+        for x in literal_unroll(next_obs):
+            ok = ok and whole(x) and _check_array(take(x), plan, k, PLAN_OBS_DIMS, limit)
+            k += 1
+        for x in literal_unroll(done):
+            ok = ok and whole(x) and _check_scalar(take(x), limit)
+        return ok
+
+    @njit(nogil=True)
+    def write_items(items: Any, dst: np.ndarray, plan: np.ndarray, column: int) -> None:
+        """Write one array per agent (obs or next_obs) at the offsets ``plan[:, column]``."""
+        k = 0
+        for x in literal_unroll(items):
+            _write_array(take(x), dst, plan[k, column])
+            k += 1
+
+    @njit(nogil=True)
+    def write_head(
+        obs: Any,
+        action: Any,
+        reward: Any,
+        done: Any,
+        dst: np.ndarray,
+        plan: np.ndarray,
+        done_column: int,
+    ) -> None:
+        """Write obs, action, reward and done (at ``plan[:, done_column]``) into ``dst``."""
+        write_items(obs, dst, plan, PLAN_OBS)
+        k = 0
+        for x in literal_unroll(action):
+            _write_action(take(x), dst, plan[k, PLAN_ACTION], plan[k, PLAN_DISCRETE])
+            k += 1
+        k = 0
+        for x in literal_unroll(reward):
+            _write_scalar(take(x), dst, plan[k, PLAN_REWARD])
+            k += 1
+        k = 0
+        for x in literal_unroll(done):
+            _write_scalar(take(x), dst, plan[k, done_column])
+            k += 1
+
+    return valid, write_items, write_head
+
+
+#: the mixed-type helpers of ``add``'s items and of a one-step ``extend``'s
+_STEP_HELPERS = _item_helpers(_at_step, _always)
+_LEADING_HELPERS = _item_helpers(_at_first, _one_row)
 
 
 @njit(cache=True, nogil=True)
@@ -357,8 +427,10 @@ def _zero(dst: np.ndarray, gaps: np.ndarray) -> None:
 
 # ----------------------------------------------------------------------------- one body
 #: What :func:`_body` writes to: a staging row, a dense storage row, a lean storage row (and a
-#: side row)
+#: side row); ``| _LEADING``: from the items of a one-step ``extend``/``add_envs``
 _STAGE, _DENSE, _LEAN = range(3)
+_LEADING = 4
+_STAGE_LEADING, _DENSE_LEADING, _LEAN_LEADING = (k | _LEADING for k in (_STAGE, _DENSE, _LEAN))
 
 
 @njit(cache=True, nogil=True)
@@ -412,25 +484,28 @@ def _link(
     return code, new
 
 
-def _uniform(obs, action, reward, next_obs, done):
-    """Whether each field's tuple holds one item type that the index-loop body takes: 1-D arrays
-    of a dtype the kernels read (obs, next_obs, array actions), integer actions, and bool,
-    integer, float32 or float64 scalars (reward, done)."""
-    for items in (obs, next_obs):
-        if not (isinstance(items, types.UniTuple) and isinstance(items.dtype, types.Array)):
-            return False
-        if items.dtype.ndim != 1 or not _takes(items.dtype.dtype):
-            return False
-    if not isinstance(action, types.UniTuple):
-        return False
-    act = action.dtype
+def _read_types(obs, action, reward, next_obs, done, leading):
+    """Per field, the one type its items are read as (:func:`_read_type`), when each field's
+    tuple holds one item type that the index-loop body takes: 1-D arrays of a dtype the kernels
+    read (obs, next_obs, array actions), integer actions, and bool, integer, float32 or float64
+    scalars (reward, done); else ``None``."""
+    fields = (obs, action, reward, next_obs, done)
+    if not all(isinstance(items, types.UniTuple) for items in fields):
+        return None
+    read = [_read_type(items.dtype, leading) for items in fields]
+    if any(t is None for t in read):
+        return None
+    o, act, r, no, d = read
+    for t in (o, no):
+        if not (isinstance(t, types.Array) and t.ndim == 1 and _takes(t.dtype)):
+            return None
     if not isinstance(act, types.Integer) and not (
         isinstance(act, types.Array) and act.ndim == 1 and _takes(act.dtype)
     ):
-        return False
-    return all(
-        isinstance(items, types.UniTuple) and _takes(items.dtype) for items in (reward, done)
-    )
+        return None
+    if not (_takes(r) and _takes(d)):
+        return None
+    return read
 
 
 def _body(
@@ -481,10 +556,14 @@ def _body_impl(
 ):
     if not isinstance(kind, types.IntegerLiteral):
         return None
-    stage = kind.literal_value == _STAGE
-    lean = kind.literal_value == _LEAN
+    target = kind.literal_value & ~_LEADING
+    leading = bool(kind.literal_value & _LEADING)
+    stage = target == _STAGE
+    lean = target == _LEAN
     done_column = PLAN_DONE_LEAN if lean else PLAN_DONE
-    if not _uniform(obs, action, reward, next_obs, done):
+    read = _read_types(obs, action, reward, next_obs, done, leading)
+    valid, write_items, write_head = _LEADING_HELPERS if leading else _STEP_HELPERS
+    if read is None:
         # item types mixed within a field, or not the common ones: one helper per item type
         # (slower, as general as the checks)
 
@@ -507,13 +586,13 @@ def _body_impl(
             spare,
             kind,
         ):
-            if not _valid(obs, action, reward, next_obs, done, plan, _limit_of(dst)):
+            if not valid(obs, action, reward, next_obs, done, plan, _limit_of(dst)):
                 return STEP_DECLINED
             if stage:
                 row = dst
             else:
                 row = dst[slot]
-            _write_head(obs, action, reward, done, row, plan, done_column)
+            write_head(obs, action, reward, done, row, plan, done_column)
             code = 0
             if lean:
                 _zero(row, gaps)
@@ -529,9 +608,9 @@ def _body_impl(
                     prev_generation,
                     spare,
                 )
-                _write_items(next_obs, _typed(side[new], dst), plan, PLAN_OBS)  # obs layout
+                write_items(next_obs, _typed(side[new], dst), plan, PLAN_OBS)  # obs layout
             else:
-                _write_items(next_obs, row, plan, PLAN_NEXT_OBS)
+                write_items(next_obs, row, plan, PLAN_NEXT_OBS)
             if not stage:
                 if not lean:
                     _zero(row, gaps)
@@ -542,14 +621,16 @@ def _body_impl(
 
     # one item type per field: index loops with every check and copy inline (a call into a
     # helper per item costs more than the item's work at a few agents)
-    float_obs = isinstance(obs.dtype.dtype, types.Float)
-    float_next = isinstance(next_obs.dtype.dtype, types.Float)
-    float_reward = isinstance(reward.dtype, types.Float)
-    float_done = isinstance(done.dtype, types.Float)
-    int_actions = isinstance(action.dtype, types.Integer)
-    signed_actions = int_actions and action.dtype.signed
-    float_actions = not int_actions and isinstance(action.dtype.dtype, types.Float)
+    obs_type, action_type, reward_type, next_type, done_type = read
+    float_obs = isinstance(obs_type.dtype, types.Float)
+    float_next = isinstance(next_type.dtype, types.Float)
+    float_reward = isinstance(reward_type, types.Float)
+    float_done = isinstance(done_type, types.Float)
+    int_actions = isinstance(action_type, types.Integer)
+    signed_actions = int_actions and action_type.signed
+    float_actions = not int_actions and isinstance(action_type.dtype, types.Float)
     stored = np.float32 if _stored_dtype(dst) == np.dtype(np.float32) else np.float64
+    take = _at_first if leading else _at_step  # an item as read (its first row, or itself)
 
     def uniform(
         obs,
@@ -573,9 +654,19 @@ def _body_impl(
         limit = _limit_of(dst)
         action_dims = _action_dims(plan)
         n = len(obs)
+        if leading:  # every item holds exactly one step
+            for k in range(n):
+                if not (
+                    _one_row(obs[k])
+                    and _one_row(action[k])
+                    and _one_row(reward[k])
+                    and _one_row(next_obs[k])
+                    and _one_row(done[k])
+                ):
+                    return STEP_DECLINED
         for k in range(n):
-            x = obs[k]
-            y = next_obs[k]
+            x = take(obs[k])
+            y = take(next_obs[k])
             size = plan[k, PLAN_OBS_DIMS + 1]
             if plan[k, PLAN_OBS_DIMS] != 1 or x.shape[0] != size or y.shape[0] != size:
                 return STEP_DECLINED
@@ -587,10 +678,10 @@ def _body_impl(
                 for i in range(size):
                     ok &= abs(y[i]) <= limit
             if float_reward:
-                ok &= abs(reward[k]) <= limit
+                ok &= abs(take(reward[k])) <= limit
             if float_done:
-                ok &= abs(done[k]) <= limit
-            a = action[k]
+                ok &= abs(take(done[k])) <= limit
+            a = take(action[k])
             if int_actions:
                 if signed_actions:
                     ok &= 0 <= a < plan[k, PLAN_DISCRETE]
@@ -611,16 +702,16 @@ def _body_impl(
         else:
             row = dst[slot]
         for k in range(n):
-            x = obs[k]
+            x = take(obs[k])
             out = row[plan[k, PLAN_OBS] :]  # indices from 0: the copy loops vectorize
             for i in range(x.shape[0]):
                 out[i] = x[i]
             if not lean:
-                y = next_obs[k]
+                y = take(next_obs[k])
                 out = row[plan[k, PLAN_NEXT_OBS] :]
                 for i in range(y.shape[0]):
                     out[i] = y[i]
-            a = action[k]
+            a = take(action[k])
             out = row[plan[k, PLAN_ACTION] :]
             if int_actions:
                 for i in range(plan[k, PLAN_DISCRETE]):
@@ -629,8 +720,8 @@ def _body_impl(
             else:
                 for i in range(a.shape[0]):
                     out[i] = a[i]
-            row[plan[k, PLAN_REWARD]] = reward[k]
-            row[plan[k, done_column]] = done[k]
+            row[plan[k, PLAN_REWARD]] = take(reward[k])
+            row[plan[k, done_column]] = take(done[k])
         code = 0
         if not stage:
             _zero(row, gaps)
@@ -672,7 +763,7 @@ def _body_impl(
             pointers[1, slot] = new
             next_row = side[new].view(stored)  # a side row has the obs section's layout
             for k in range(n):
-                y = next_obs[k]
+                y = take(next_obs[k])
                 out = next_row[plan[k, PLAN_OBS] :]
                 for i in range(y.shape[0]):
                     out[i] = y[i]
@@ -822,6 +913,122 @@ def store_lean_step(
         prev_generation,
         spare,
         _LEAN,
+    )
+
+
+@njit(cache=True, nogil=True)
+def stage_leading_step(
+    obs: Any,
+    action: Any,
+    reward: Any,
+    next_obs: Any,
+    done: Any,
+    row: np.ndarray,
+    plan: np.ndarray,
+) -> bool:
+    """:func:`stage_step` of a one-step ``extend``/``add_envs``: every item with a leading axis
+    of length 1 (arrays of shape ``(1, *shape)``, scalars as arrays of shape ``(1,)``), read at
+    its first row."""
+    unused = plan[0]
+    code = _body(
+        obs,
+        action,
+        reward,
+        next_obs,
+        done,
+        plan,
+        plan,
+        row,
+        0,
+        0,
+        unused,
+        plan,
+        plan,
+        -1,
+        -1,
+        -1,
+        _STAGE_LEADING,
+    )
+    return code != STEP_DECLINED
+
+
+@njit(cache=True, nogil=True)
+def store_dense_leading_step(
+    obs: Any,
+    action: Any,
+    reward: Any,
+    next_obs: Any,
+    done: Any,
+    plan: np.ndarray,
+    gaps: np.ndarray,
+    table: np.ndarray,
+    slot: int,
+    generation: int,
+    write_generation: np.ndarray,
+) -> bool:
+    """:func:`store_dense_step` of a one-step ``extend``/``add_envs`` (items as
+    :func:`stage_leading_step` takes them)."""
+    code = _body(
+        obs,
+        action,
+        reward,
+        next_obs,
+        done,
+        plan,
+        gaps,
+        table,
+        slot,
+        generation,
+        write_generation,
+        plan,
+        plan,
+        -1,
+        -1,
+        -1,
+        _DENSE_LEADING,
+    )
+    return code != STEP_DECLINED
+
+
+@njit(cache=True, nogil=True)
+def store_lean_leading_step(
+    obs: Any,
+    action: Any,
+    reward: Any,
+    next_obs: Any,
+    done: Any,
+    plan: np.ndarray,
+    gaps: np.ndarray,
+    table: np.ndarray,
+    slot: int,
+    generation: int,
+    write_generation: np.ndarray,
+    side: np.ndarray,
+    pointers: np.ndarray,
+    prev_slot: int,
+    prev_generation: int,
+    spare: int,
+) -> int:
+    """:func:`store_lean_step` of a one-step ``extend``/``add_envs`` (items as
+    :func:`stage_leading_step` takes them)."""
+    return _body(
+        obs,
+        action,
+        reward,
+        next_obs,
+        done,
+        plan,
+        gaps,
+        table,
+        slot,
+        generation,
+        write_generation,
+        side,
+        pointers,
+        prev_slot,
+        prev_generation,
+        spare,
+        _LEAN_LEADING,
     )
 
 
