@@ -56,29 +56,31 @@ OUT_HELP = "result folder (default: ./bench-results in the current folder)"
 
 #: suite name -> module (each exposes SUITE and run(quick) -> payload)
 SUITES: dict[str, str] = {
-    "guard": "marlbuf.bench.guard",
-    "sampling": "marlbuf.bench.sampling",
-    "layout": "marlbuf.bench.layout",
-    "prioritized": "marlbuf.bench.prioritized",
-    "adapters": "marlbuf.bench.adapters",
-    "envs": "marlbuf.bench.envs",
-    "update": "marlbuf.bench.update",
-    "end_to_end": "marlbuf.bench.end_to_end",
-    "counters": "marlbuf.bench.counters",
-    "peers": "marlbuf.bench.peers",
-    "rewards": "marlbuf.bench.rewards",
-    "dropin": "marlbuf.bench.dropin",
-    "locality": "marlbuf.bench.locality",
-    "memory": "marlbuf.bench.memory",
-    "device": "marlbuf.bench.device",
-    "recurrent": "marlbuf.bench.recurrent",
-    "distributed": "marlbuf.bench.distributed",
-    "concurrency": "marlbuf.bench.concurrency",
-    "precision": "marlbuf.bench.precision",
-    "sequences": "marlbuf.bench.sequences",
-    "torchrl": "marlbuf.bench.torchrl_buffers",
-    "first_calls": "marlbuf.bench.first_calls",
-    "offline": "marlbuf.bench.offline",
+    "guard": "marlbuf.bench.suites.guard",
+    "sampling": "marlbuf.bench.suites.sampling",
+    "layout": "marlbuf.bench.suites.layout",
+    "prioritized": "marlbuf.bench.suites.prioritized",
+    "adapters": "marlbuf.bench.suites.adapters",
+    "envs": "marlbuf.bench.suites.envs",
+    "update": "marlbuf.bench.suites.update",
+    "end_to_end": "marlbuf.bench.suites.end_to_end",
+    "counters": "marlbuf.bench.suites.counters",
+    "peers": "marlbuf.bench.suites.peers",
+    "rewards": "marlbuf.bench.suites.rewards",
+    "dropin": "marlbuf.bench.suites.dropin",
+    "locality": "marlbuf.bench.suites.locality",
+    "memory": "marlbuf.bench.suites.memory",
+    "device": "marlbuf.bench.suites.device",
+    "recurrent": "marlbuf.bench.suites.recurrent",
+    "distributed": "marlbuf.bench.suites.distributed",
+    "concurrency": "marlbuf.bench.suites.concurrency",
+    "precision": "marlbuf.bench.suites.precision",
+    "sequences": "marlbuf.bench.suites.sequences",
+    "torchrl": "marlbuf.bench.suites.torchrl_buffers",
+    "first_calls": "marlbuf.bench.suites.first_calls",
+    "offline": "marlbuf.bench.suites.offline",
+    "log_checksums": "marlbuf.bench.suites.log_checksums",
+    "snapshot_lock": "marlbuf.bench.suites.snapshot_lock",
 }
 
 #: suites a full run without named suites leaves out: the reward study trains 45 MADDPG runs
@@ -314,14 +316,14 @@ def compare(path_a: Path, path_b: Path, allow_mixed_sizes: bool = False) -> str:
     """Markdown table of B's median time over A's for every case present in both runs.
 
     Warns (lines ``WARNING: ...`` above the table) when the two runs differ in machine,
-    versions, load or copy bandwidth (:func:`marlbuf.bench.report.compare_warnings`), and when
+    versions, load or copy bandwidth (:func:`marlbuf.bench.tools.report.compare_warnings`), and when
     the spread of repeats (min-max) of A and of B overlaps, which a column marks per case.
 
     Raises :class:`MixedSizesError` when one file holds quick sizes and the other full ones,
     unless ``allow_mixed_sizes``: their times are not comparable.
     """
-    from marlbuf.bench import report
-    from marlbuf.bench.common import markdown_table
+    from marlbuf.bench.tools import report
+    from marlbuf.bench.tools.common import markdown_table
 
     a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
     sizes = {p: "quick" if r.get("quick") else "full" for p, r in ((path_a, a), (path_b, b))}
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
             "conclusive (run without --quick for figures to quote)",
             flush=True,
         )
-    from marlbuf.bench.common import write_result
+    from marlbuf.bench.tools.common import write_result
 
     quiet_third_party_logs()
     notes: dict[str, str] = {}  # suite -> why it has no fresh result in this run
@@ -531,12 +533,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(results_dir: Path, quick: bool, notes: dict[str, str] | None = None) -> Path:
     """``REPORT[-quick].md``: a section per suite with a result file in ``results_dir`` (or a
-    note from this run), the figures drawn anew (:mod:`marlbuf.bench.report`)."""
-    from marlbuf.bench import report
+    note from this run), the figures drawn anew (:mod:`marlbuf.bench.tools.report`)."""
+    from marlbuf.bench.tools import report
 
     figures, figures_error = None, None
     try:
-        from marlbuf.bench.plots import make_all
+        from marlbuf.bench.tools.plots import make_all
 
         figures = make_all(results_dir, quick=quick)
     except ImportError as exc:  # matplotlib missing: results stay usable without figures

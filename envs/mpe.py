@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf.bench.workloads import predator_prey_sizes
 from marlbuf.buffer import make_rng
 from marlbuf.envs._fast import FastMPE
 from marlbuf.spec import AgentSpec
+from marlbuf.workloads import predator_prey_sizes
 
 #: Scenario names accepted by :func:`make`, with the mpe2 module each one wraps.
 SCENARIOS: dict[str, str] = {
@@ -399,7 +399,7 @@ def make(
     n_predators, n_prey, n_landmarks : int, optional
         Predator-prey sizes; defaults are the paper's: 3 predators,
         ``M = max(1, N // 3)`` prey and ``L = max(2, N // 3)`` landmarks
-        (:func:`marlbuf.bench.workloads.predator_prey_sizes`).
+        (:func:`marlbuf.workloads.predator_prey_sizes`).
     seed : int, optional
         Seed of the first :meth:`MPEEnv.reset` (later resets continue the same generator) and
         of :meth:`MPEEnv.random_actions`.

@@ -37,8 +37,9 @@ from marlbuf.spec import (
     normalize_specs,
 )
 from marlbuf.staging import RowCodec, StepItems, steps_of
-from marlbuf.storage import FieldSelection, Storage, available_memory_bytes, check_fields
+from marlbuf.storage import available_memory_bytes
 from marlbuf.stores import make_store
+from marlbuf.stores.base import FieldSelection, Storage, check_fields
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 

@@ -15,7 +15,10 @@ from typing import NoReturn
 
 # name -> (module holding ``main(argv)``, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "info": ("marlbuf.info", "versions (marlbuf, torch, CUDA, Ray...), cores, caches, perf"),
+    "info": (
+        "marlbuf.profiling.info",
+        "versions (marlbuf, torch, CUDA, Ray...), cores, caches, perf",
+    ),
     "bench": ("marlbuf.bench.cli", "benchmark samplers, layouts and trainers (see --help)"),
     "train": (
         "marlbuf.algos.cli",

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from marlbuf.staging import RowCodec
-from marlbuf.storage import Storage, make_storage
+from marlbuf.stores import make_store
+from marlbuf.stores.base import Storage
 from marlbuf.writer import NextObsLinks
 
 
@@ -35,12 +36,11 @@ def _storage(
 ) -> Storage:
     """A host storage of ``capacity`` slots in ``layout`` and ``next_obs`` format whose batches
     keep the stored dtypes."""
-    return make_storage(
+    return make_store(
         layout,
-        codec.specs,
+        codec,
         capacity,
         2,
-        codec,
         "rows",
         links,
         "storage",

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value < low or not float(value).is_integer():
             return error(prog, f"{name} must be an integer >= {low}; got {name} {value:g}")
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     workload = Workload(args.env, args.agents)
     extras = {"hidden": FieldSpec((args.hidden,))} if args.hidden else {}

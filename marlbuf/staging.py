@@ -48,6 +48,7 @@ from marlbuf._kernels.staging import (
     PLAN_OBS_DIMS,
     PLAN_REWARD,
 )
+from marlbuf.rows import RowGeometry, RowViews
 from marlbuf.spec import (
     ALIVE,
     FIELDS,
@@ -55,12 +56,7 @@ from marlbuf.spec import (
     AgentSpec,
     FieldSlot,
     FieldSpec,
-    extra_names,
-    interleaved_row_layout,
-    row_fields,
 )
-
-RowViews = dict[str, dict[str, np.ndarray]]
 
 
 class _Missing:
@@ -118,8 +114,9 @@ def _as_array(name: str, value: Any) -> np.ndarray:
 _ONE_HOT_TABLE = 1 << 20
 
 
-class RowCodec:
-    """Interleaved row format of one set of specs: offsets, views and validation."""
+class RowCodec(RowGeometry):
+    """The staging of one set of specs' rows: validation of incoming fields and the staging
+    rows they are written into, over the row format (:class:`marlbuf.rows.RowGeometry`)."""
 
     def __init__(
         self,
@@ -127,68 +124,8 @@ class RowCodec:
         global_fields: Mapping[str, FieldSpec] | None = None,
         alive: bool = False,
     ) -> None:
-        self.specs = dict(specs)
-        self.agents = list(self.specs)
-        #: per-agent extra fields (``AgentSpec(extras=...)``), global fields, alive mask
-        self.extra_names = extra_names(self.specs)
-        self.global_fields: dict[str, FieldSpec] = dict(global_fields or {})
-        self.alive = bool(alive)
-        #: per-agent fields in row order (the five transition fields, then the extras)
-        self.agent_fields = row_fields(self.specs)
-        #: every field of a row in order: per-agent fields, global fields, then ``alive``
-        self.field_names: tuple[str, ...] = (
-            self.agent_fields + tuple(self.global_fields) + ((ALIVE,) if self.alive else ())
-        )
-        #: whether rows hold more than the five transition fields (extras, globals, alive)
-        self.more = len(self.field_names) > len(FIELDS)
-        #: what add/extend/add_envs take as keyword arguments beyond the five fields
-        self.keywords = self.field_names[len(FIELDS) :]
-        self.slots, self.row_bytes = interleaved_row_layout(
-            self.specs, _config.ROW_ALIGN_BYTES, None, global_fields=self.global_fields, alive=alive
-        )
-        self.row_words = self.row_bytes // 8
-        #: per slot, what :meth:`views` needs: (field, agent, offset, shape, dtype, strides of
-        #: one item)
-        self._view_plan = [
-            (s.field, s.agent, s.offset, s.shape, s.dtype, _c_strides(s.shape, s.dtype))
-            for s in self.slots
-        ]
-        # observations stored once: the obs section is [0, obs_bytes); the next_obs section
-        # [next_obs_start, next_obs_start + obs_bytes) has the same internal layout. The lean
-        # row keeps obs, action, reward at the same offsets and lays out the tail (done, extras,
-        # global fields, alive) after them, with the tail's internal layout unchanged.
-        obs_slots = [s for s in self.slots if s.field == "obs"]
-        nobs_slots = [s for s in self.slots if s.field == "next_obs"]
-        self.next_obs_start = nobs_slots[0].offset
-        self.obs_bytes = obs_slots[-1].offset + obs_slots[-1].nbytes
-        assert all(
-            n.offset - self.next_obs_start == o.offset for o, n in zip(obs_slots, nobs_slots)
-        )
-        self.lean_slots, self.lean_row_bytes = interleaved_row_layout(
-            self.specs,
-            _config.ROW_ALIGN_BYTES,
-            row_fields(self.specs, lean=True),
-            global_fields=self.global_fields,
-            alive=alive,
-        )
-        reward_slots = [s for s in self.slots if s.field == "reward"]
-        #: obs, action and reward: the same bytes [0, head_bytes) in both formats
-        self.head_bytes = reward_slots[-1].offset + reward_slots[-1].nbytes
-        # the tail starts at the (word-aligned) done section in both formats
-        tail_dense = self.slots[[s.field for s in self.slots].index("done") :]
-        tail_lean = self.lean_slots[[s.field for s in self.lean_slots].index("done") :]
-        dense_start, lean_start = tail_dense[0].offset, tail_lean[0].offset
-        #: (lean offset, dense offset, bytes) of the tail (done onwards), which moves between
-        #: the formats
-        self.done_span: tuple[int, int, int] = (
-            lean_start,
-            dense_start,
-            tail_dense[-1].offset + tail_dense[-1].nbytes - dense_start,
-        )
-        assert all(
-            dl.offset - lean_start == dd.offset - dense_start
-            for dl, dd in zip(tail_lean, tail_dense)
-        )
+        super().__init__(specs, global_fields, alive)
+        lean_start, dense_start = self.done_span[0], self.done_span[1]
         self._by_field: dict[str, list[FieldSlot]] = {f: [] for f in self.field_names}
         for s in self.slots:
             self._by_field[s.field].append(s)
@@ -695,27 +632,6 @@ class RowCodec:
         return ok
 
     # ------------------------------------------------------------------ views
-    def views(self, rows: np.ndarray) -> RowViews:
-        """Per field, per agent, strided views of ``rows`` (shape (n, row_words), uint64).
-
-        Global fields are keyed by the agent :data:`marlbuf.spec.GLOBAL`."""
-        n = rows.shape[0]
-        out: RowViews = {f: {} for f in self.field_names}
-        if not rows.flags.c_contiguous:
-            raw = rows.view(np.uint8)
-            for s in self.slots:
-                part = raw[:, s.offset : s.offset + s.nbytes].view(s.dtype)
-                out[s.field][s.agent] = part.reshape((n, *s.shape))
-            return out
-        row_bytes = rows.shape[1] * rows.itemsize
-        # one ndarray construction per view (a slice, .view and .reshape cost three): the
-        # view's base is ``rows``, so it keeps ``rows`` (and what owns its memory) alive
-        for field_name, agent, offset, shape, dtype, inner in self._view_plan:
-            out[field_name][agent] = np.ndarray(
-                (n, *shape), dtype, rows, offset, (row_bytes, *inner)
-            )
-        return out
-
     def arrange(self, values: tuple[Any, ...], keywords: Mapping[str, Any], method: str) -> tuple:
         """The five field values followed by the keyword fields, in :attr:`field_names` order.
 
@@ -1132,16 +1048,6 @@ def _first_nonfinite(rows: np.ndarray, dt: np.dtype, starts: np.ndarray, counts:
     if dt.itemsize == 2:  # Numba has no float16 arithmetic: test the bits
         return int(first_nonfinite_half(rows.view(np.uint16), starts, counts))
     return int(first_nonfinite(rows.view(dt), starts, counts))
-
-
-def _c_strides(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
-    """Byte strides of a C-contiguous array of ``shape`` and ``dtype``."""
-    strides = []
-    step = dtype.itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return tuple(reversed(strides))
 
 
 def steps_of(codec: RowCodec, fields: Mapping[str, Any]) -> int:

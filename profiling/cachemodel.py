@@ -19,7 +19,8 @@ import numpy as np
 
 from marlbuf._kernels.cachemodel import lru_misses
 from marlbuf.profiling.profiler import Metric
-from marlbuf.storage import AgentMajorStorage, InterleavedStorage, Storage
+from marlbuf.stores.base import Storage
+from marlbuf.stores.host import AgentMajorStorage, InterleavedStorage
 
 
 @dataclass(frozen=True)

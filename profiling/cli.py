@@ -41,7 +41,7 @@ from marlbuf.profiling.workloads import (
     SamplingWorkload,
     TrainWorkload,
 )
-from marlbuf.storage import LAYOUTS
+from marlbuf.stores.host import LAYOUTS
 
 _CHILD_ENV = "MARLBUF_PROFILE_UNDER_VALGRIND"
 RESULT_NAME = "profile.json"
@@ -383,9 +383,9 @@ def fits_in_cache_warnings(cases: list[tuple[str, int, int]]) -> list[str]:
 def cache_fit_warnings(args: argparse.Namespace) -> list[str]:
     """Before a callgrind run: the cases whose table would fit in the simulated last-level
     cache even with next_obs stored in every row (the largest format)."""
-    from marlbuf.bench.workloads import Workload
     from marlbuf.memory import estimate
     from marlbuf.profiling.workloads import default_fill_steps
+    from marlbuf.workloads import Workload
 
     fitting = []
     for case in _cases(args):

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from marlbuf import MultiAgentReplayBuffer
-from marlbuf.bench.workloads import Workload, random_steps
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 from marlbuf.spec import FIELDS, AgentSpec
+from marlbuf.workloads import Workload, random_steps
 
 #: Default buffer footprint: the paper's capacity of 1e6 steps, capped at this many bytes so a
 #: sweep to 24 agents fits in memory (and stays far larger than any last-level cache).

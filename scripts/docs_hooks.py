@@ -1,5 +1,5 @@
 """MkDocs hook (``mkdocs.yml``: ``hooks``): adds the benchmark pages, generated from the
-committed result files by :mod:`marlbuf.bench.site`, and their figures to the site."""
+committed result files by :mod:`marlbuf.bench.tools.site`, and their figures to the site."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def on_files(files: Any, config: Any) -> Any:
 
     if str(ROOT) not in sys.path:  # the repository's marlbuf, installed or not
         sys.path.insert(0, str(ROOT))
-    from marlbuf.bench import site
+    from marlbuf.bench.tools import site
 
     for path, text in site.pages().items():
         files.append(File.generated(config, path, content=text))

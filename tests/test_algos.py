@@ -22,8 +22,8 @@ from marlbuf.algos import (  # noqa: E402
 )
 from marlbuf.algos.nets import clip_grad_by_norm_, gumbel_softmax  # noqa: E402
 from marlbuf.algos.stacking import RoundBlock, stack_fields  # noqa: E402
-from marlbuf.bench.workloads import Workload, random_steps  # noqa: E402
 from marlbuf.samplers import Prioritized  # noqa: E402
+from marlbuf.workloads import Workload, random_steps  # noqa: E402
 
 F64 = torch.float64
 

@@ -119,7 +119,7 @@ def test_resume_without_checkpoint_is_an_error(tmp_path: Path) -> None:
 def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: str) -> None:
     import importlib
 
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     module = importlib.import_module(f"marlbuf.bench.{suite}")
     tiny = {

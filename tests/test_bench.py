@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from marlbuf.bench import cli, common
-from marlbuf.bench.workloads import Workload
+from marlbuf.bench import cli
+from marlbuf.bench.tools import common
+from marlbuf.workloads import Workload
 
 TINY = {
     "workloads": [Workload("cooperative_navigation", 3), Workload("predator_prey", 3)],
@@ -45,7 +46,7 @@ def test_buffer_suites_run_tiny(monkeypatch, tmp_path, suite):
 
 
 def test_sampling_rows_have_ratios(monkeypatch):
-    from marlbuf.bench import sampling
+    from marlbuf.bench.suites import sampling
 
     _tiny(monkeypatch, sampling)
     payload = sampling.run(quick=True, progress=False)
@@ -77,7 +78,7 @@ def test_cli_lists_and_rejects_unknown_suites(capsys):
 def test_guard_suite_reports_every_check_tiny(monkeypatch, tmp_path):
     import importlib.util
 
-    from marlbuf.bench import guard
+    from marlbuf.bench.suites import guard
 
     tiny = dict(guard.QUICK, workloads=[Workload("cooperative_navigation", 3)], capacity=3_000)
     tiny.update(repeats=2, min_sample_s=0.0, per_capacity=5_000, per_repeats=2)
@@ -230,7 +231,7 @@ def test_workload_obs_dims_match_the_paper():
 
 
 def test_memory_suite_estimates_match_measured_buffers(monkeypatch):
-    from marlbuf.bench import memory
+    from marlbuf.bench.suites import memory
 
     tiny = dict(memory.QUICK, workloads=[Workload("cooperative_navigation", 3)])
     tiny["measure_capacity"] = 1_000
@@ -247,7 +248,7 @@ def test_memory_suite_estimates_match_measured_buffers(monkeypatch):
 
 
 def test_sampling_has_the_lean_and_streaming_cases(monkeypatch):
-    from marlbuf.bench import sampling
+    from marlbuf.bench.suites import sampling
 
     _tiny(monkeypatch, sampling)
     monkeypatch.setattr(sampling, "QUICK", dict(TINY, workloads=[TINY["workloads"][0]]))
@@ -266,7 +267,7 @@ def test_sampling_has_the_lean_and_streaming_cases(monkeypatch):
 
 
 def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
-    from marlbuf.bench import concurrency
+    from marlbuf.bench.suites import concurrency
 
     monkeypatch.setattr(
         concurrency, "QUICK", dict(concurrency.QUICK, capacity=2_000, repeats=2, writes=50)
@@ -279,7 +280,7 @@ def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
 
 
 def test_sequences_suite_runs_and_has_its_cases(monkeypatch):
-    from marlbuf.bench import sequences
+    from marlbuf.bench.suites import sequences
 
     tiny = dict(sequences.QUICK, capacity=7_500, scaling=[1_000, 2_500], memory_capacity=500)
     tiny["repeats"] = 2
@@ -307,7 +308,7 @@ def test_sequences_suite_runs_and_has_its_cases(monkeypatch):
 
 
 def test_padded_episode_windows_match_the_episodes():
-    from marlbuf.bench.padded_episodes import PaddedEpisodeBuffer, PaddedField
+    from marlbuf.bench.baselines.padded_episodes import PaddedEpisodeBuffer, PaddedField
 
     max_t, n_agents, count = 6, 2, 9
     lengths = np.array([6, 1, 3, 6, 2, 5, 4, 6, 1])

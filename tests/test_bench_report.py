@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from marlbuf.bench import cli, common, report
-from marlbuf.bench.workloads import Workload
+from marlbuf.bench import cli
+from marlbuf.bench.tools import common, report
+from marlbuf.workloads import Workload
 
 
 def _write(tmp_path: Path, suite: str, quick: bool, **payload: object) -> Path:
@@ -113,7 +114,7 @@ def test_quick_report_opens_with_the_headline(monkeypatch, tmp_path: Path) -> No
     """``bench --quick`` (two real suites at tiny sizes): the report's first section is the
     headline, in plain words, with same-run ratios; the quick note comes once, before it,
     with the machine and its copy bandwidth."""
-    from marlbuf.bench import memory, sampling
+    from marlbuf.bench.suites import memory, sampling
 
     monkeypatch.setattr(
         sampling,
@@ -242,7 +243,7 @@ def test_compare_warns_about_machine_load_bandwidth_and_noise(tmp_path: Path, ca
 
 def test_stacked_phase_figures_keep_labels_clear_of_the_title(monkeypatch, tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from marlbuf.bench import plots
+    from marlbuf.bench.tools import plots
 
     figures = []
     monkeypatch.setattr(plots, "save", lambda fig, path, dpi=110: figures.append(fig) or path)
@@ -268,7 +269,8 @@ def test_stacked_phase_figures_keep_labels_clear_of_the_title(monkeypatch, tmp_p
 
 def test_reward_figures_say_seed_and_fit_their_titles(tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from marlbuf.bench import plots, rewards
+    from marlbuf.bench.suites import rewards
+    from marlbuf.bench.tools import plots
 
     row = {
         "env": "CN-3",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from marlbuf import cli, info
+from marlbuf import cli
+from marlbuf.profiling import info
 
 
 def test_usage_and_unknown_command(capsys):
@@ -280,7 +281,7 @@ def test_import_marlbuf_is_lazy() -> None:
 
 
 def test_first_calls_suite_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from marlbuf.bench import first_calls
+    from marlbuf.bench.suites import first_calls
 
     monkeypatch.setattr(first_calls, "QUICK", {"repeats": 1})
     payload = first_calls.run(quick=True)

@@ -513,7 +513,7 @@ def test_other_transforms_run_at_the_gather_and_check_the_insert() -> None:
 
 # ------------------------------------------------------------------ EPyMARL's own semantics
 def _faithful(size: int) -> Any:
-    consumers = pytest.importorskip("marlbuf.bench.consumers.epymarl")
+    consumers = pytest.importorskip("marlbuf.bench.baselines.consumers.epymarl")
     return consumers.PaddedReplayBuffer(SCHEME, GROUPS, size, MAX_T, preprocess=PREPROCESS)
 
 

@@ -76,9 +76,10 @@ def test_both_buffers_train_with_identical_losses() -> None:
 
 
 def test_the_torchrl_bench_suite_runs_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
-    from marlbuf.bench import cli, torchrl_buffers
+    from marlbuf.bench import cli
+    from marlbuf.bench.suites import torchrl_buffers
 
-    assert cli.SUITES["torchrl"] == "marlbuf.bench.torchrl_buffers"
+    assert cli.SUITES["torchrl"] == "marlbuf.bench.suites.torchrl_buffers"
     tiny = {
         "agents": [3],
         "capacity": 2_000,

@@ -327,11 +327,12 @@ def test_two_actor_training_run_updates_the_learner(tmp_path):
 def test_distributed_bench_suite_runs_tiny(monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("mpe2")
-    from marlbuf.bench import cli, common
-    from marlbuf.bench import distributed as suite
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench import cli
+    from marlbuf.bench.suites import distributed as suite
+    from marlbuf.bench.tools import common
+    from marlbuf.workloads import Workload
 
-    assert cli.SUITES["distributed"] == "marlbuf.bench.distributed"
+    assert cli.SUITES["distributed"] == "marlbuf.bench.suites.distributed"
     tiny = {
         **suite.QUICK,
         "round_workload": Workload("cooperative_navigation", 3),
@@ -368,7 +369,7 @@ def test_distributed_bench_suite_runs_tiny(monkeypatch):
 
 
 def test_distributed_suite_actor_counts_and_contention_fit():
-    from marlbuf.bench import distributed as suite
+    from marlbuf.bench.suites import distributed as suite
 
     assert suite.actor_counts(None) == (1, 2)
     assert suite.actor_counts([8, 2, 4, 2]) == (1, 2, 4, 8)  # 1 is always measured

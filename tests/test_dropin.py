@@ -12,9 +12,11 @@ pytest.importorskip("mpe2")
 
 import torch
 
-from marlbuf.bench import cli, common, dropin
-from marlbuf.bench.consumers import joint, per_agent
-from marlbuf.bench.consumers.mpe import env_dims, parallel_env
+from marlbuf.bench import cli
+from marlbuf.bench.baselines.consumers import joint, per_agent
+from marlbuf.bench.baselines.consumers.mpe import env_dims, parallel_env
+from marlbuf.bench.suites import dropin
+from marlbuf.bench.tools import common
 
 N_AGENTS = 3
 CAPACITY = 400
@@ -101,7 +103,7 @@ def test_the_qmix_consumer_learns_the_same_with_marlbuf():
     """EPyMARL's run loop (run, insert, sample, truncate, train) with the padded buffer and
     with the one-line swap: the same losses and parameters (runs one after the other: both
     draw from the global generators, as EPyMARL)."""
-    from marlbuf.bench.consumers.epymarl import PaddedReplayBuffer, QMIXConfig, QMIXRun
+    from marlbuf.bench.baselines.consumers.epymarl import PaddedReplayBuffer, QMIXConfig, QMIXRun
     from marlbuf.compat.epymarl import ReplayBuffer
 
     config = QMIXConfig(batch_size=4, buffer_size=12, target_update_interval=5)

@@ -13,8 +13,8 @@ pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3, simple_tag_v3
 
 from marlbuf import MultiAgentReplayBuffer
-from marlbuf.bench.workloads import PAPER_WORKLOADS, Workload, predator_prey_sizes
 from marlbuf.envs import EPISODE_LENGTH, MPEEnv, make, rollout
+from marlbuf.workloads import PAPER_WORKLOADS, Workload, predator_prey_sizes
 
 
 def reference_env(env: MPEEnv):

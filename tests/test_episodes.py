@@ -636,8 +636,8 @@ def test_bench_episodes_part_runs_tiny(monkeypatch) -> None:
     """``bench sequences``' episodes part at a tiny size: every case, ratio and byte count
     (the full run: ``sequences.run(parts=("episodes",))``)."""
     pytest.importorskip("torch")
-    from marlbuf.bench import sequences
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench.suites import sequences
+    from marlbuf.workloads import Workload
 
     tiny = dict(sequences.QUICK, episodes_stored=40, episode_repeats=2)
     tiny["episode_workloads"] = [Workload("cooperative_navigation", 3)]
@@ -666,7 +666,7 @@ def test_bench_episodes_part_runs_tiny(monkeypatch) -> None:
 
 def test_torch_padded_episode_buffer_holds_the_episodes() -> None:
     torch = pytest.importorskip("torch")
-    from marlbuf.bench.padded_episodes import PaddedField, TorchPaddedEpisodeBuffer
+    from marlbuf.bench.baselines.padded_episodes import PaddedField, TorchPaddedEpisodeBuffer
 
     buf = TorchPaddedEpisodeBuffer(
         {"obs": PaddedField((2,)), "state": PaddedField((3,), per_agent=False)}, 2, 3, 4

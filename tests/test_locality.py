@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from marlbuf.bench import cli, common, locality, plots, rewards
-from marlbuf.bench.workloads import Workload
+from marlbuf.bench import cli
+from marlbuf.bench.suites import locality, rewards
+from marlbuf.bench.tools import common, plots
+from marlbuf.workloads import Workload
 
 TINY = {
     "run_lengths": (4, 16),
@@ -113,7 +115,7 @@ def test_recommend_rule():
 
 
 def test_registered_and_labels():
-    assert cli.SUITES["locality"] == "marlbuf.bench.locality"
+    assert cli.SUITES["locality"] == "marlbuf.bench.suites.locality"
     assert "locality" in cli.LONG_SUITES and "locality" in plots.PLOTTERS
     assert rewards.sampler_overrides("neighbor_8") == {"sampler": "neighbor", "run_length": 8}
     assert rewards.sampler_overrides("neighbor_16") == rewards.SAMPLERS["neighbor_16"]

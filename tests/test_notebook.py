@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    from marlbuf.bench import common, sampling
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench.suites import sampling
+    from marlbuf.bench.tools import common
+    from marlbuf.workloads import Workload
 
     # tiny quick results in a scratch folder, so the test never depends on committed files
     monkeypatch.setattr(
@@ -42,14 +43,16 @@ def _results_folder_function():
     source = next(c.source for c in nb.cells if "def results_folder" in c.source)
     definition = source[source.index("def results_folder") : source.index("RESULTS = ")]
     namespace: dict = {}
-    prelude = "import os\nfrom pathlib import Path\nfrom marlbuf.bench.common import RESULTS_DIR\n"
+    prelude = (
+        "import os\nfrom pathlib import Path\nfrom marlbuf.bench.tools.common import RESULTS_DIR\n"
+    )
     exec(prelude + definition, namespace)
     return namespace["results_folder"]
 
 
 def test_notebook_reads_what_bench_quick_writes_by_default(tmp_path, monkeypatch):
     from marlbuf.bench import cli
-    from marlbuf.bench.common import RESULTS_DIR
+    from marlbuf.bench.tools.common import RESULTS_DIR
 
     results_folder = _results_folder_function()
     monkeypatch.delenv("MARLBUF_RESULTS", raising=False)

@@ -623,9 +623,9 @@ def test_predictor_round_trip_and_registry() -> None:
 
 
 def test_benchmark_suite_runs_tiny(monkeypatch) -> None:
-    from marlbuf.bench import common
-    from marlbuf.bench import prioritized as suite
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench.suites import prioritized as suite
+    from marlbuf.bench.tools import common
+    from marlbuf.workloads import Workload
 
     tiny = {
         "per_capacity": 4_000,

@@ -475,7 +475,7 @@ def test_callgrind_dumps_are_removed_on_interrupt(tmp_path, signum: int) -> None
 
 
 def test_counters_suite_quick_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    from marlbuf.bench import counters
+    from marlbuf.bench.suites import counters
 
     tiny = {**counters.QUICK, "agents": [2], "fill_steps": 1000, "batch_size": 64, "rounds": 2}
     monkeypatch.setattr(counters, "QUICK", tiny)

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from marlbuf.bench import common, rewards
+from marlbuf.bench.suites import rewards
+from marlbuf.bench.tools import common
 
 TINY = {
     "envs": ["CN-3", "PP-3+1"],
@@ -95,7 +96,7 @@ def test_bad_names():
 
 
 def test_precision_suite_compares_float16_storage_with_uniform(monkeypatch, tmp_path):
-    from marlbuf.bench import precision
+    from marlbuf.bench.suites import precision
 
     tiny = dict(precision.QUICK, episodes=12, block=4)
     tiny["settings"] = {"batch_size": 16, "warmup_steps": 100, "update_every": 25}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from marlbuf.bench import site
+from marlbuf.bench.tools import site
 
 ROOT = Path(__file__).resolve().parents[1]
 

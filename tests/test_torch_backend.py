@@ -937,7 +937,7 @@ def test_cuda_round_never_waits_for_the_device(mixed_specs, half):
 def _learner_pair(algo, sampler, device="cpu", half=False):
     from marlbuf.algos import BatchedLearner, TrainConfig
     from marlbuf.algos.device import DeviceBatchedLearner
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.workloads import Workload
 
     workload = Workload("predator_prey", 3)
     specs = workload.specs()
@@ -1102,8 +1102,8 @@ def test_cuda_training_round_never_waits_for_the_device():
 
 # --------------------------------------------------------------------------- benchmarks
 def _tiny_device_suite(monkeypatch):
-    from marlbuf.bench import device as suite
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench.suites import device as suite
+    from marlbuf.workloads import Workload
 
     tiny = {
         **suite.QUICK,
@@ -1123,7 +1123,7 @@ def _tiny_device_suite(monkeypatch):
 
 
 def test_device_suite_runs_tiny(monkeypatch):
-    from marlbuf.bench import common
+    from marlbuf.bench.tools import common
 
     suite = _tiny_device_suite(monkeypatch)
     payload = suite.run(quick=True, progress=False)
@@ -1181,8 +1181,8 @@ def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
 
 
 def test_device_suite_skips_a_capacity_that_does_not_fit(monkeypatch):
-    from marlbuf.bench import device as suite
-    from marlbuf.bench.workloads import Workload
+    from marlbuf.bench.suites import device as suite
+    from marlbuf.workloads import Workload
 
     needed = suite.per_bytes_needed(Workload("cooperative_navigation", 3), 10_000_000, 8, False)
     # two marlbuf tables of 1e7 CN-3 rows (576 bytes each) and TorchRL's, on the device; the

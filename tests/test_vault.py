@@ -600,9 +600,10 @@ def test_reading_needs_no_jax():
 
 def test_bench_offline_suite_runs_tiny(monkeypatch):
     pytest.importorskip("mpe2")
-    from marlbuf.bench import cli, offline
+    from marlbuf.bench import cli
+    from marlbuf.bench.suites import offline
 
-    assert cli.SUITES["offline"] == "marlbuf.bench.offline"
+    assert cli.SUITES["offline"] == "marlbuf.bench.suites.offline"
     tiny = {"steps": 3_000, "base_steps": 1_000, "repeats": 1, "budget_bytes": 2 * 1024**2}
     monkeypatch.setattr(offline, "QUICK", {**tiny, "memory_modes": ("release",)})
     monkeypatch.setattr(offline, "copy_bandwidth", lambda: 1e9)

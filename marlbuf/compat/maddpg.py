@@ -58,7 +58,7 @@ from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
 from marlbuf.samplers import Sampler, Uniform, ascending_uniform
 from marlbuf.spec import FIELDS, AgentSpec
-from marlbuf.storage import LAYOUTS
+from marlbuf.stores.host import LAYOUTS
 
 #: one agent's staged transition: (obs_t, action, reward, obs_tp1, done) as passed to ``add``
 _Staged = tuple[Any, Any, Any, Any, Any]

@@ -67,7 +67,7 @@ def worker_env() -> dict[str, Any]:
     """A Ray ``runtime_env`` whose workers import this process's ``marlbuf``."""
     paths = [repo_root(), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
-    # idle OpenMP pools busy-wait on small machines (see marlbuf.bench.common.quiet_threads)
+    # idle OpenMP pools busy-wait on small machines (see marlbuf.bench.tools.common.quiet_threads)
     env["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     return {"env_vars": env}
 

@@ -31,7 +31,7 @@ from marlbuf.distributed._ray import code_fingerprint
 from marlbuf.samplers import Prioritized, Sampler
 from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import AgentSpec, FieldSpec
-from marlbuf.storage import Storage
+from marlbuf.stores.base import Storage
 
 ALIGN = 64
 HEADER_WORDS = 8

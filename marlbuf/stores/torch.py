@@ -17,7 +17,7 @@ What the store owns:
 * **Gathers** - the indices drawn on the host travel to the device the same way (a copy that
   does not wait for the device), and a batch is one ``index_select`` of whole rows when table
   rows are batch rows, else one per merged segment of the NumPy gather plan
-  (:func:`marlbuf.storage.build_plan`; three for lean float32 rows). A next observation comes
+  (:func:`marlbuf.stores.base.build_plan`; three for lean float32 rows). A next observation comes
   from the successor's row (the host links say which) or, at an episode boundary, from the side
   row, sent with the indices.
 * **Batches** - :class:`DeviceBatch` (and :class:`DeviceSequenceBatch`): the structure of
@@ -49,10 +49,9 @@ from marlbuf._kernels import scatter_lean
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
 from marlbuf.batch import Batch, DrawnIndices, NotGathered
 from marlbuf.memory import check_fits_in_memory
-from marlbuf.spec import ALIVE, FIELDS, GLOBAL, AgentSpec
-from marlbuf.staging import RowCodec, RowViews
-from marlbuf.storage import FieldSelection, Storage, build_plan, ring_ranges
-from marlbuf.writer import NextObsLinks
+from marlbuf.rows import RowGeometry, RowViews
+from marlbuf.spec import ALIVE, FIELDS, GLOBAL
+from marlbuf.stores.base import FieldSelection, Storage, StoreOptions, build_plan, ring_ranges
 
 Tensor = torch.Tensor
 
@@ -120,14 +119,14 @@ class RowLayout:
 
     Parameters
     ----------
-    codec : RowCodec
+    codec : RowGeometry
         The buffer's row format (offsets of every (field, agent) in a row).
     lean : bool, default False
         Describe the codec's lean rows (observations stored once: no ``next_obs`` section)
         instead of its dense rows.
     """
 
-    def __init__(self, codec: RowCodec | FieldSelection, lean: bool = False) -> None:
+    def __init__(self, codec: RowGeometry | FieldSelection, lean: bool = False) -> None:
         self.codec = codec
         self.agents = list(codec.agents)
         self.row_bytes = codec.lean_row_bytes if lean else codec.row_bytes
@@ -245,7 +244,7 @@ class RowLayout:
                 first = stop
 
 
-def _not_gathered(codec: RowCodec | FieldSelection, name: str) -> NotGathered:
+def _not_gathered(codec: RowGeometry | FieldSelection, name: str) -> NotGathered:
     """What stands for the field ``name`` that batches of rows ``codec`` do not hold (left
     out by ``fields=``, or not stored: ``next_obs`` of ``next_obs="none"``)."""
     if isinstance(codec, FieldSelection):
@@ -691,38 +690,17 @@ def round_of(batches: Sequence[DeviceBatch]) -> _Round | None:
 # --------------------------------------------------------------------------------- the store
 class TorchStorage(Storage):
     """The interleaved row table as one ``int64`` tensor on ``device`` (see the module
-    docstring); the parameters are :class:`marlbuf.storage.Storage`'s, plus ``device`` (a
-    checked ``torch.device``, see :func:`check_device`)."""
+    docstring), built from :class:`marlbuf.stores.base.StoreOptions`; its ``device``
+    (``None``: the CPU) is checked by :func:`check_device`."""
 
     #: the index -1 reads the table's row of zeros (masked steps of sequence batches)
     zero_fills = True
 
     layout = "interleaved"
 
-    def __init__(
-        self,
-        specs: Mapping[str, AgentSpec],
-        capacity: int,
-        pool_blocks: int = 8,
-        codec: RowCodec | None = None,
-        batch_layout: str = "rows",
-        links: NextObsLinks | None = None,
-        batch_dtype: str = "float32",
-        device: torch.device | None = None,
-        *,
-        stores_next_obs: bool = True,
-    ) -> None:
-        super().__init__(
-            specs,
-            capacity,
-            pool_blocks,
-            codec,
-            batch_layout,
-            links,
-            batch_dtype,
-            stores_next_obs=stores_next_obs,
-        )
-        self.device = check_device("cpu" if device is None else device)
+    def __init__(self, options: StoreOptions) -> None:
+        super().__init__(options)
+        self.device = check_device("cpu" if options.device is None else options.device)
         for fs in self.codec.slots:
             torch_dtype(fs.dtype)  # a dtype torch has, or a clear error
         lean = self.lean
