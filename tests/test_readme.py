@@ -36,7 +36,7 @@ def test_readme_is_a_landing_page():
 
 def test_headline_table_matches_the_committed_results():
     """Each cell of the README's headline table is what the committed result files give."""
-    from marlbuf.bench import report
+    from marlbuf.bench.tools import report
 
     data = report.headline_data(ROOT / "bench" / "results", quick=False)
     rounds, memory = data["round"], data["memory"]
