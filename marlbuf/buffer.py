@@ -1313,6 +1313,8 @@ class MultiAgentReplayBuffer:
             :class:`marlbuf.storage.FieldSelection`); a left-out field raises a ``ValueError``
             naming ``fields=`` when used. ``None`` (default): every field.
 
+        Notes
+        -----
         Safe to call from several threads while others write (see :mod:`marlbuf.writer`).
         """
         trainer = self._check_trainer(trainer)

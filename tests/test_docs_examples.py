@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md runs as written.
+"""Every code block of README.md and of the site's sources (docs/, every page) runs as written.
 
 Each ```python block is executed in a fresh namespace inside an empty temporary working
 folder, with warnings raised as errors (what a user copying the block would see as a warning
@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TAG = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 KNOWN_TAGS = ("skip", "continue", "replace", "append", "needs")

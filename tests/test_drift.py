@@ -107,7 +107,7 @@ def test_prose_that_states_a_default_matches_the_parser() -> None:
     modules = {"train": ("marlbuf.algos.cli", "torch"), "profile": ("marlbuf.profiling.cli", None)}
     pattern = re.compile(r"`marlbuf (\w+)[^`]*` defaults to `(--[a-z-]+) ([^`]+)`")
     found = 0
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for command, flag, value in pattern.findall(" ".join(path.read_text().split())):
             module, needs = modules[command]
             if needs is not None and importlib.util.find_spec(needs) is None:

@@ -256,15 +256,15 @@ def test_dropin_on_a_device_runs_tiny(monkeypatch):
 
 
 def test_docs_joint_buffer_snippet_matches_the_consumer_buffer():
-    """docs/migrating.md's joint ReplayBuffer returns what the consumer's own buffer returns."""
+    """docs/guides/maddpg.md's joint ReplayBuffer returns what the consumer's own buffer returns."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "maddpg.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     snippet = next(b for b in blocks if "class ReplayBuffer" in b)
     namespace: dict = {}
-    exec(compile(snippet, "docs/migrating.md", "exec"), namespace)
+    exec(compile(snippet, "docs/guides/maddpg.md", "exec"), namespace)
     obs_dims, act_dims, steps = [6, 4, 5], [2, 3, 2], 50
     docs_buf = namespace["ReplayBuffer"](100, obs_dims, act_dims)
     own = joint.JointReplayBuffer(100, obs_dims, act_dims)

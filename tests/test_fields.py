@@ -328,7 +328,7 @@ def test_action_index_leaves_continuous_agents_out() -> None:
 
 # ------------------------------------------------- team reward and per-episode constants
 def test_team_reward_and_episode_constants_as_global_fields() -> None:
-    """The documented recipe (docs/migrating.md): a team reward is one global value per step,
+    """The documented recipe (docs/guides/epymarl.md): a team reward is one global value per step,
     a per-episode constant a global field written with the episode's value at each step."""
     specs = {f"agent_{i}": AgentSpec((4,), (3,), n_discrete_actions=3) for i in range(16)}
     globals_ = {"team_reward": FieldSpec(()), "map_id": FieldSpec((), np.int32)}

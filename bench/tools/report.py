@@ -845,7 +845,22 @@ def write_report(
     figures: list[Path] | None = None,
     figures_error: str | None = None,
 ) -> Path:
-    """Write ``REPORT[-quick].md`` in ``results_dir`` from the result files there.
+    """Write ``REPORT[-quick].md`` in ``results_dir`` from the result files there
+    (:func:`render_report`'s text); returns its path."""
+    out = Path(results_dir) / f"REPORT{'-quick' if quick else ''}.md"
+    out.write_text(render_report(results_dir, quick, suites, notes, figures, figures_error))
+    return out
+
+
+def render_report(
+    results_dir: Path,
+    quick: bool,
+    suites: Iterable[str],
+    notes: Mapping[str, str] | None = None,
+    figures: list[Path] | None = None,
+    figures_error: str | None = None,
+) -> str:
+    """The report of the result files in ``results_dir``, as markdown.
 
     The report opens with the machine and the headline section (:func:`headline_section`),
     then the guard's checks (:func:`guard_section`), then a section per suite.
@@ -853,7 +868,7 @@ def write_report(
     Parameters
     ----------
     results_dir : Path
-        Where the ``<suite>[-quick].json`` files are, and where the report goes.
+        Where the ``<suite>[-quick].json`` files are.
     quick : bool
         The quick results (and, once, the note that they indicate and do not decide).
     suites : iterable of str
@@ -904,6 +919,4 @@ def write_report(
         report += [f"![{p.stem}]({p.parent.name}/{p.name})" for p in rest] + [""]
     elif figures_error:
         report += [f"figures skipped: {figures_error}", ""]
-    out = Path(results_dir) / f"REPORT{'-quick' if quick else ''}.md"
-    out.write_text("\n".join(report))
-    return out
+    return "\n".join(report)

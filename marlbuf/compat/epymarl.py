@@ -142,7 +142,10 @@ class EpisodeBatch:
         ``transition_data`` (key -> tensor ``(B, T, ...)``) and ``episode_data`` (key ->
         tensor ``(B, ...)``).
     device : str or torch.device
+        Where the tensors are.
 
+    Notes
+    -----
     Indexing follows EPyMARL: ``batch[key]`` is the tensor of one field; ``batch[(k1, k2)]`` a
     batch of those fields; ``batch[items]`` with a batch index (an int, a slice, a list or an
     array of episode rows), or a pair ``(episodes, time)`` whose time part is an int or a slice,

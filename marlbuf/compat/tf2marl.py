@@ -86,6 +86,8 @@ class EfficientReplayBuffer:
     layout : {"interleaved", "agent_major"}
         Storage layout.
 
+    Notes
+    -----
     Everything is stored as float32, as in the original.
     """
 
