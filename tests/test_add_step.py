@@ -3,8 +3,8 @@
 A default-like buffer writes through :func:`marlbuf._kernels.store_lean_step` /
 ``store_dense_step``; a twin buffer is forced through the complete checks
 (:meth:`RowCodec.stage`) and the general commit (:meth:`WritePath.commit`). After the same
-calls both hold the same bytes, write generations, ring state and next-observation links; every rejected step
-raises the same error on both and changes nothing.
+calls both hold the same bytes, write generations, ring state and next-observation links;
+every rejected step raises the same error on both and changes nothing.
 """
 
 from __future__ import annotations
