@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
@@ -12,16 +10,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from marlbuf import _config, mapped, persistence
-from marlbuf._kernels import (
-    commit_dense_step,
-    commit_lean_step,
-    store_dense_leading_step,
-    store_dense_step,
-    store_lean_leading_step,
-    store_lean_step,
-)
 from marlbuf._kernels.drawn import judge_update
-from marlbuf._kernels.staging import STEP_DECLINED
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
 from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
@@ -36,17 +25,21 @@ from marlbuf.spec import (
     FieldSpec,
     normalize_specs,
 )
-from marlbuf.staging import RowCodec, StepItems, steps_of
+from marlbuf.staging import RowCodec
 from marlbuf.storage import available_memory_bytes
 from marlbuf.stores import make_store
 from marlbuf.stores.base import FieldSelection, Storage, check_fields
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
+from marlbuf.writer.commit import (
+    NextObsDroppedWarning,
+    NextObsWarning,
+    SlowWriteWarning,
+    StreamBreakWarning,
+    WritePath,
+)
+from marlbuf.writer.inputs import MAX_STREAM, check_stream, check_truncated
 
-#: the store kernels of a one-step ``extend``/``add_envs`` (items with a leading axis of 1)
-_LEADING_KERNELS = (store_dense_leading_step, store_lean_leading_step)
-#: ``NextObsLinks.pending`` of a stream without a pending transition (no slot, no generation)
-_NO_PENDING = (-1, -1)
 #: how next observations are stored: once (from the successor's obs, a side table where they
 #: differ), as a field of every row, or not at all (learners that never read next_obs)
 NEXT_OBS_MODES = ("once", "stored", "none")
@@ -76,37 +69,6 @@ def _untrusted(trainer: int, why: str) -> str:
         "generations=buffer.write_generation[indices] to set the priorities of the slots as "
         "they are now"
     )
-
-
-class StreamBreakWarning(UserWarning):
-    """A step's ``obs`` differs from the ``next_obs`` of the previous step written on the same
-    stream, and that step was neither done nor truncated: several environments are written in
-    turn on one stream. The episode index ends the episode there (a sequence or episode never
-    mixes environments). Raised once per buffer; write each environment on its own stream
-    (``add(..., stream=k)``) or use ``add_envs``."""
-
-
-class NextObsWarning(UserWarning):
-    """Most stored steps of a buffer with observations stored once keep their ``next_obs`` in
-    the side table: the data are not streams of consecutive steps (or several environments
-    are written in turn on one stream), so the format costs memory and time instead of saving
-    them. Raised once per buffer."""
-
-
-class NextObsDroppedWarning(UserWarning):
-    """A ``next_obs="auto"`` buffer's first write left ``next_obs`` out, so the buffer chose
-    ``next_obs="none"``: it stores no next observations from then on, and reading them raises.
-    Raised once per buffer, before anything is stored; build the buffer with
-    ``next_obs="none"`` to choose this format without the warning, or pass ``next_obs=`` to
-    every write to keep next observations."""
-
-
-class SlowWriteWarning(UserWarning):
-    """A valid step of ``add`` (or a one-step ``extend``/``add_envs``) was not taken by the
-    one-kernel write path because of how one of its inputs is given (a list where an array is
-    expected, a torch tensor, a dtype the kernels do not read, specs whose five fields are
-    stored in different dtypes), so it was staged by NumPy or the complete checks: several
-    times slower. The message names the input and the fix. Raised once per buffer."""
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -236,28 +198,6 @@ class MultiAgentReplayBuffer:
     episodes: EpisodeIndex | None = None
     #: the sampler when it is a :class:`marlbuf.samplers.Sequence`
     _sequence: SequenceSampler | None = None
-    #: ``next_obs="auto"`` before the first write chose the format; whether the side-table
-    #: warning was given (class defaults for backends with their own ``__init__``)
-    _choose_format = False
-    _format_warned = False
-    #: ``next_obs="auto"`` in RAM or on a device: a first write without next_obs (while nothing
-    #: was written yet) makes the buffer ``next_obs="none"``
-    _auto_none = False
-    #: ``next_obs="auto"`` not yet decided by a committed write (nor by a loaded state): every
-    #: write goes through :meth:`_stand_in` and the general commit, which decides
-    _deciding = False
-    #: whether a write's ``next_obs`` goes through :meth:`_stand_in` even when given: buffers
-    #: without next observations, and ``"auto"`` buffers still deciding
-    _stand_ins = False
-    #: whether the stream-break warning was given (:class:`StreamBreakWarning`)
-    _breaks_warned = False
-    #: whether the slow-write warning was given (:class:`SlowWriteWarning`)
-    _slow_warned = False
-    #: environments of the latest ``add_envs`` call (0: none yet)
-    _declared_envs = 0
-    #: what the one-step commit of ``add`` needs, for the storage and sampler it was made for
-    #: (see :meth:`_step_target`)
-    _step: tuple[Any, ...] | None = None
 
     def __init__(
         self,
@@ -288,14 +228,8 @@ class MultiAgentReplayBuffer:
                 f"next_obs must be one of {NEXT_OBS_CHOICES}; got next_obs={next_obs!r}"
             )
         #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
-        self._choose_format = next_obs == "auto" and path is None and _store is None
-        self._auto_none = self._deciding = self._choose_format
-        self._stand_ins = next_obs == "none" or self._deciding
-        #: per thread, whether the write being made left ``next_obs`` out (read by the first
-        #: commit of an ``"auto"`` buffer, which then chooses ``"none"``)
-        self._write_call = threading.local()
+        auto = choose_format = next_obs == "auto" and path is None and _store is None
         next_obs = "once" if next_obs == "auto" else next_obs
-        self._format_warned = False
         #: fields stored once per step for all agents (``global_fields=``), and whether each
         #: step records which agents are alive (``alive=``)
         self.global_fields, self.alive = check_row_options(self.specs, global_fields, alive)
@@ -313,14 +247,14 @@ class MultiAgentReplayBuffer:
         row_options: dict[str, Any] = {"global_fields": self.global_fields, "alive": self.alive}
         staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
         if (
-            self._choose_format
+            choose_format
             and layout == "interleaved"
             and estimate(self.specs, 1, layout, "once", **row_options).table_row_bytes
             >= staging_row.table_row_bytes
         ):
             # rows so small that padding to a cache line eats what storing observations once
             # saves: the dense format costs no more memory and gathers without links
-            self._choose_format = False
+            choose_format = False
             next_obs = "stored"
         needed = estimate(
             self.specs,
@@ -349,10 +283,7 @@ class MultiAgentReplayBuffer:
         # enough recycled batch blocks for two rounds of every trainer (one being consumed
         # while the next is gathered)
         pool_blocks = 2 * self.n_trainers + 2
-        self.next_obs = next_obs
-        self.links = (
-            NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
-        )
+        links = NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
         #: the files of a memory-mapped buffer (``path=``), once it is live
         self._mapped = None
         store = _store
@@ -364,13 +295,13 @@ class MultiAgentReplayBuffer:
                 f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
             )
         try:
-            self.storage: Storage = make_store(
+            storage = make_store(
                 layout,
                 self._codec,
                 self.capacity,
                 pool_blocks,
                 batch_layout,
-                self.links,
+                links,
                 batch_dtype,
                 None if store is None else store.allocate,
                 self.device,
@@ -380,7 +311,7 @@ class MultiAgentReplayBuffer:
             if store is not None:
                 store.abandon()  # a new folder is removed again; an existing one is released
             raise
-        self.storage.parallel_gather = bool(parallel_gather)
+        storage.parallel_gather = bool(parallel_gather)
         place = getattr(sampler, "place_priorities", None)
         if place is not None:  # prioritized samplers: trees on the store's device if asked
             place(self.device)
@@ -399,8 +330,21 @@ class MultiAgentReplayBuffer:
             attach = getattr(sampler, "attach_episodes", None)
             if attach is not None:
                 attach(self.episodes)
-        self._done_reader = _done_reader(self._codec)
-        self._break_flags = _break_flag_reader(self._codec)
+        on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
+        #: the commit engine: the store, links, episode index and format policy of writes
+        self._writes = WritePath(
+            self._codec,
+            self.writer,
+            storage,
+            links,
+            self.episodes,
+            next_obs,
+            on_write,
+            self._new_store,
+            self._dense_fits,
+            auto=auto,
+            choose_format=choose_format,
+        )
         # per trainer, the indices of its latest batch (prioritized samplers only): a plain
         # copy of them passed to update_priorities without generations= is judged against
         # that draw (batch.indices itself carries its generations)
@@ -415,7 +359,7 @@ class MultiAgentReplayBuffer:
         if store is not None:
             store.bind(
                 mapped.BufferHooks(
-                    commit=self._replay,
+                    commit=self._writes.replay,
                     state=lambda: self._state(copy=False, errors=False),
                     load=lambda state: self._load_state(state, adopt=True, table_ahead=True),
                     replayed=self._replayed,
@@ -475,7 +419,9 @@ class MultiAgentReplayBuffer:
     def __repr__(self) -> str:
         # the format: "auto" while the first write may still choose it (the format it assumes
         # until then in brackets)
-        undecided = self._auto_none and self.writer.total_writes == 0 and self.next_obs != "none"
+        undecided = (
+            self._writes.auto_none and self.writer.total_writes == 0 and self.next_obs != "none"
+        )
         next_obs = f"'auto' ({self.next_obs!r} until the first write)" if undecided else None
         if self.device is not None:
             store = f"store='torch', device={str(self.device)!r}"
@@ -490,6 +436,23 @@ class MultiAgentReplayBuffer:
         )
 
     # ----------------------------------------------------------------------------- writing
+    @property
+    def storage(self) -> Storage:
+        """The store that holds the rows (a new one replaces it where ``next_obs="auto"``
+        chooses another format at the first write)."""
+        return self._writes.storage
+
+    @property
+    def links(self) -> NextObsLinks | None:
+        """The next-observation links (``next_obs="once"``), else ``None``."""
+        return self._writes.links
+
+    @property
+    def next_obs(self) -> str:
+        """How next observations are stored: ``"once"``, ``"stored"`` or ``"none"`` (for
+        ``next_obs="auto"``, the format chosen, or assumed until the first write)."""
+        return self._writes.next_obs
+
     def add(
         self,
         obs: Any,
@@ -534,71 +497,16 @@ class MultiAgentReplayBuffer:
         required. A buffer with ``next_obs="auto"`` whose first write leaves it out becomes
         ``next_obs="none"`` and warns once (:class:`NextObsDroppedWarning`).
         """
-        if next_obs is None or done is None or self._stand_ins:
-            next_obs = self._stand_in(obs, next_obs, done, "add")
-        codec = self._codec
+        writes = self._writes
+        if next_obs is None or done is None or writes.stand_ins:
+            next_obs = writes.stand_in(obs, next_obs, done, "add")
         values = (obs, action, reward, next_obs, done)
-        if fields or codec.more:
-            values = codec.arrange(values, fields, "add")
-        if type(stream) is not int or not 0 <= stream <= persistence.MAX_STREAM:
-            stream = _check_stream(stream)
-        cut = False if truncated is False else _check_truncated(truncated, self.agents, None)
-        step = self._step
-        if step is None or step[0] is not self.storage or step[1] is not self.sampler:
-            step = self._step = self._step_target()
-        items = None
-        if step[3] and self._mapped is None:
-            # the common case: checked and stored by one kernel call under the storage lock
-            # (no staging row, so the writer lock is not needed)
-            items = codec.step_items(values)
-            if items is not None and self._store_step(step, items, stream):
-                return
-        with self.writer.write_lock:
-            # else staged (one kernel, or NumPy per field, or the complete checks), committed
-            try:
-                rows = codec.stage_step(values, items)
-                if rows is None:
-                    rows = codec.stage_fast(values, None)
-                    if rows is None:
-                        rows, _ = codec.stage(dict(zip(codec.field_names, values)), None)
-                    if not self._slow_warned:
-                        self._warn_slow_step(values, "add")
-            except ValueError as exc:
-                raise _with_hint(exc, self._leading_axis_hint("add", obs)) from exc
-            if step[2] is None:
-                self._commit(rows, 1, stream, cut)
-            else:
-                self._commit_step(step, rows, stream, bool(cut))
-
-    def _add_one(self, values: tuple[Any, ...], stream: int, truncated: Any, per_env: bool) -> bool:
-        """A one-step ``extend`` or ``add_envs`` (every item with a leading axis of length 1)
-        written as ``add`` writes a step: checked and stored by one kernel call, or staged by
-        one kernel and committed as one step. ``False`` where the kernels decline it (nothing
-        changed: the general path then decides and explains)."""
-        codec = self._codec
-        items = codec.step_items(values)
-        if items is None:
-            return False
-        step = self._step
-        if step is None or step[0] is not self.storage or step[1] is not self.sampler:
-            step = self._step = self._step_target()
-        cut = (
-            None
-            if truncated is False or truncated is None
-            else _check_truncated(truncated, self.agents, 1, per_env=per_env)
-        )
-        if step[3] and self._mapped is None:
-            if self._store_step(step, items, stream, _LEADING_KERNELS):
-                return True
-        with self.writer.write_lock:
-            rows = codec.stage_step(values, items, leading=True)
-            if rows is None:
-                return False
-            if step[2] is None:
-                self._commit(rows, 1, stream, cut)
-            else:
-                self._commit_step(step, rows, stream, cut is not None)
-        return True
+        if fields or writes.codec.more:
+            values = writes.codec.arrange(values, fields, "add")
+        if type(stream) is not int or not 0 <= stream <= MAX_STREAM:
+            stream = check_stream(stream)
+        cut = False if truncated is False else check_truncated(truncated, self.agents, None)
+        writes.add(values, stream, cut)
 
     def extend(
         self,
@@ -624,25 +532,15 @@ class MultiAgentReplayBuffer:
         every value is valid. ``next_obs`` as in :meth:`add`: left out with
         ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self._stand_ins:
-            next_obs = self._stand_in(obs, next_obs, done, "extend")
+        writes = self._writes
+        if next_obs is None or done is None or writes.stand_ins:
+            next_obs = writes.stand_in(obs, next_obs, done, "extend")
         values = (obs, action, reward, next_obs, done)
-        if fields or self._codec.more:
-            values = self._codec.arrange(values, fields, "extend")
-        if type(stream) is not int or not 0 <= stream <= persistence.MAX_STREAM:
-            stream = _check_stream(stream)
-        # one step of per-agent dicts (the common case): add's path at once
-        first = next(iter(obs.values()), None) if type(obs) is dict else None
-        if type(first) is np.ndarray and first.ndim and first.shape[0] == 1:
-            if self._add_one(values, stream, truncated, False):
-                return
-        values = self._unstacked(values)
-        one = _leading_length(values[0]) == 1
-        if one and first is None and self._add_one(values, stream, truncated, False):
-            return  # one step given otherwise (lists, stacked arrays, other mappings)
-        self._extend(values, stream, 0, truncated)
-        if one and not self._slow_warned:
-            self._warn_slow_step(values, "extend")
+        if fields or writes.codec.more:
+            values = writes.codec.arrange(values, fields, "extend")
+        if type(stream) is not int or not 0 <= stream <= MAX_STREAM:
+            stream = check_stream(stream)
+        writes.extend(values, stream, truncated)
 
     def add_envs(
         self,
@@ -666,550 +564,18 @@ class MultiAgentReplayBuffer:
         dict or sequence of (K,) arrays. Nothing is written unless every value is valid.
         ``next_obs`` as in :meth:`add`: left out with ``next_obs="none"``, required otherwise.
         """
-        if next_obs is None or done is None or self._stand_ins:
-            next_obs = self._stand_in(obs, next_obs, done, "add_envs")
+        writes = self._writes
+        if next_obs is None or done is None or writes.stand_ins:
+            next_obs = writes.stand_in(obs, next_obs, done, "add_envs")
         values = (obs, action, reward, next_obs, done)
-        if fields or self._codec.more:
-            values = self._codec.arrange(values, fields, "add_envs")
-        first_stream = _check_stream(first_stream)
-        # one environment of per-agent dicts (the common case): add's path at once
-        first = next(iter(obs.values()), None) if type(obs) is dict else None
-        one = type(first) is np.ndarray and first.ndim > 0 and first.shape[0] == 1
-        unstacked = not one
-        if unstacked:
-            values = self._unstacked(values)
-            one = _leading_length(values[0]) == 1
-        if one and self._add_one(values, first_stream, truncated, True):
-            self._declared_envs = 1  # one environment, as the general path records it
-            return
-        if not unstacked:
-            values = self._unstacked(values)
-        self._extend(values, None, first_stream, truncated)
-        if one and not self._slow_warned:
-            self._warn_slow_step(values, "add_envs")
+        if fields or writes.codec.more:
+            values = writes.codec.arrange(values, fields, "add_envs")
+        writes.add_envs(values, check_stream(first_stream), truncated)
 
-    def _stand_in(self, obs: Any, next_obs: Any, done: Any, call: str) -> Any:
-        """What a write passes as ``next_obs`` when it leaves it out or the buffer stores none
-        (``next_obs="none"``): ``obs`` itself, staged in the next_obs section of the staging
-        rows and dropped by the lean row (so the staging paths stay those of every format);
-        else a clear error. While an ``"auto"`` buffer is still deciding, every write comes
-        here: it notes whether this call left ``next_obs`` out, and the call's commit (only
-        once the call is validated: a rejected write changes nothing) chooses the format. Called
-        only when ``next_obs`` or ``done`` is missing, or the buffer stores no next
-        observations or is deciding: one check per call, none per row."""
-        if done is None:
-            if self.next_obs == "none" and next_obs is not None:
-                raise TypeError(
-                    f"{call}() missing the required argument done; a buffer with "
-                    f"next_obs='none' takes no next_obs, so pass done by keyword: "
-                    f"{call}(obs, action, reward, done=done)"
-                )
-            raise TypeError(f"{call}() missing the required argument done")
-        if self._deciding:
-            self._write_call.none = next_obs is None
-            if next_obs is None and self._auto_none and self.next_obs != "none":
-                # warned before the call's commit decides: where warnings are errors, the call
-                # raises here and nothing changed
-                warnings.warn(
-                    f"{call}() got no next_obs, so this next_obs='auto' buffer now stores none "
-                    "(next_obs='none'): batches will hold no next observations and later writes "
-                    "must leave next_obs out. To keep next observations, pass next_obs=... to "
-                    "every write; to choose this format without this warning, build the buffer "
-                    "with next_obs='none'",
-                    NextObsDroppedWarning,
-                    stacklevel=3,
-                )
-            return obs if next_obs is None else next_obs
-        if next_obs is None:
-            if self.next_obs == "none":
-                return obs
-            if self._auto_none:
-                how = (
-                    f"next_obs='auto' chose {self.next_obs!r} at this buffer's first write, "
-                    "which passed next_obs"
-                )
-            elif self._mapped is not None:
-                how = (
-                    f"this memory-mapped buffer was built with next_obs={self.next_obs!r} (its "
-                    "files are laid out when it is built, so next_obs='auto' cannot drop "
-                    "next_obs at the first write)"
-                )
-            else:
-                how = f"this buffer was built with next_obs={self.next_obs!r}"
-            raise ValueError(
-                f"{call}() got no next_obs, but {how} and keeps next observations: pass "
-                "next_obs=..., or build the buffer with next_obs='none' to store none (for "
-                "learners that never read next_obs)"
-            )
-        chosen = ", chosen by its first write, which had none" if self._auto_none else ""
-        raise ValueError(
-            f"{call}() got next_obs, but this buffer stores no next observations "
-            f"(next_obs='none'{chosen}): leave next_obs out ({call}(obs, action, reward, "
-            "done=done)), or build the buffer with next_obs='auto', 'once' or 'stored' to keep "
-            "them"
-        )
-
-    def _decide(self, rows: np.ndarray, steps: int, streams: int | np.ndarray) -> None:
-        """The first commit of a ``next_obs="auto"`` buffer (under ``writer.lock``, the call
-        validated, nothing stored yet) chooses its format: ``"none"`` when the call left
-        ``next_obs`` out, ``"stored"`` for an ``extend`` of independent transitions (see
-        :meth:`_independent`), else the format it has. Writers that race to be the first write,
-        one with and one without ``next_obs``, are not told apart: the first to commit
-        decides."""
-        if getattr(self._write_call, "none", False) and self._auto_none:
-            self._drop_next_obs()
-        elif self._choose_format and steps > 1 and isinstance(streams, int):
-            if self._independent(rows):
-                self._store_next_obs()
-        self._decided()
-
-    def _decided(self) -> None:
-        """The format is final: writes take their usual paths from now on."""
-        self._deciding = self._choose_format = False
-        self._stand_ins = self.next_obs == "none"
-        self._step = None  # add's one-step target, recomputed for the chosen store
-
-    def _drop_next_obs(self) -> None:
-        """Make this ``next_obs="auto"`` buffer, still empty, ``next_obs="none"`` (its first
-        write has no next observations): a store of lean rows without links takes the place of
-        the one built for the format ``"auto"`` assumed, and the episode index stops looking
-        for stream breaks (which it finds by comparing obs with the previous next_obs)."""
-        self._switch_format("none")
-        if self.episodes is not None:
-            self.episodes.obs_bytes = 0
-
-    def _extend(
-        self,
-        fields: tuple[Any, ...],
-        stream: int | None,
-        first_stream: int = 0,
-        truncated: Any = False,
-    ) -> None:
-        # the fast path checks every item's shape against the first observation's length, so
-        # the complete length check (a loop over every item) runs only when it declines
-        call = "extend" if stream is not None else "add_envs"
-        guess = _leading_length(fields[0])
-        with self.writer.write_lock:
-            try:
-                rows = None if guess is None else self._codec.stage_fast(fields, guess)
-                if rows is None:
-                    named = dict(zip(self._codec.field_names, fields))
-                    steps = steps_of(self._codec, named)
-                    rows, _ = self._codec.stage(named, steps)
-                else:
-                    steps = int(rows.shape[0])  # the guessed length, confirmed by the fast path
-            except ValueError as exc:
-                raise _with_hint(exc, self._leading_axis_hint(call, fields[0])) from exc
-            if stream is None and first_stream + steps - 1 > persistence.MAX_STREAM:
-                raise ValueError(
-                    f"add_envs numbers its {steps} environments' streams from first_stream="
-                    f"{first_stream}, past the largest stream id {persistence.MAX_STREAM} "
-                    "(int64); pass a smaller first_stream"
-                )
-            streams: int | np.ndarray = (
-                stream if stream is not None else first_stream + np.arange(steps, dtype=np.int64)
-            )
-            cut = _check_truncated(truncated, self.agents, steps, per_env=stream is None)
-            if stream is not None and 1 < steps == self._declared_envs:
-                self._refuse_environments(rows, steps, cut)
-            self._commit(rows, steps, streams, cut)
-            if stream is None:
-                self._declared_envs = steps
-
-    def _unstacked(self, fields: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``fields`` of ``extend``/``add_envs`` with every per-agent field given as one stacked
-        array of shape ``(K, n_agents, ...)`` split into its agents' ``(K, ...)`` views.
-
-        An array whose first axis is the number of agents is left alone: it is read in agent
-        order, as before (a stacked array of exactly ``n_agents`` steps or environments must be
-        given per agent)."""
-        n_agents = len(self.specs)
-        out = list(fields)
-        for k, (name, value) in enumerate(zip(self._codec.field_names, fields)):
-            if (
-                name not in self.global_fields
-                and isinstance(value, np.ndarray)
-                and value.ndim >= 2
-                and value.shape[1] == n_agents
-                and value.shape[0] != n_agents
-            ):
-                out[k] = [value[:, i] for i in range(n_agents)]
-        return tuple(out)
-
-    def _leading_axis_hint(self, call: str, obs: Any) -> str:
-        """What to call instead, for a shape error of ``call`` whose ``obs`` has one leading
-        axis more than ``call`` takes ("" when it has not)."""
-        first = obs.get(self.agents[0]) if isinstance(obs, Mapping) else None
-        if first is None and isinstance(obs, np.ndarray) and obs.ndim >= 1:
-            if obs.shape[0] == len(self.specs):
-                first = obs[0]
-            elif obs.ndim >= 2:  # a stacked (K, n_agents, ...) array
-                first = obs[:, 0]
-        ndim = len(self.specs[self.agents[0]].obs_shape)
-        try:
-            shape = np.shape(first) if first is not None else ()
-        except (ValueError, TypeError):  # not one array (a ragged list): no hint to give
-            return ""
-        if call == "add" and len(shape) == ndim + 1:
-            return (
-                f"; obs has a leading axis of {shape[0]}: for one step of {shape[0]} vectorized "
-                f"environments use add_envs (environment k is stream first_stream + k), for "
-                f"{shape[0]} consecutive steps of one environment use extend"
-            )
-        if call != "add" and len(shape) == ndim + 2:
-            return (
-                f"; obs has two leading axes {shape[:2]}: {call} takes one leading "
-                f"{'time' if call == 'extend' else 'environment'} axis (per agent, or one "
-                "stacked (K, n_agents, ...) array); write each environment's steps with "
-                "extend(..., stream=k), or each step of all environments with add_envs"
-            )
-        return ""
-
-    def _refuse_environments(self, rows: np.ndarray, steps: int, truncated: Any) -> None:
-        """Refuse an ``extend`` of as many steps as ``add_envs`` had environments when every
-        step breaks the stream (its obs differs from the next_obs of the previous step, which
-        no agent ended and which was not truncated): one step of every environment given as
-        consecutive steps of one stream. Without next observations (``next_obs="none"``) no
-        step can be told to break its stream: nothing is refused."""
-        if self.next_obs == "none":
-            return
-        codec = self._codec
-        raw = rows.view(np.uint8)
-        obs = raw[1:, : codec.obs_bytes]
-        previous_next = raw[:-1, codec.next_obs_start : codec.next_obs_start + codec.obs_bytes]
-        quiet, full = self._break_flags(rows)
-        breaks = ~(obs == previous_next).all(axis=1) & quiet[:-1] & full[1:]
-        if truncated is not None and truncated is not False:
-            breaks &= ~np.asarray(truncated, dtype=bool)[:-1]
-        if not breaks.all():
-            return
-        raise ValueError(
-            f"extend got {steps} steps, the number of environments add_envs wrote, and no "
-            "step's obs is the previous step's next_obs: this looks like one step of "
-            f"{steps} environments given as {steps} consecutive steps of one stream. Use "
-            "add_envs for it (environment k is stream first_stream + k), or extend each "
-            "environment's own steps with stream=k"
-        )
-
-    def _commit(
-        self,
-        rows: np.ndarray,
-        steps: int,
-        streams: int | np.ndarray,
-        truncated: bool | np.ndarray | None = None,
-    ) -> None:
-        """Write validated staging rows; the only place storage and metadata change.
-
-        ``truncated`` (bool for one step, shape (steps,) bool, or ``None`` for none) marks
-        truncated steps for the episode index."""
-        writer = self.writer
-        episodes = self.episodes
-        ends = None
-        if episodes is not None:  # before anything changes: a failure here changes nothing
-            ends = self._done_reader(rows)
-            if truncated is not None and truncated is not False:
-                ends = ends | truncated
-        with writer.lock:
-            if self._deciding:  # next_obs="auto": the first write chooses the format
-                self._decide(rows, steps, streams)
-            if self._mapped is not None:  # the redo record first: a crash never sees half a write
-                self._mapped.log(rows, steps, streams, truncated)
-            skip, slots = writer.plan(steps)
-            kept = rows[skip:] if skip else rows
-            every_stream = streams  # the episode index counts the skipped steps too
-            if skip and not isinstance(streams, int):
-                streams = streams[skip:]  # those environments' steps are overwritten at once
-            if self.links is not None and steps == 1 and isinstance(streams, int):
-                self.links.commit_one(
-                    writer.cursor,
-                    kept.view(np.uint8)[0],
-                    streams,
-                    writer.total_writes,
-                    self._codec.next_obs_start,
-                    writer.write_generation,
-                )
-            elif self.links is not None:
-                generations = writer.total_writes + skip + np.arange(slots.shape[0])
-                self.links.commit(
-                    slots,
-                    kept.view(np.uint8),
-                    streams,
-                    generations,
-                    self._codec.next_obs_start,
-                    writer.write_generation,
-                )
-            if episodes is not None and ends is not None:
-                breaks = episodes.breaks
-                if steps == 1 and isinstance(streams, int):
-                    episodes.commit_one(
-                        writer.cursor,
-                        bool(ends[0]),
-                        streams,
-                        writer.total_writes,
-                        writer.write_generation,
-                        rows.view(np.uint8)[0],
-                        *(bool(flag[0]) for flag in self._break_flags(rows)),
-                    )
-                else:
-                    generation = writer.total_writes
-                    episodes.commit(
-                        slots,
-                        ends,
-                        every_stream,
-                        skip,
-                        generation,
-                        writer.write_generation,
-                        rows.view(np.uint8),
-                        *self._break_flags(rows),
-                    )
-                if episodes.breaks != breaks and not self._breaks_warned:
-                    self._warn_stream_break()
-            self.storage.write(slots, kept, None)
-            writer.advance(slots, steps, skip)
-            self.sampler.on_write(slots)
-            if self._mapped is not None:
-                self._mapped.committed(self)
-            if self.links is not None and not self._format_warned:
-                self._check_side_share()
-
-    def _replay(
-        self,
-        rows: np.ndarray,
-        steps: int,
-        streams: int | np.ndarray,
-        truncated: bool | np.ndarray | None = None,
-    ) -> None:
-        """:meth:`_commit` of a write logged by the process that made it (a memory-mapped
-        folder's redo log, run again on reopening): that process gave the warnings."""
-        warned = self._breaks_warned, self._format_warned
-        self._breaks_warned = self._format_warned = True
-        try:
-            self._commit(rows, steps, streams, truncated)
-        finally:
-            self._breaks_warned, self._format_warned = warned
-
-    def _step_target(self) -> tuple[Any, ...]:
-        """What ``add`` needs to write one step, for the current storage and sampler:
-        ``(storage, sampler, table, direct, on_write, typed)``. ``table`` is the storage's row table
-        when a commit kernel can store a staged row there (interleaved rows in RAM, this
-        class's own commit), else ``None`` (:meth:`_commit` then); ``direct`` says whether the
-        store kernels may check and store a step straight from the caller's values (also: no
-        sequence bookkeeping, no fields beyond the five; memory-mapped buffers are told apart
-        per call); ``on_write`` is the sampler's hook, ``None`` when it does nothing; ``typed``
-        the table viewed in the dtype of the five fields (for the store kernels)."""
-        storage, sampler = self.storage, self.sampler
-        table = getattr(storage, "table", None)
-        kernel = (
-            type(self)._commit is MultiAgentReplayBuffer._commit
-            and storage.stores_next_obs  # the kernels store dense rows or rows with links
-            and storage.layout == "interleaved"
-            and type(table) is np.ndarray
-            and table.dtype == np.uint64
-            and table.flags.c_contiguous
-        )
-        kernel = kernel and not self._deciding  # the first write of "auto" chooses in _commit
-        plan = self._codec.step_plan
-        direct = kernel and plan is not None and self.episodes is None and not self._codec.more
-        on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
-        typed = None
-        if direct and table is not None and plan is not None:
-            typed = table.view(plan.dtype)
-        return storage, sampler, table if kernel else None, direct, on_write, typed
-
-    def _store_step(
-        self,
-        step: tuple[Any, ...],
-        items: StepItems,
-        stream: int,
-        kernels: tuple[Any, Any] = (store_dense_step, store_lean_step),
-    ) -> bool:
-        """Check and store one step of ``add`` (``items``: :meth:`RowCodec.step_items`) by one
-        kernel call under the storage lock (:func:`marlbuf._kernels.store_dense_step` /
-        :func:`~marlbuf._kernels.store_lean_step`); ``False`` when the kernel declined it
-        (nothing changed: the caller stages it, and the complete checks explain).
-        ``kernels``: the dense and lean kernels (:data:`_LEADING_KERNELS` for the items of a
-        one-step ``extend``/``add_envs``)."""
-        _, _, _, _, on_write, table = step
-        store_dense, store_lean = kernels
-        plan = self._codec.step_plan
-        if plan is None:
-            return False  # turned off since (see RowCodec.step_failed)
-        writer = self.writer
-        links = self.links
-        with writer.lock:
-            slot = writer.cursor
-            generation = writer.total_writes
-            try:
-                if links is None:
-                    if not store_dense(
-                        *items,
-                        plan.plan,
-                        plan.dense_gaps,
-                        table,
-                        slot,
-                        generation,
-                        writer.write_generation,
-                    ):
-                        return False
-                else:
-                    free = links.free
-                    if not free:
-                        return False  # the side table must grow: after the checks, staged
-                    pending = links.pending
-                    prev_slot, prev_generation = pending.get(stream, _NO_PENDING)
-                    code = store_lean(
-                        *items,
-                        plan.plan,
-                        plan.lean_gaps,
-                        table,
-                        slot,
-                        generation,
-                        writer.write_generation,
-                        links.side_words,
-                        links.pointers,
-                        prev_slot,
-                        prev_generation,
-                        free[-1],
-                    )
-                    if code == STEP_DECLINED:
-                        return False
-                    if code >= 0:  # NextObsLinks.apply_step_code, inline
-                        free.append(code)
-                    elif code == -2:
-                        free.pop()
-                    pending[stream] = (slot, generation)
-            except Exception as exc:  # a value Numba cannot type (nothing ran): the others
-                self._codec.step_failed(exc)
-                return False
-            self._advance_one(slot, generation, on_write)
-            # the side-table share grows only when a side row is taken (or the size reaches
-            # the warning's minimum)
-            if (
-                links is not None
-                and (code == -2 or writer.size == _config.SIDE_TABLE_WARN_ROWS)
-                and self._side_share_due()
-            ):
-                self._check_side_share()
-        return True
-
-    def _advance_one(self, slot: int, generation: int, on_write: Any) -> None:
-        """The bookkeeping after one step was stored at ``slot`` (under the storage lock)."""
-        self._choose_format = False  # a first write of one step keeps the format
-        slots = self.writer.advance_one(slot, generation)
-        if on_write is not None:
-            on_write(slots)
-
-    def _side_share_due(self) -> bool:
-        """Whether :meth:`_check_side_share` would warn now (cheaply: checked after every
-        one-step write)."""
-        links = self.links
-        if links is None or self._format_warned:
-            return False
-        size = self.writer.size
-        return size >= _config.SIDE_TABLE_WARN_ROWS and 2 * links.side_rows_used > size
-
-    def _commit_step(
-        self, step: tuple[Any, ...], rows: np.ndarray, stream: int, truncated: bool
-    ) -> None:
-        """:meth:`_commit` of one staged step (``add``) into interleaved rows: the link update
-        (observations stored once), the row store and its write generation in one kernel call
-        (:func:`marlbuf._kernels.commit_lean_step` / :func:`~marlbuf._kernels.commit_dense_step`),
-        the rest of the bookkeeping with scalars."""
-        _, _, table, _, on_write, _ = step
-        writer = self.writer
-        codec = self._codec
-        row = rows[0]
-        episodes = self.episodes
-        ends = False
-        if episodes is not None:  # before anything changes: a failure here changes nothing
-            ends = truncated or bool(self._done_reader(rows)[0])
-        with writer.lock:
-            mapped = self._mapped
-            if mapped is not None:  # the redo record first: a crash never sees half a write
-                mapped.log(rows, 1, stream, truncated)
-            slot = writer.cursor
-            generation = writer.total_writes
-            links = self.links
-            if links is not None and not links.free:
-                links.reserve(1)  # before anything changes (MemoryError changes nothing)
-            if episodes is not None:
-                breaks = episodes.breaks
-                quiet, full = self._break_flags(rows)
-                episodes.commit_one(
-                    slot,
-                    ends,
-                    stream,
-                    generation,
-                    writer.write_generation,
-                    rows.view(np.uint8)[0],
-                    bool(quiet[0]),
-                    bool(full[0]),
-                )
-                if episodes.breaks != breaks and not self._breaks_warned:
-                    self._warn_stream_break()
-            if links is None:
-                commit_dense_step(table, row, slot, generation, writer.write_generation)
-            else:
-                prev = links.pending.get(stream)
-                prev_slot, prev_generation = prev if prev is not None else (-1, -1)
-                code = commit_lean_step(
-                    table,
-                    row,
-                    slot,
-                    generation,
-                    writer.write_generation,
-                    codec.lean_words,
-                    links.side_words,
-                    links.next_slot,
-                    links.side_row,
-                    prev_slot,
-                    prev_generation,
-                    links.free[-1],
-                )
-                if code != -1:
-                    links.apply_step_code(code)
-                links.pending[stream] = (slot, generation)
-            self._advance_one(slot, generation, on_write)
-            if mapped is not None:
-                mapped.committed(self)
-            if links is not None and self._side_share_due():
-                self._check_side_share()
-
-    def _independent(self, rows: np.ndarray) -> bool:
-        """Whether most of the consecutive staged ``rows`` (one stream) have a ``next_obs``
-        that differs from the following row's ``obs`` (independent transitions)."""
-        raw = rows.view(np.uint8)
-        codec = self._codec
-        obs = raw[1:, : codec.obs_bytes]
-        previous_next = raw[:-1, codec.next_obs_start : codec.next_obs_start + codec.obs_bytes]
-        linked = int(np.count_nonzero((previous_next == obs).all(axis=1)))
-        return 2 * linked < rows.shape[0] - 1
-
-    def _store_next_obs(self) -> None:
-        """Switch the (still empty) buffer to ``next_obs="stored"``, if its dense rows fit in
-        memory (else it keeps ``"once"``, and the side-table warning explains)."""
-        storage = self.storage
-        needed = estimate(
-            self.specs,
-            self.capacity,
-            storage.layout,
-            "stored",
-            prioritized=self.sampler.weighted,
-            n_trainers=self.n_trainers,
-            episodes=self.sampler.needs_episodes,
-            global_fields=self.global_fields,
-            alive=self.alive,
-        )
-        available = available_memory_bytes()
-        if available is not None and needed.total_bytes > _config.MEMORY_WARN_FRACTION * (
-            available + storage.nbytes
-        ):
-            return
-        self._switch_format("stored")
-
-    def _switch_format(self, next_obs: str) -> None:
-        """Give the (still empty) buffer a new store of the same layout and options whose rows
-        keep next observations (``"stored"``) or not (``"none"``), without links."""
+    def _new_store(self, next_obs: str) -> Storage:
+        """A new, empty store of the current one's layout and options whose rows keep next
+        observations (``"stored"``) or not (``"none"``), without links (the commit engine's
+        hook when ``next_obs="auto"`` chooses the format)."""
         storage = self.storage
         store = make_store(
             storage.layout,
@@ -1223,56 +589,26 @@ class MultiAgentReplayBuffer:
             stores_next_obs=next_obs != "none",
         )
         store.parallel_gather = storage.parallel_gather
-        self.storage = store
-        self.links = None
-        self.next_obs = next_obs
+        return store
 
-    def _warn_slow_step(self, values: tuple[Any, ...], call: str) -> None:
-        """Warn once that a valid step took a staging path slower than the one-kernel write
-        path, naming the input that sent it there and the fix (:class:`SlowWriteWarning`).
-        Nothing is said where no input is to blame (an absent agent of an ``alive=True``
-        buffer, a value the kernels cannot type)."""
-        self._slow_warned = True
-        reason = self._codec.slow_reason(values)
-        if reason is None:
-            return
-        warnings.warn(
-            f"{call}() wrote a valid step through a slower staging path (several times the "
-            f"one-kernel write) because {reason}. This warning is given once per buffer",
-            SlowWriteWarning,
-            stacklevel=3,
+    def _dense_fits(self) -> bool:
+        """Whether this buffer's dense rows (``next_obs="stored"``) fit in the memory available
+        (besides what the current store holds)."""
+        storage = self.storage
+        needed = estimate(
+            self.specs,
+            self.capacity,
+            storage.layout,
+            "stored",
+            prioritized=self.sampler.weighted,
+            n_trainers=self.n_trainers,
+            episodes=self.sampler.needs_episodes,
+            global_fields=self.global_fields,
+            alive=self.alive,
         )
-
-    def _warn_stream_break(self) -> None:
-        """Warn once that a stream break ended an episode (see :class:`StreamBreakWarning`)."""
-        self._breaks_warned = True
-        warnings.warn(
-            "a step's obs differs from the next_obs of the previous step written on the same "
-            "stream, which was neither done nor truncated: several environments seem to be "
-            "written in turn on one stream. The episode was ended there, so sequences and "
-            "episodes never mix environments, but they are cut short. Write each environment "
-            "on its own stream (add(..., stream=k)) or all of them at once with add_envs",
-            StreamBreakWarning,
-            stacklevel=4,
-        )
-
-    def _check_side_share(self) -> None:
-        """Warn once when most stored steps keep their next_obs in the side table."""
-        size = self.writer.size
-        links = self.links
-        assert links is not None
-        if size < _config.SIDE_TABLE_WARN_ROWS or 2 * links.side_rows_used <= size:
-            return
-        self._format_warned = True
-        warnings.warn(
-            f"{links.side_rows_used} of the {size} stored steps keep their next_obs in the side "
-            "table: this buffer stores observations once (next_obs='once'), which saves memory "
-            "only when a step's next_obs is the obs of the next step written on the same "
-            "stream. Write each environment on its own stream (add(..., stream=k), or "
-            "add_envs for vectorized environments); for independent transitions (a dataset, "
-            "shuffled steps) build the buffer with next_obs='stored'",
-            NextObsWarning,
-            stacklevel=4,
+        available = available_memory_bytes()
+        return available is None or needed.total_bytes <= _config.MEMORY_WARN_FRACTION * (
+            available + storage.nbytes
         )
 
     # ----------------------------------------------------------------------------- sampling
@@ -2204,8 +1540,9 @@ class MultiAgentReplayBuffer:
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
         # chose "stored" or "none" from its first write loads into a new default buffer)
         saved_format = state.get("next_obs", "stored")
-        deciding = self._deciding and self.writer.total_writes == 0
-        adopt_dense = deciding and self._choose_format and saved_format == "stored"
+        writes = self._writes
+        deciding = writes.deciding and self.writer.total_writes == 0
+        adopt_dense = deciding and writes.choose_format and saved_format == "stored"
         adopt_none = deciding and self.next_obs != "none" and saved_format == "none"
         mismatch = [
             (k, mine, theirs)
@@ -2227,26 +1564,23 @@ class MultiAgentReplayBuffer:
         if not (adopt_dense or adopt_none):  # another layout or format is converted first
             converted = convert_state(state, self._codec, self.layout, self.next_obs)
             self._load_checked(converted, adopt, table_ahead)
-            if self._deciding and self.writer.total_writes:
-                self._decided()  # steps are stored: the format stays
+            if writes.deciding and self.writer.total_writes:
+                writes.decided()  # steps are stored: the format stays
             return
         with self.writer.write_lock, self.writer.lock:
-            before = (self.storage, self.links, self.next_obs, self._choose_format)
-            obs_bytes = None if self.episodes is None else self.episodes.obs_bytes
+            before = writes.format_state()
             if adopt_none:
-                self._drop_next_obs()
+                writes.drop_next_obs()
             else:
-                self._choose_format = False
-                self._store_next_obs()
+                writes.choose_format = False
+                writes.store_next_obs()
             try:
                 converted = convert_state(state, self._codec, self.layout, self.next_obs)
                 self._load_checked(converted, adopt)
             except BaseException:  # a rejected state leaves the buffer as it was
-                self.storage, self.links, self.next_obs, self._choose_format = before
-                if self.episodes is not None and obs_bytes is not None:
-                    self.episodes.obs_bytes = obs_bytes
+                writes.restore_format(before)
                 raise
-            self._decided()
+            writes.decided()
 
     def _load_checked(
         self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
@@ -2335,7 +1669,7 @@ class MultiAgentReplayBuffer:
 
         def read(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             rows = staged_rows(state, codec, slots)
-            quiet, _ = self._break_flags(rows)
+            quiet, _ = self._writes.break_flags(rows)
             return rows.view(np.uint8)[:, start : start + width], quiet
 
         return read
@@ -2478,6 +1812,7 @@ class MultiAgentReplayBuffer:
     def _attach_store(self, store: mapped.MappedStore | None) -> None:
         """Make the memory-mapped ``store`` live: from now on writes are logged there."""
         self._mapped = store
+        self._writes.log = None if store is None else _FolderLog(store, self)
 
     def begin_replace(self) -> None:
         """Before the storage arrays are overwritten wholesale (``persistence.load_into``
@@ -2616,172 +1951,18 @@ def _check_memory(
         )
 
 
-def _with_hint(exc: ValueError, hint: str) -> ValueError:
-    """``exc`` with ``hint`` appended to its message (``exc`` itself when there is none)."""
-    return ValueError(f"{exc}{hint}") if hint else exc
+class _FolderLog:
+    """The redo log of a memory-mapped folder as the commit engine calls it
+    (:class:`marlbuf.writer.commit.WriteLog`): the folder checkpoints the buffer it belongs
+    to."""
 
+    def __init__(self, store: mapped.MappedStore, buffer: MultiAgentReplayBuffer) -> None:
+        self.log = store.log
+        self._store = store
+        self._buffer = buffer
 
-def _break_flag_reader(codec: RowCodec) -> Any:
-    """A function of staged rows (shape (T, row_words), uint64) that returns, per row, the
-    flags of the stream-break check (:meth:`marlbuf.writer.EpisodeIndex.commit`): ``quiet``
-    (no agent done and every agent present: the step's next_obs must be the obs of the stream's
-    next step) and ``full`` (every agent present: the step's obs may be compared), both shape
-    (T,), bool. An agent that is done, or that joins or leaves, may see an observation its
-    previous next_obs did not predict without any environment switch."""
-    # a flag is set where any of its bytes is (a float -0.0 done counts as done: the check is
-    # then skipped, which never cuts an episode); adjacent fields are read as one byte range
-    done = _byte_ranges([fs for fs in codec.slots if fs.field == "done"])
-    alive = _byte_ranges([fs for fs in codec.slots if fs.field == ALIVE] if codec.alive else [])
-
-    def read(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        raw = rows.view(np.uint8)
-        full = np.ones(rows.shape[0], dtype=bool)
-        for lo, hi in alive:  # one byte per agent, 1 where present
-            full &= raw[:, lo:hi].all(axis=1)
-        quiet = full.copy()
-        for lo, hi in done:
-            quiet &= ~raw[:, lo:hi].any(axis=1)
-        return quiet, full
-
-    return read
-
-
-def _byte_ranges(slots: list[Any]) -> list[tuple[int, int]]:
-    """The byte ranges ``(start, stop)`` of row fields ``slots`` (with ``offset`` and
-    ``nbytes``), adjacent ones merged."""
-    ranges: list[tuple[int, int]] = []
-    for fs in sorted(slots, key=lambda fs: fs.offset):
-        if ranges and ranges[-1][1] == fs.offset:
-            ranges[-1] = (ranges[-1][0], fs.offset + fs.nbytes)
-        else:
-            ranges.append((fs.offset, fs.offset + fs.nbytes))
-    return ranges
-
-
-def _done_reader(codec: RowCodec) -> Any:
-    """A function of staged rows (shape (T, row_words), uint64) that returns, per row, whether
-    every agent's ``done`` is nonzero (shape (T,), bool): the termination of an episode. With
-    an alive mask, agents that are not alive at the step do not count (a step without any
-    alive agent ends its episode)."""
-    slots = [fs for fs in codec.slots if fs.field == "done"]
-    first, last = slots[0], slots[-1]
-    packed = all(fs.dtype == first.dtype and len(fs.shape) == 0 for fs in slots) and all(
-        a.offset + a.nbytes == b.offset for a, b in itertools.pairwise(slots)
-    )
-    if codec.alive:
-        alive = [fs for fs in codec.slots if fs.field == ALIVE]
-        alive_lo, alive_hi = alive[0].offset, alive[-1].offset + alive[-1].nbytes
-
-        def read_alive(rows: np.ndarray) -> np.ndarray:
-            raw = rows.view(np.uint8)
-            mask = raw[:, alive_lo:alive_hi].view(np.bool_)
-            every = np.ones(rows.shape[0], dtype=bool)
-            for k, fs in enumerate(slots):
-                flags = raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)
-                every &= (flags[:, 0] != 0) | ~mask[:, k]
-            return every
-
-        return read_alive
-    if packed:  # one view of all agents' flags
-        lo, hi = first.offset, last.offset + last.nbytes
-
-        def read(rows: np.ndarray) -> np.ndarray:
-            flags = rows.view(np.uint8)[:, lo:hi].view(first.dtype)
-            return np.asarray((flags != 0).all(axis=1))
-
-        return read
-
-    def read_each(rows: np.ndarray) -> np.ndarray:
-        raw = rows.view(np.uint8)
-        every = np.ones(rows.shape[0], dtype=bool)
-        for fs in slots:
-            flags = raw[:, fs.offset : fs.offset + fs.nbytes].view(fs.dtype)
-            every &= (flags != 0).all(axis=1)
-        return every
-
-    return read_each
-
-
-def _check_truncated(
-    truncated: Any, agents: list[str], steps: int | None, per_env: bool = False
-) -> bool | np.ndarray | None:
-    """``truncated`` of ``add`` (``steps=None``: a bool back) or of ``extend``/``add_envs``
-    (shape (steps,) bool back, or ``None`` when no step is truncated), checked.
-
-    Accepted: a bool; per agent, a dict (a subset of the agents; missing ones count as not
-    truncated) or a sequence in agent order, any True counting; with ``steps``, each value with
-    a leading axis of ``steps`` (a plain (steps,) array is per step, (n_agents, steps) per
-    agent). For ``add_envs`` (``per_env``) a bool applies to every environment; ``extend``
-    refuses ``True`` (it would end an episode at every step).
-    """
-    if truncated is False or truncated is None:
-        return None if steps is not None else False
-    if truncated is True and steps is None:
-        return True
-    where = "add" if steps is None else ("add_envs" if per_env else "extend")
-    lead = () if steps is None else (steps,)
-    if isinstance(truncated, Mapping):
-        unknown = [k for k in truncated if k not in agents]
-        if unknown:
-            raise ValueError(
-                f"truncated has unknown agent {unknown[0]!r}; {where} expects agents {agents}"
-            )
-        values = [_truncation_flags(v, lead, f"truncated[{a!r}]") for a, v in truncated.items()]
-        flags = np.zeros(lead, dtype=bool)
-        for value in values:
-            flags = flags | value
-    else:
-        array = _truncation_flags(truncated, None, "truncated")
-        if array.shape == () and steps is not None and array and not per_env:
-            raise ValueError(
-                f"truncated=True in extend would end an episode at each of its {steps} steps; "
-                f"pass an array of shape ({steps},) (e.g. True at the last step only)"
-            )
-        if array.shape == ():
-            flags = np.broadcast_to(array, lead).copy() if lead else array
-        elif lead and array.shape == lead:  # one flag per step (1-D is never per agent here)
-            flags = array
-        elif array.shape == (len(agents), *lead):  # per agent, in agent order
-            flags = np.asarray(array.any(axis=0))
-        else:
-            per_agent = (len(agents), *lead)
-            shapes = f"{lead} (per step) or {per_agent} (per agent)" if lead else f"{per_agent}"
-            raise ValueError(
-                f"truncated has shape {array.shape}; {where} expects a bool, a dict of agents, "
-                f"or an array of shape {shapes}"
-            )
-    if steps is None:
-        return bool(flags)
-    flags = np.asarray(flags, dtype=bool).reshape(steps)
-    return flags if flags.any() else None
-
-
-def _truncation_flags(value: Any, lead: tuple[int, ...] | None, name: str) -> np.ndarray:
-    """``value`` as a bool array (of shape ``lead`` unless ``lead`` is None), or a clear error:
-    bools, or numbers that are 0 or 1."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be bools; got {value!r:.80}") from exc
-    if array.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be bools (or 0/1); got dtype {array.dtype} ({value!r:.80})")
-    if array.dtype.kind != "b":
-        if not np.all((array == 0) | (array == 1)):
-            raise ValueError(f"{name} must be bools (or 0/1); got {value!r:.80}")
-        array = array != 0
-    if lead is not None and array.shape != lead:
-        raise ValueError(f"{name} has shape {array.shape}; expected {lead}")
-    return array
-
-
-def _leading_length(obs: Any) -> int | None:
-    """The leading length of the first agent's observations, if cheaply known (else None)."""
-    first = next(iter(obs.values()), None) if isinstance(obs, Mapping) else None
-    if first is None and type(obs) in (list, tuple) and obs:
-        first = obs[0]
-    if type(first) is np.ndarray and first.ndim and first.shape[0] > 0:
-        return int(first.shape[0])
-    return None
+    def committed(self) -> None:
+        self._store.committed(self._buffer)
 
 
 def _check_arguments(
@@ -2810,29 +1991,6 @@ def _check_arguments(
     if not isinstance(parallel_gather, (bool, np.bool_)):
         raise TypeError(f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}")
     return capacity, sampler, int(n_trainers)
-
-
-def split_more(codec: RowCodec, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``extras``, ``globals`` and ``alive`` arguments of a :class:`Batch` from gathered
-    per-field arrays (``fields[name][agent]``, global fields under the agent ``GLOBAL``)."""
-    return {
-        "extras": {name: fields[name] for name in codec.extra_names},
-        "globals": {name: fields[name][GLOBAL] for name in codec.global_fields},
-        "alive": fields[ALIVE] if codec.alive else None,
-    }
-
-
-def _check_stream(stream: Any) -> int:
-    """A stream id (``stream=`` or ``first_stream=``): an int in ``[0, 2**63 - 1]`` (stored as
-    int64)."""
-    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
-        raise TypeError(f"stream must be a non-negative int; got stream={stream!r}")
-    if stream > persistence.MAX_STREAM:
-        raise ValueError(
-            f"stream ids are int64: at most {persistence.MAX_STREAM}; got stream={stream!r}. "
-            "Number environments from 0 (add_envs(first_stream=...) counts up from it)"
-        )
-    return int(stream)
 
 
 __all__ = [

@@ -49,6 +49,7 @@ import numpy as np
 
 from marlbuf.options import row_options_of
 from marlbuf.spec import AgentSpec
+from marlbuf.writer.inputs import MAX_STREAM
 
 if TYPE_CHECKING:
     from marlbuf.buffer import MultiAgentReplayBuffer
@@ -75,8 +76,6 @@ ShapeCheck = Callable[[dict[str, Any], Mapping[str, tuple[tuple[int, ...], np.dt
 #: Attempts of a buffer's save to stream its rows while writers run (the last one holds the
 #: writers off for the whole write): see :meth:`MultiAgentReplayBuffer.save`.
 SNAPSHOT_ATTEMPTS = 3
-#: Largest stream id (``stream=``, ``first_stream + k``): stream ids are stored as int64.
-MAX_STREAM = 2**63 - 1
 #: Largest ``total_writes`` a loaded state may hold (generations stay far from int64 overflow).
 MAX_TOTAL_WRITES = 2**62
 

@@ -32,13 +32,15 @@ from marlbuf._kernels import (
     stage_step,
 )
 from marlbuf._kernels.actions import first_bad_action
-from marlbuf._kernels.staging import (
+from marlbuf._kernels.links import (
     DENSE_DONE,
     DENSE_NEXT_OBS,
     DONE_WORDS,
     LEAN_DONE,
     LEAN_HEAD,
     OBS_BYTES,
+)
+from marlbuf._kernels.staging import (
     PLAN_ACTION,
     PLAN_DISCRETE,
     PLAN_DONE,
@@ -161,7 +163,7 @@ class RowCodec(RowGeometry):
         #: (:meth:`_first_bad_action`)
         self._discrete = _discrete_plan(self)
         #: the geometry of a row for the one-step commit kernels (8-byte words unless said
-        #: otherwise; see :data:`marlbuf._kernels.staging.LEAN_HEAD`)
+        #: otherwise; see :data:`marlbuf._kernels.links.LEAN_HEAD`)
         self.lean_words = np.zeros(6, dtype=np.int64)
         words = lambda nbytes: -(-nbytes // 8)  # noqa: E731 - sections start on words
         self.lean_words[LEAN_HEAD] = words(self.head_bytes)

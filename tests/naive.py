@@ -665,6 +665,9 @@ def stage_step(
     return True, out
 
 
+# Twins of marlbuf/_kernels/links.py (the next-observation links).
+
+
 def link_step(
     row: np.ndarray,
     slot: int,

@@ -70,19 +70,19 @@ def observations(seed: int) -> list[np.ndarray]:
 
 
 class PathSpy:
-    """Counts steps stored by the store kernels (:meth:`_store_step` returning True: the
+    """Counts steps stored by the store kernels (:meth:`WritePath.store_step` returning True: the
     kernel took the step) and refuses the slower staging paths."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, buf: MultiAgentReplayBuffer) -> None:
         self.kernel_calls = 0
-        store = buf._store_step
+        store = buf._writes.store_step
 
         def counted(*args: Any) -> bool:
             taken = store(*args)
             self.kernel_calls += bool(taken)
             return taken
 
-        monkeypatch.setattr(buf, "_store_step", counted)
+        monkeypatch.setattr(buf._writes, "store_step", counted)
 
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise AssertionError("a slower staging path was taken")

@@ -2,9 +2,9 @@
 
 A default-like buffer writes through :func:`marlbuf._kernels.store_lean_step` /
 ``store_dense_step``; a twin buffer is forced through the complete checks
-(:meth:`RowCodec.stage`) and the general commit (``_commit``). After the same calls both hold
-the same bytes, write generations, ring state and next-observation links; every rejected step
-raises the same error on both and changes nothing.
+(:meth:`RowCodec.stage`) and the general commit (:meth:`WritePath.commit`). After the same
+calls both hold the same bytes, write generations, ring state and next-observation links;
+every rejected step raises the same error on both and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, NextObsWarning
 from marlbuf.buffer import SlowWriteWarning
+from marlbuf.writer.commit import StepTarget
 
 SPECS = {
     f"agent_{i}": AgentSpec(obs_shape=(5,), action_shape=(4,), n_discrete_actions=4)
@@ -30,7 +31,8 @@ def general(buf: MultiAgentReplayBuffer) -> MultiAgentReplayBuffer:
     codec.step_items = lambda values: None  # type: ignore[method-assign]
     codec.stage_step = lambda values, items=None, leading=False: None  # type: ignore[method-assign]
     codec.stage_fast = lambda values, steps: None  # type: ignore[method-assign]
-    buf._step_target = lambda: (buf.storage, buf.sampler, None, False, None, None)  # type: ignore[method-assign]
+    writes = buf._writes
+    writes.target = lambda: StepTarget(writes.storage, None, False, None)  # type: ignore[method-assign]
     return buf
 
 
@@ -92,7 +94,7 @@ def test_one_kernel_add_matches_the_general_path(next_obs, mixed):
     fast = MultiAgentReplayBuffer(SPECS, 16, seed=0, next_obs=next_obs)
     slow = general(MultiAgentReplayBuffer(SPECS, 16, seed=0, next_obs=next_obs))
     calls = 0
-    kernel = fast._store_step
+    kernel = fast._writes.store_step
 
     def counted(*args: Any) -> bool:
         nonlocal calls
@@ -100,7 +102,7 @@ def test_one_kernel_add_matches_the_general_path(next_obs, mixed):
         calls += taken
         return taken
 
-    fast._store_step = counted  # type: ignore[method-assign]
+    fast._writes.store_step = counted  # type: ignore[method-assign]
     for step in steps(np.random.default_rng(int(mixed)), 40, mixed):
         fast.add(**step)
         slow.add(**step)

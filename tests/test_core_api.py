@@ -51,7 +51,7 @@ def test_fast_add_equals_complete_path(discrete_specs, layout, discrete):
     for step in steps:
         fast.add(**step)
         rows, _ = slow._codec.stage(step, None)  # the complete path, forced
-        slow._commit(rows, 1, 0)
+        slow._writes.commit(rows, 1, 0)
     for key, arr in fast.storage.arrays().items():
         assert arr.tobytes() == slow.storage.arrays()[key].tobytes(), key
     assert fast.cursor == slow.cursor == 4 and len(fast) == 16

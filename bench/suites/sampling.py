@@ -125,7 +125,9 @@ def _share_storage(
     handle gets its own batch memory pool, as a buffer of its own would have: cases sharing one
     pool would evict each other's recycled blocks and pay page faults for it."""
     other = copy.copy(buf)
-    other.storage = copy.copy(buf.storage)
+    # the store is the commit engine's: the handle gets an engine of its own holding the copy
+    other._writes = copy.copy(buf._writes)
+    other._writes.storage = copy.copy(buf.storage)
     other.storage.pool = BlockPool(buf.storage.pool.max_blocks)
     other.sampler = sampler
     sampler.bind(buf.capacity, buf.n_trainers)

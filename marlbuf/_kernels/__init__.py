@@ -6,6 +6,11 @@ Each kernel has a slow, obviously-correct NumPy twin in ``tests/naive.py``.
 """
 
 from marlbuf._kernels.episodes import sequence_slots
+from marlbuf._kernels.links import commit_lean_step as commit_lean_step
+from marlbuf._kernels.links import link_rows as link_rows
+from marlbuf._kernels.links import link_step as link_step
+from marlbuf._kernels.links import next_is_obs as next_is_obs
+from marlbuf._kernels.links import release_slots as release_slots
 from marlbuf._kernels.once import (
     gather_lean_rows,
     gather_next_field,
@@ -33,11 +38,6 @@ from marlbuf._kernels.rows import (
     scatter_rows,
 )
 from marlbuf._kernels.staging import commit_dense_step as commit_dense_step
-from marlbuf._kernels.staging import commit_lean_step as commit_lean_step
-from marlbuf._kernels.staging import link_rows as link_rows
-from marlbuf._kernels.staging import link_step as link_step
-from marlbuf._kernels.staging import next_is_obs as next_is_obs
-from marlbuf._kernels.staging import release_slots as release_slots
 from marlbuf._kernels.staging import stage_leading_step as stage_leading_step
 from marlbuf._kernels.staging import stage_step as stage_step
 from marlbuf._kernels.staging import store_dense_leading_step as store_dense_leading_step

@@ -1,0 +1,113 @@
+"""The ring: where each transition goes, its write generation, and the buffer's locks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+class RingWriter:
+    """Ring bookkeeping for ``capacity`` slots.
+
+    Attributes
+    ----------
+    cursor : int
+        Next slot to write; once full, the oldest slot.
+    size : int
+        Filled slots (``<= capacity``). While filling, slots ``[0, size)`` hold data.
+    total_writes : int
+        Transitions ever written; also the generation the next write receives.
+    write_generation : ndarray, shape (capacity,), int64
+        ``total_writes`` at the time each slot was written; ``-1`` for never-written slots.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.cursor = 0
+        self.size = 0
+        self.total_writes = 0
+        self.write_generation = np.full(self.capacity, -1, dtype=np.int64)
+        self.lock = threading.RLock()  # storage reads and commits
+        self.write_lock = threading.Lock()  # validation + staging, one writer at a time
+        self._one_slot = np.zeros(1, dtype=np.int64)
+
+    def plan(self, steps: int) -> tuple[int, np.ndarray]:
+        """Where ``steps`` new transitions go: ``(skip, slots)``.
+
+        With ``steps > capacity`` the first ``skip`` transitions would be overwritten by later
+        ones of the same call at once, so only the last ``capacity`` are written, at ``slots``
+        (shape (steps - skip,), int64, consecutive modulo capacity).
+        """
+        if steps == 1:  # add(): no temporary arrays
+            self._one_slot[0] = self.cursor
+            return 0, self._one_slot
+        skip = max(0, steps - self.capacity)
+        count = steps - skip
+        start = (self.cursor + skip) % self.capacity
+        return skip, (start + np.arange(count, dtype=np.int64)) % self.capacity  # wraps
+
+    def advance(self, slots: np.ndarray, steps: int, skip: int) -> None:
+        """Record that ``slots`` (from :meth:`plan`) were written by a call of ``steps``."""
+        if steps == 1:
+            self.write_generation[self.cursor] = self.total_writes
+        else:
+            first = self.total_writes + skip
+            self.write_generation[slots] = first + np.arange(slots.shape[0], dtype=np.int64)
+        self.total_writes += steps
+        self.cursor = (self.cursor + steps) % self.capacity
+        self.size = min(self.size + steps, self.capacity)
+
+    def advance_one(self, slot: int, generation: int) -> np.ndarray:
+        """Record one step written at ``slot`` (the cursor) with write ``generation`` (the
+        kernels of ``add`` set its write generation themselves); returns the written slot as a
+        shape (1,) int64 array (reused: read it before the next write)."""
+        self.total_writes = generation + 1
+        self.cursor = slot + 1 if slot + 1 < self.capacity else 0
+        if self.size < self.capacity:
+            self.size += 1
+        self._one_slot[0] = slot
+        return self._one_slot
+
+    def newest(self, count: int) -> np.ndarray:
+        """The ``count`` most recently written slots, oldest first (shape (count,), int64)."""
+        return (self.cursor - count + np.arange(count, dtype=np.int64)) % self.capacity
+
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
+        gens = self.write_generation[: self.size]
+        return {
+            "cursor": self.cursor,
+            "size": self.size,
+            "total_writes": self.total_writes,
+            "write_generation": gens.copy() if copy else gens,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.check_state(state)
+        size = int(state["size"])
+        self.write_generation[:] = -1
+        self.write_generation[:size] = np.asarray(state["write_generation"], dtype=np.int64)
+        self.cursor = int(state["cursor"])
+        self.size = size
+        self.total_writes = int(state["total_writes"])
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` unless :meth:`load_state_dict` would accept ``state``."""
+        size = int(state["size"])
+        cursor = int(state["cursor"])
+        gens = np.asarray(state["write_generation"])
+        if not 0 <= size <= self.capacity or not 0 <= cursor < self.capacity:
+            raise ValueError(
+                f"state has size={size}, cursor={cursor}; a buffer of capacity {self.capacity} "
+                f"needs 0 <= size <= {self.capacity} and 0 <= cursor < {self.capacity}"
+            )
+        if gens.shape != (size,) or gens.dtype.kind not in "iu":
+            raise ValueError(
+                f"state's write_generation has shape {gens.shape}, dtype {gens.dtype}; "
+                f"expected ({size},) integers"
+            )
+
+
+__all__ = ["RingWriter"]
