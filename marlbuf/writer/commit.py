@@ -26,6 +26,8 @@ change.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -241,18 +243,7 @@ class WritePath:
             raise TypeError(f"{call}() missing the required argument done")
         if self.deciding:
             self.write_call.none = next_obs is None
-            if next_obs is None and self.auto_none and self.next_obs != "none":
-                # warned before the call's commit decides: where warnings are errors, the call
-                # raises here and nothing changed
-                warnings.warn(
-                    f"{call}() got no next_obs, so this next_obs='auto' buffer now stores none "
-                    "(next_obs='none'): batches will hold no next observations and later writes "
-                    "must leave next_obs out. To keep next observations, pass next_obs=... to "
-                    "every write; to choose this format without this warning, build the buffer "
-                    "with next_obs='none'",
-                    NextObsDroppedWarning,
-                    stacklevel=3,
-                )
+            self.write_call.call = call
             return obs if next_obs is None else next_obs
         if next_obs is None:
             if self.next_obs == "none":
@@ -781,6 +772,19 @@ class WritePath:
         one with and one without ``next_obs``, are not told apart: the first to commit
         decides."""
         if getattr(self.write_call, "none", False) and self.auto_none:
+            if self.next_obs != "none":
+                # warned before the format changes: where warnings are errors, the call raises
+                # here and nothing changed (nothing is stored before this decision)
+                call = getattr(self.write_call, "call", "a write")
+                warnings.warn(
+                    f"{call}() got no next_obs, so this next_obs='auto' buffer now stores none "
+                    "(next_obs='none'): batches will hold no next observations and later writes "
+                    "must leave next_obs out. To keep next observations, pass next_obs=... to "
+                    "every write; to choose this format without this warning, build the buffer "
+                    "with next_obs='none'",
+                    NextObsDroppedWarning,
+                    stacklevel=_user_stacklevel(),
+                )
             self.drop_next_obs()
         elif self.choose_format and steps > 1 and isinstance(streams, int):
             if self.independent(rows):
@@ -893,6 +897,19 @@ class WritePath:
             StreamBreakWarning,
             stacklevel=5,
         )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of a ``warnings.warn`` call made by this module's caller that names
+    the first frame outside the ``marlbuf`` package (the user's call, however deep the write
+    path that reached the warning)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 __all__ = [
