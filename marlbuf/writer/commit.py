@@ -31,6 +31,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -904,7 +905,7 @@ def _user_stacklevel() -> int:
     the first frame outside the ``marlbuf`` package (the user's call, however deep the write
     path that reached the warning)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    frame: FrameType | None = sys._getframe(1)  # the caller of warnings.warn: stacklevel 1
     level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
