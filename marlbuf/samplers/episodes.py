@@ -15,7 +15,12 @@ from marlbuf.samplers.base import (
     distinct_from_tree,
     positive_int,
 )
-from marlbuf.samplers.priority import HoldsPriorities, PriorityState, importance_weights, real_td
+from marlbuf.samplers.priority import (
+    HoldsPriorities,
+    PriorityState,
+    importance_weights,
+    td_per_index,
+)
 
 if TYPE_CHECKING:
     from marlbuf.writer import EpisodeIndex
@@ -191,12 +196,7 @@ class Episodes(HoldsPriorities, Sampler):
         if not self.prioritized:
             super().update_priorities(indices, td_errors, trainer, stale)
             return
-        td = real_td(td_errors)
-        if td.shape != indices.shape:
-            raise ValueError(
-                f"td_errors must have shape {indices.shape}, one value per episode; got shape "
-                f"{td.shape}"
-            )
+        td = td_per_index(td_errors, indices.shape, "one value per episode")
         stale = stale | (self._index().complete_position[indices] < 0)
         self.priority_state.update(trainer, indices, td, stale)
 

@@ -20,7 +20,7 @@ from marlbuf.samplers.priority import (
     HoldsPriorities,
     PriorityState,
     importance_weights,
-    real_td,
+    td_per_index,
 )
 
 if TYPE_CHECKING:
@@ -206,11 +206,7 @@ class Prioritized(HoldsPriorities, Sampler):
         if state.on_device:
             state.update_on_device(trainer, indices, td_errors, stale)
             return
-        td = real_td(td_errors)
-        if td.shape != indices.shape:
-            raise ValueError(
-                f"td_errors must have shape {indices.shape}, one per index; got shape {td.shape}"
-            )
+        td = td_per_index(td_errors, indices.shape, "one per index")
         state.update(trainer, indices, td, stale)
 
     def config(self) -> dict[str, Any]:

@@ -38,6 +38,15 @@ def real_td(td_errors: Any) -> np.ndarray:
     return td
 
 
+def td_per_index(td_errors: Any, shape: tuple[int, ...], each: str) -> np.ndarray:
+    """``td_errors`` checked by :func:`real_td` and for ``shape`` (``each`` says what one
+    value is for, in the error)."""
+    td = real_td(td_errors)
+    if td.shape != shape:
+        raise ValueError(f"td_errors must have shape {shape}, {each}; got shape {td.shape}")
+    return td
+
+
 def clear_slots(trees: PriorityTrees, slots: np.ndarray, zeros: np.ndarray) -> None:
     """Set the leaves of ``slots`` (shape (T,), int64) to 0 in every tree of ``trees``
     (``zeros``: shape (n_trees,), float64, all 0)."""
