@@ -482,7 +482,7 @@ class Reader:
         trainer: int | None,
         out_block: np.ndarray | None,
         select: FieldSelection | None,
-    ) -> SequenceBatch:
+    ) -> Any:
         """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) of the sequences
         beginning at ``starts`` (under ``writer.lock``), as a sequence batch whose first
         ``burn_in`` steps are burn-in; ``starts`` are recorded as ``trainer``'s latest draw."""

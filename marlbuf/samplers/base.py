@@ -88,8 +88,6 @@ class Sampler(ABC):
     #: the buffer then keeps one (:class:`marlbuf.writer.EpisodeIndex`) and calls
     #: :meth:`attach_episodes`
     needs_episodes: ClassVar[bool] = False
-    #: whether the priorities are tensors on a torch device (see :meth:`place_priorities`)
-    priorities_on_device: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -102,6 +100,12 @@ class Sampler(ABC):
 
     def on_write(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Called after ``slots`` (shape (T,), int64) were (over)written with new data."""
+
+    @property
+    def priorities_on_device(self) -> bool:
+        """Whether the priorities are tensors on a torch device (see
+        :meth:`place_priorities`)."""
+        return False
 
     def place_priorities(self, device: Any) -> None:  # noqa: B027 - optional hook
         """Called once bound, with the store's torch device (``None``: host memory)."""
