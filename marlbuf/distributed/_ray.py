@@ -44,6 +44,7 @@ def repo_root() -> str:
 #: samplers' draws, the storage's batch blocks).
 _FINGERPRINTED = (
     "buffer.py",
+    "reading.py",
     "samplers",
     "prioritized.py",
     "storage.py",
