@@ -10,17 +10,14 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from marlbuf import _config, mapped, persistence
-from marlbuf._kernels.drawn import judge_update
-from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
+from marlbuf.batch import Batch, EpisodeBatch
 from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.options import check_capacity, check_header, check_row_options, row_options_of
-from marlbuf.samplers import Episodes as EpisodesSampler
+from marlbuf.reading import Reader, check_n_trainers, check_trainer
 from marlbuf.samplers import Sampler, Uniform
-from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import (
     ALIVE,
-    GLOBAL,
     AgentSpec,
     FieldSpec,
     normalize_specs,
@@ -28,7 +25,7 @@ from marlbuf.spec import (
 from marlbuf.staging import RowCodec
 from marlbuf.storage import available_memory_bytes
 from marlbuf.stores import make_store
-from marlbuf.stores.base import FieldSelection, Storage, check_fields
+from marlbuf.stores.base import Storage
 from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
 from marlbuf.writer.commit import (
@@ -45,30 +42,6 @@ from marlbuf.writer.inputs import MAX_STREAM, check_stream, check_truncated
 NEXT_OBS_MODES = ("once", "stored", "none")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
-
-
-#: an empty int64 array: nothing to compare indices with (``generations=`` was given)
-_NO_SLOTS = np.zeros(0, dtype=np.int64)
-#: why indices written to after their draw are refused
-_CHANGED_IN_PLACE = (
-    "indices were written to after the draw: they hold slots their batch did not draw, so "
-    "the write generations they carry say nothing about those slots (a slot overwritten since "
-    "would be given another step's priority). Leave batch.indices as drawn (reordering it in "
-    "place is fine), or pass generations= for the slots you update (generations="
-    "buffer.write_generation[indices] to set the priorities of the slots as they are now)"
-)
-
-
-def _untrusted(trainer: int, why: str) -> str:
-    """Why indices without write generations are refused for ``trainer``."""
-    return (
-        f"indices carry no write generations (a copy, slice, tensor or list of a batch's "
-        f"indices, or slots never drawn) and {why} (trainer {trainer}), so the buffer cannot "
-        "tell whether their slots were overwritten since they were drawn: pass "
-        "generations=batch.generations of the batch they came from, or "
-        "generations=buffer.write_generation[indices] to set the priorities of the slots as "
-        "they are now"
-    )
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -196,8 +169,6 @@ class MultiAgentReplayBuffer:
     _mapped: mapped.MappedStore | None = None
     #: episode bookkeeping, kept when the sampler samples sequences (``None`` otherwise)
     episodes: EpisodeIndex | None = None
-    #: the sampler when it is a :class:`marlbuf.samplers.Sequence`
-    _sequence: SequenceSampler | None = None
 
     def __init__(
         self,
@@ -312,9 +283,7 @@ class MultiAgentReplayBuffer:
                 store.abandon()  # a new folder is removed again; an existing one is released
             raise
         storage.parallel_gather = bool(parallel_gather)
-        place = getattr(sampler, "place_priorities", None)
-        if place is not None:  # prioritized samplers: trees on the store's device if asked
-            place(self.device)
+        sampler.place_priorities(self.device)  # prioritized: trees on the device if asked
         self.rng = make_rng(seed)
         self.writer = RingWriter(self.capacity)
         if sampler.needs_episodes:
@@ -325,11 +294,7 @@ class MultiAgentReplayBuffer:
                 self._codec.obs_bytes if next_obs != "none" else 0,
                 self._codec.next_obs_start,
             )
-            if isinstance(sampler, SequenceSampler):
-                self._sequence = sampler
-            attach = getattr(sampler, "attach_episodes", None)
-            if attach is not None:
-                attach(self.episodes)
+            sampler.attach_episodes(self.episodes)
         on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
         #: the commit engine: the store, links, episode index and format policy of writes
         self._writes = WritePath(
@@ -345,17 +310,20 @@ class MultiAgentReplayBuffer:
             auto=auto,
             choose_format=choose_format,
         )
-        # per trainer, the indices of its latest batch (prioritized samplers only): a plain
-        # copy of them passed to update_priorities without generations= is judged against
-        # that draw (batch.indices itself carries its generations)
-        self._last_drawn: list[DrawnIndices | None] = [None] * (
-            self.n_trainers if self.sampler.weighted else 0
+        # sampling, gathers and priority feedback (the storage and sampler read through hooks:
+        # a buffer whose first write decides its next_obs format replaces its store)
+        self._reader = Reader(
+            lambda: self.storage,
+            self.writer,
+            lambda: self.sampler,
+            self.episodes,
+            self.rng,
+            self.n_trainers,
+            self.device is not None,
+            tuple(self.specs),
+            self.global_fields,
+            self._codec.field_names,
         )
-        #: updates of ``update_priorities(..., sync=False)`` waiting for their device copies:
-        #: (trainer, indices, generations, a function returning the host TD errors)
-        #: an entry ``(-1, None, None, error)`` keeps the error of an update applied by a later
-        #: call for the next call that reads priorities
-        self._deferred: list[tuple[int, Any, Any, Any]] = []
         if store is not None:
             store.bind(
                 mapped.BufferHooks(
@@ -612,16 +580,6 @@ class MultiAgentReplayBuffer:
         )
 
     # ----------------------------------------------------------------------------- sampling
-    def _check_trainer(self, trainer: Any) -> int:
-        if isinstance(trainer, bool) or not isinstance(trainer, (int, np.integer)):
-            raise TypeError(f"trainer must be an int; got trainer={trainer!r}")
-        if not 0 <= trainer < self.n_trainers:
-            raise ValueError(
-                f"trainer must be in [0, {self.n_trainers}) (n_trainers={self.n_trainers}); "
-                f"got trainer={trainer}"
-            )
-        return int(trainer)
-
     def sample(
         self,
         batch_size: int,
@@ -646,79 +604,14 @@ class MultiAgentReplayBuffer:
             Gather only these fields (of the five, extra and global field names, ``"alive"``),
             e.g. ``fields=("obs", "action", "reward", "state")``: the batch holds and copies
             their bytes only (a row format of the chosen fields, see
-            :class:`marlbuf.storage.FieldSelection`); a left-out field raises a ``ValueError``
+            :class:`marlbuf.stores.base.FieldSelection`); a left-out field raises a ``ValueError``
             naming ``fields=`` when used. ``None`` (default): every field.
 
         Notes
         -----
         Safe to call from several threads while others write (see :mod:`marlbuf.writer`).
         """
-        trainer = self._check_trainer(trainer)
-        batch_size = self.sampler.check_batch_size(batch_size)
-        select = None if fields is None else self._selection(fields)
-        out_block = None if out is None else self._out_block(out, batch_size, select)
-        with self.writer.lock:
-            self._check_enough(batch_size)
-            if self._deferred:
-                self.apply_deferred_updates()
-            indices, weights = self.sampler.sample(batch_size, self.size, self.rng, trainer)
-            if self._sequence is not None:
-                return self._gather_sequences(indices, weights, trainer, out_block, select)
-            if isinstance(self.sampler, EpisodesSampler):
-                return self._gather_episodes(indices, weights, trainer, out_block, select)
-            return self._gather(indices, weights, trainer, out_block, select)
-
-    def _selection(self, fields: Any) -> FieldSelection | None:
-        """The storage's selection of ``fields`` (checked), ``None`` for every stored field
-        (the storage's default gather)."""
-        storage = self.storage
-        if (
-            not storage.stores_next_obs
-            and isinstance(fields, (tuple, list))
-            and "next_obs" in fields
-        ):
-            raise ValueError(
-                f"fields={tuple(fields)!r} names 'next_obs', but this buffer stores no next "
-                "observations (next_obs='none'); choose among its fields "
-                f"{storage.field_names}, or build the buffer with next_obs='auto', 'once' or "
-                "'stored' to keep them"
-            )
-        names = check_fields(fields, storage.field_names)
-        return None if names is None else storage.selection(names)
-
-    def _check_enough(self, batch_size: int) -> None:
-        size = self.writer.size
-        if size == 0:
-            raise ValueError(
-                f"the buffer is empty: add transitions before sampling (batch_size={batch_size})"
-            )
-
-    def _out_block(self, out: Any, batch_size: int, select: FieldSelection | None = None) -> Any:
-        kind = "DeviceBatch" if self.device is not None else "Batch"
-        # a sequence batch (of any store) holds its mask; read from the instance dict, since a
-        # Batch's attribute fallback (extra fields) costs microseconds per miss
-        sequence = "mask" in getattr(out, "__dict__", ())
-        if self._sequence is not None:  # a sequence batch is B * L gathered rows
-            if not sequence or not hasattr(out, "block"):
-                raise TypeError(
-                    f"out must be a {kind.replace('Batch', 'SequenceBatch')} from this "
-                    f"buffer's sample (it samples sequences); got {type(out).__name__}"
-                )
-            return self.storage.check_out_block(
-                out.block, batch_size * self._sequence.steps, select
-            )
-        if isinstance(self.sampler, EpisodesSampler):
-            steps = self.sampler.max_length
-            if steps is None or not isinstance(out, EpisodeBatch):
-                raise TypeError(
-                    "out= with an Episodes sampler needs Episodes(max_length=...) (batches of a "
-                    "fixed shape) and an EpisodeBatch from this buffer's sample; got "
-                    f"max_length={steps}, out={type(out).__name__}"
-                )
-            return self.storage.check_out_block(out.block, batch_size * steps, select)
-        if sequence or not hasattr(out, "block"):
-            raise TypeError(f"out must be a {kind} from this buffer; got {type(out).__name__}")
-        return self.storage.check_out_block(out.block, batch_size, select)
+        return self._reader.sample(batch_size, trainer, out, fields)
 
     def sample_for_trainers(
         self,
@@ -752,80 +645,10 @@ class MultiAgentReplayBuffer:
             Gather only these fields (of the five, extra and global field names, ``"alive"``),
             e.g. ``fields=("obs", "action", "reward", "state")``: the batch holds and copies
             their bytes only (a row format of the chosen fields, see
-            :class:`marlbuf.storage.FieldSelection`); a left-out field raises a ``ValueError``
+            :class:`marlbuf.stores.base.FieldSelection`); a left-out field raises a ``ValueError``
             naming ``fields=`` when used. ``None`` (default): every field.
         """
-        n_trainers = self._check_n_trainers(n_trainers)
-        select = None if fields is None else self._selection(fields)
-        if out is not None:
-            out = list(out)
-            if len(out) != n_trainers:
-                raise ValueError(f"out must hold {n_trainers} batches; got {len(out)}")
-            blocks = [self._out_block(b, batch_size, select) for b in out]
-            addresses = [self.storage.block_address(b) for b in blocks]
-            if not shared_index and len(set(addresses)) != len(addresses):
-                raise ValueError(
-                    "out holds the same batch (or memory) more than once, so trainers would "
-                    "overwrite each other's rows; pass distinct batches (a shared_index=True "
-                    "round's output can only be reused by another shared_index=True round)"
-                )
-        if shared_index:
-            if self.sampler.weighted:
-                raise ValueError(
-                    "shared_index=True cannot be combined with a prioritized sampler: each "
-                    "trainer has its own priority tree"
-                )
-            batch = self.sample(batch_size, 0, None if out is None else out[0], fields)
-            return [batch] * n_trainers
-        if self._sequence is None and self.device is not None:
-            return self._round(batch_size, n_trainers, None if out is None else blocks, select)
-        return [
-            self.sample(batch_size, t, None if out is None else out[t], fields)
-            for t in range(n_trainers)
-        ]
-
-    def _round(
-        self,
-        batch_size: int,
-        n_trainers: int,
-        blocks: list[Any] | None,
-        select: FieldSelection | None = None,
-    ) -> list[Any]:
-        """The round with the draws of :meth:`sample` in trainer order, gathered at once where
-        the store does that (a device store: one ``index_select`` of ``n_trainers *
-        batch_size`` rows into one block, or into the checked ``out=`` ``blocks`` of an earlier
-        round), else trainer by trainer."""
-        batch_size = self.sampler.check_batch_size(batch_size)
-        with self.writer.lock:
-            self._check_enough(batch_size)
-            if self._deferred:
-                self.apply_deferred_updates()
-            draws, weights, generations, drawn = [], [], [], []
-            for t in range(n_trainers):
-                indices, w = self.sampler.sample(batch_size, self.size, self.rng, t)
-                indices = np.ascontiguousarray(indices)
-                gens = self.writer.write_generation[indices]
-                draws.append(indices)
-                weights.append(w)
-                generations.append(gens)
-                drawn.append(DrawnIndices.of(indices, gens))
-            batches = (
-                None
-                if select is not None  # a round block holds whole rows: gather per trainer
-                else self.storage.gather_round(
-                    draws, weights, generations, list(range(n_trainers)), drawn, blocks
-                )
-            )
-            if batches is None:  # gathered per trainer, from the same draws
-                return [
-                    self._gather(
-                        draws[t], weights[t], t, None if blocks is None else blocks[t], select
-                    )
-                    for t in range(n_trainers)
-                ]
-            if self._last_drawn:
-                self._last_drawn[:n_trainers] = drawn
-            return batches
+        return self._reader.sample_for_trainers(batch_size, n_trainers, shared_index, out, fields)
 
     def iter_trainers(
         self,
@@ -841,21 +664,7 @@ class MultiAgentReplayBuffer:
         ``fields`` as in :meth:`sample`. Its arguments are checked at the call, before the
         first batch.
         """
-        n_trainers = self._check_n_trainers(n_trainers)
-        if fields is not None:
-            self._selection(fields)
-        return (self.sample(batch_size, t, None, fields) for t in range(n_trainers))
-
-    def _check_n_trainers(self, n_trainers: Any) -> int:
-        if n_trainers is None:
-            return self.n_trainers
-        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-        if not 1 <= n_trainers <= self.n_trainers:
-            raise ValueError(
-                f"n_trainers must be in [1, {self.n_trainers}]; got n_trainers={n_trainers}"
-            )
-        return int(n_trainers)
+        return self._reader.iter_trainers(batch_size, n_trainers, fields)
 
     def check_trainer(self, trainer: Any) -> int:
         """``trainer`` as this buffer's methods check it: an int in ``[0, n_trainers)``.
@@ -869,13 +678,13 @@ class MultiAgentReplayBuffer:
         ValueError
             It is outside ``[0, n_trainers)``.
         """
-        return self._check_trainer(trainer)
+        return check_trainer(trainer, self.n_trainers)
 
     def check_n_trainers(self, n_trainers: Any) -> int:
         """``n_trainers`` of a round as :meth:`sample_for_trainers` checks it: ``None`` gives
         the buffer's ``n_trainers``, else an int in ``[1, n_trainers]`` (``TypeError`` or
         ``ValueError`` otherwise)."""
-        return self._check_n_trainers(n_trainers)
+        return check_n_trainers(n_trainers, self.n_trainers)
 
     def sample_prefix(
         self,
@@ -915,32 +724,7 @@ class MultiAgentReplayBuffer:
         Batch
             As :meth:`sample` returns (a sequence batch for sequence samplers).
         """
-        trainer = self._check_trainer(trainer)
-        batch_size = self.sampler.check_batch_size(batch_size)
-        select = None if fields is None else self._selection(fields)
-        out_block = None if out is None else self._out_block(out, batch_size, select)
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise TypeError(f"size must be an int; got size={size!r}")
-        with self.writer.lock:
-            self._check_enough(batch_size)
-            whole = self.sampler.weighted or self.episodes is not None
-            if whole and size != self.size:
-                raise ValueError(
-                    f"size must be len(self)={self.size}: {self.sampler!r} draws from every "
-                    f"stored slot; got size={size}"
-                )
-            if not 1 <= size <= self.size:
-                raise ValueError(
-                    f"size must be in [1, {self.size}] (the stored slots); got size={size}"
-                )
-            if self._deferred:
-                self.apply_deferred_updates()
-            indices, weights = self.sampler.sample_share(batch_size, int(size), self.rng, trainer)
-            if self._sequence is not None:
-                return self._gather_sequences(indices, weights, trainer, out_block, select)
-            if isinstance(self.sampler, EpisodesSampler):
-                return self._gather_episodes(indices, weights, trainer, out_block, select)
-            return self._gather(indices, weights, trainer, out_block, select)
+        return self._reader.sample_prefix(batch_size, size, trainer, out, fields)
 
     def gather(
         self, indices: Any, trainer: int | None = None, fields: tuple[str, ...] | None = None
@@ -948,30 +732,11 @@ class MultiAgentReplayBuffer:
         """The joint batch at explicit ``indices`` (shape (B,), ints in ``[0, len(self))``,
         ``B >= 1``: empty ``indices`` are a ``ValueError``, like ``latest(0)``); ``fields`` as
         in :meth:`sample`."""
-        if trainer is not None:
-            trainer = self._check_trainer(trainer)
-        select = None if fields is None else self._selection(fields)
-        with self.writer.lock:
-            checked = self._check_indices(indices)
-            if not checked.size:
-                raise ValueError(
-                    "indices is empty; gather needs at least one index (a batch of no "
-                    "transitions has no rows to gather)"
-                )
-            return self._gather(checked, None, trainer, None, select)
+        return self._reader.gather(indices, trainer, fields)
 
     def latest(self, n: int) -> Batch:
         """The newest ``n`` joint transitions, oldest first (``n <= len(self)``)."""
-        with self.writer.lock:
-            return self._gather(self.writer.newest(self._check_latest(n)), None, None, None)
-
-    def _check_latest(self, n: Any) -> int:
-        """``n`` of :meth:`latest`, checked against the stored transitions (under the lock)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"n must be an int; got n={n!r}")
-        if not 0 < n <= self.size:
-            raise ValueError(f"n must be in [1, {self.size}] (the stored transitions); got n={n}")
-        return int(n)
+        return self._reader.latest(n)
 
     @overload
     def stored(
@@ -993,14 +758,7 @@ class MultiAgentReplayBuffer:
         Extra fields and ``"alive"`` (bool) are per agent like the five fields; a global field
         is one array of shape ``(len(self), *shape)``.
         """
-        names = self._codec.field_names
-        if field not in names:
-            raise ValueError(f"field must be one of {names}; got field={field!r}")
-        with self.writer.lock:
-            size = self.size
-            if field in self.global_fields:
-                return self.storage.read_field(field, GLOBAL, size)
-            return {a: self.storage.read_field(field, a, size) for a in self.specs}
+        return self._reader.stored(field)
 
     def reward_stats(self) -> dict[str, tuple[float, float]]:
         """Mean and standard deviation of every stored reward, per agent (for reward
@@ -1008,156 +766,7 @@ class MultiAgentReplayBuffer:
 
         Reads the stored rewards once (O(len(self)), nothing is added to the write path).
         """
-        with self.writer.lock:
-            if self.size == 0:
-                raise ValueError("reward_stats needs data: the buffer is empty")
-            out = {}
-            for agent, values in self.stored("reward").items():
-                v = values.astype(np.float64)
-                out[agent] = (float(v.mean()), float(v.std()))
-            return out
-
-    def _check_indices(self, indices: Any) -> np.ndarray:
-        """``indices`` as a 1-D int64 array of filled slots, or a clear error."""
-        idx = np.asarray(indices)
-        if idx.shape == (0,):  # [] is float64 to NumPy: no values, so no wrong type
-            return np.empty(0, dtype=np.int64)
-        if idx.ndim != 1 or idx.dtype.kind not in "iu":
-            raise TypeError(
-                f"indices must be a 1-D integer array; got shape {idx.shape}, dtype {idx.dtype}"
-            )
-        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
-            raise ValueError(
-                f"indices must lie in [0, {self.size}) (the filled slots); "
-                f"got min {idx.min()}, max {idx.max()}"
-            )
-        return np.ascontiguousarray(idx, dtype=np.int64)
-
-    def _gather(
-        self,
-        indices: np.ndarray,
-        weights: np.ndarray | None,
-        trainer: int | None,
-        out_block: np.ndarray | None,
-        select: FieldSelection | None = None,
-    ) -> Batch:
-        """Gather under ``writer.lock`` (held by the caller)."""
-        indices = np.ascontiguousarray(indices)
-        if select is None:
-            fields, block = self.storage.gather(indices, out_block)
-        else:
-            fields, block = self.storage.gather(indices, out_block, select)
-        generations = self.writer.write_generation[indices]
-        drawn = DrawnIndices.of(indices, generations)
-        if self._last_drawn and trainer is not None:
-            self._last_drawn[trainer] = drawn
-        if select is None:
-            return self.storage.make_batch(fields, block, drawn, generations, weights, trainer)
-        return self.storage.make_batch(fields, block, drawn, generations, weights, trainer, select)
-
-    def _gather_sequences(
-        self,
-        starts: np.ndarray,
-        weights: np.ndarray | None,
-        trainer: int | None,
-        out_block: np.ndarray | None,
-        select: FieldSelection | None = None,
-    ) -> SequenceBatch:
-        """The sequences around training ``starts`` (shape (B,), int64), under ``writer.lock``:
-        the (B, L) slot matrix from the episode links (O(B * L)), one gather of its B * L rows
-        (masked positions read the start's row and are zeroed), every array reshaped to
-        (B, L, ...)."""
-        sequence = self._sequence
-        assert sequence is not None and self.episodes is not None
-        burn_in = sequence.burn_in
-        slots = self.episodes.sequences(starts, burn_in, sequence.length - 1)
-        gathered, mask, drawn, generations = self._gather_matrix(
-            starts, slots, trainer, out_block, select
-        )
-        if self._last_drawn and trainer is not None:
-            sequence.handed(trainer, starts, mask[:, burn_in:].sum(axis=1))
-        return self.storage.make_sequences(
-            gathered,
-            mask,
-            burn_in,
-            slots,
-            drawn,
-            generations,
-            weights,
-            trainer,
-            self.storage.zero_fills,
-        )
-
-    def _gather_matrix(
-        self,
-        starts: np.ndarray,
-        slots: np.ndarray,
-        trainer: int | None,
-        out_block: np.ndarray | None,
-        select: FieldSelection | None,
-    ) -> tuple[Any, np.ndarray, DrawnIndices, np.ndarray]:
-        """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) of the sequences
-        beginning at ``starts`` (under ``writer.lock``): the flat batch of its B * L rows, the
-        (B, L) mask, ``starts`` as drawn (recorded as ``trainer``'s latest draw) and their
-        write generations."""
-        mask = slots >= 0
-        # storages whose gather writes zeros for slot -1 skip the masked steps' copies
-        zeroed = self.storage.zero_fills
-        flat = (slots if zeroed else np.where(mask, slots, starts[:, None])).reshape(-1)
-        gathered = self._gather(flat, None, None, out_block, select)
-        generations = self.writer.write_generation[starts]
-        drawn = DrawnIndices.of(starts, generations)
-        if self._last_drawn and trainer is not None:
-            self._last_drawn[trainer] = drawn
-        return gathered, mask, drawn, generations
-
-    def _gather_episodes(
-        self,
-        starts: np.ndarray,
-        weights: np.ndarray | None,
-        trainer: int | None,
-        out_block: np.ndarray | None,
-        select: FieldSelection | None = None,
-    ) -> EpisodeBatch:
-        """Whole episodes from their first slots ``starts`` (shape (B,), int64), under
-        ``writer.lock``: padded to the sampler's ``max_length`` or the longest of them."""
-        sampler = self.sampler
-        assert isinstance(sampler, EpisodesSampler) and self.episodes is not None
-        lengths = self.episodes.length[starts]
-        steps = sampler.max_length if sampler.max_length is not None else int(lengths.max())
-        slots = self.episodes.sequences(starts, 0, steps - 1)
-        return self._gather_slot_matrix(starts, slots, lengths, weights, trainer, out_block, select)
-
-    def _gather_slot_matrix(
-        self,
-        starts: np.ndarray,
-        slots: np.ndarray,
-        lengths: np.ndarray,
-        weights: np.ndarray | None,
-        trainer: int | None,
-        out_block: np.ndarray | None,
-        select: FieldSelection | None = None,
-    ) -> EpisodeBatch:
-        """One gather of the (B, L) slot matrix ``slots`` (-1 where masked) starting at
-        ``starts``, as an :class:`marlbuf.batch.EpisodeBatch` (under ``writer.lock``)."""
-        gathered, mask, drawn, generations = self._gather_matrix(
-            starts, slots, trainer, out_block, select
-        )
-        batch = self.storage.make_sequences(
-            gathered,
-            mask,
-            0,
-            slots,
-            drawn,
-            generations,
-            weights,
-            trainer,
-            self.storage.zero_fills,
-        )
-        if type(batch) is SequenceBatch:  # a dataclass: its fields are its instance dict
-            return EpisodeBatch(**vars(batch), lengths=lengths)
-        batch.lengths = lengths  # a store's own sequence batch (device tensors) carries them
-        return batch
+        return self._reader.reward_stats()
 
     def gather_sequences(
         self, starts: Any, length: int, fields: tuple[str, ...] | None = None
@@ -1187,45 +796,21 @@ class MultiAgentReplayBuffer:
             ``lengths`` (B,) int64, the steps of each row (``mask.sum(axis=1)``); ``indices``
             the starts.
         """
-        if self.episodes is None:
-            raise TypeError(
-                f"gather_sequences needs the episode index, which a buffer keeps when its "
-                f"sampler samples sequences or episodes; got sampler={self.sampler!r} (build "
-                "the buffer with sampler=Episodes() or Sequence(...))"
-            )
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
-            raise ValueError(f"length must be a positive int; got length={length!r}")
-        select = None if fields is None else self._selection(fields)
-        with self.writer.lock:
-            idx = self._check_indices(starts)
-            slots = self.episodes.sequences(idx, 0, int(length) - 1)
-            lengths = np.count_nonzero(slots >= 0, axis=1).astype(np.int64)
-            return self._gather_slot_matrix(idx, slots, lengths, None, None, None, select)
+        return self._reader.gather_sequences(starts, length, fields)
 
     @property
     def complete_episodes(self) -> int:
         """Complete episodes stored: ended, with every step still stored (what
         :class:`marlbuf.samplers.Episodes` draws from). Needs the episode index (a sequence
         or episode sampler)."""
-        return self._episode_index("complete_episodes").n_complete
+        return self._reader.episode_index("complete_episodes").n_complete
 
     @property
     def stored_episodes(self) -> int:
         """Episodes with at least one stored step: the complete ones, those the ring has
         overwritten in part and those still being written (O(len(self))). Needs the episode
         index (a sequence or episode sampler)."""
-        index = self._episode_index("stored_episodes")
-        with self.writer.lock:
-            return index.stored_episodes(self.size)
-
-    def _episode_index(self, what: str) -> EpisodeIndex:
-        if self.episodes is None:
-            raise TypeError(
-                f"{what} needs the episode index, which a buffer keeps when its sampler samples "
-                f"sequences or episodes; got sampler={self.sampler!r} (build the buffer with "
-                "sampler=Episodes() or Sequence(...))"
-            )
-        return self.episodes
+        return self._reader.stored_episodes()
 
     def update_priorities(
         self,
@@ -1279,36 +864,7 @@ class MultiAgentReplayBuffer:
         ``update_priorities`` applies the deferred updates before its own and is applied
         itself, leaving that error for such a call.
         """
-        trainer = self._check_trainer(trainer)
-        if not isinstance(sync, bool):
-            raise TypeError(f"sync must be a bool; got sync={sync!r}")
-        # tensor trees (``Prioritized(index="device")``) take the TD errors where they are and
-        # check them later; host trees take host TD errors, now or, from a device without
-        # waiting, at the next call that reads priorities
-        on_device = getattr(self.sampler, "priorities_on_device", False)
-        defer = not on_device and not sync and hasattr(td_errors, "detach")
-        with self.writer.lock:
-            if not (on_device or defer) and self._deferred:
-                # earlier deferred updates first, in order; an error of theirs waits for the
-                # next call that reads priorities, and this update is still applied
-                self._settle_deferred()
-            idx = self._check_indices(_host_array(indices))
-            gens, stale = self._judged(trainer, indices, idx, generations)
-            if defer:  # judged again when applied (the slots may be overwritten meanwhile)
-                ready = self.storage.to_host_later(td_errors)
-                self._deferred.append((trainer, idx.copy(), gens.copy(), ready))
-                return
-            values = td_errors if on_device else _host_array(td_errors)
-            self.sampler.update_priorities(idx, values, trainer, stale)
-            if on_device and sync:
-                self.sampler.raise_pending_errors()  # type: ignore[attr-defined]
-
-    def _stale(self, idx: np.ndarray, generations: np.ndarray) -> np.ndarray:
-        """Which of the slots ``idx`` were overwritten since their draw at ``generations``
-        (shape of ``idx``, bool; under ``writer.lock``)."""
-        stale = np.empty(idx.shape[0], dtype=np.bool_)
-        judge_update(idx, _NO_SLOTS, generations, self.writer.write_generation, stale)
-        return stale
+        self._reader.update_priorities(indices, td_errors, trainer, generations, sync)
 
     def update_priorities_for_trainers(
         self,
@@ -1330,88 +886,10 @@ class MultiAgentReplayBuffer:
         Called by every method that reads priorities. With priorities on the device
         (``Prioritized(index="device")``) the updates are written already, and this raises the
         first error among those not yet checked."""
-        check_device = getattr(self.sampler, "raise_pending_errors", None)
-        if check_device is not None:
-            with self.writer.lock:
-                check_device()
-        if not self._deferred:
-            return
-        with self.writer.lock:
-            error = self._apply_deferred()
-            if error is not None:
-                raise error
-
-    def _apply_deferred(self) -> ValueError | None:
-        """Apply the waiting deferred updates (under ``writer.lock``); the first error among
-        them (or kept from an earlier application) is returned, not raised."""
-        pending, self._deferred = self._deferred, []
-        first_error: ValueError | None = None
-        for trainer, idx, gens, ready in pending:
-            if idx is None:  # the error of an update applied by an earlier call, still unseen
-                first_error = first_error or ready
-                continue
-            try:
-                self.sampler.update_priorities(idx, ready(), trainer, self._stale(idx, gens))
-            except ValueError as exc:
-                first_error = first_error or exc
-        return first_error
-
-    def _settle_deferred(self) -> None:
-        """Apply the waiting deferred updates and keep their first error for the next call that
-        reads priorities (an update or a checkpoint must not raise another call's error)."""
-        error = self._apply_deferred()
-        if error is not None:
-            self._deferred.append((-1, None, None, error))
+        self._reader.apply_deferred_updates()
 
     #: :meth:`apply_deferred_updates` under the name the learners use to surface errors
     check_priority_errors = apply_deferred_updates
-
-    def _update_generations(
-        self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
-    ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """What an update of ``idx`` (checked indices) is judged by: ``(generations, the
-        indices they belong to, whether idx may be a reordering of those)`` (the second empty
-        when ``generations=`` was given: nothing to compare). See :meth:`update_priorities`."""
-        if generations is not None:
-            gens = _host_array(generations)
-            if gens.shape != idx.shape or gens.dtype.kind not in "iu":
-                raise ValueError(
-                    f"generations must be an integer array of the shape of indices "
-                    f"{idx.shape} (pass batch.generations); got shape {gens.shape}, "
-                    f"dtype {gens.dtype}"
-                )
-            return gens.astype(np.int64, copy=False), _NO_SLOTS, False
-        if isinstance(indices, DrawnIndices) and indices.as_drawn is not None:
-            assert indices.generations is not None
-            return indices.generations, indices.as_drawn, True  # its own draw
-        latest = self._last_drawn[trainer] if self._last_drawn else None
-        if latest is None or latest.as_drawn is None or latest.generations is None:
-            raise ValueError(_untrusted(trainer, "no batch was drawn for it since"))
-        return latest.generations, latest.as_drawn, False
-
-    def _judged(
-        self, trainer: int, indices: Any, idx: np.ndarray, generations: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(generations, stale)`` of an update of ``idx``: the write generations it is
-        judged against and which of its slots were overwritten since (shape of ``idx``, bool);
-        a ``ValueError`` naming ``generations=`` for indices that cannot be trusted."""
-        gens, as_drawn, own = self._update_generations(trainer, indices, idx, generations)
-        stale = np.empty(idx.shape[0], dtype=np.bool_)
-        current = self.writer.write_generation
-        if judge_update(idx, as_drawn, gens, current, stale):
-            return gens, stale
-        if not own:  # plain indices that are not the trainer's latest batch, in order
-            raise ValueError(
-                _untrusted(trainer, "they are not its latest batch's indices, in order")
-            )
-        # batch.indices changed in place since its draw: each entry that is a slot of that
-        # draw takes the slot's generation then (the same for every entry of a slot)
-        assert isinstance(indices, DrawnIndices)
-        remapped = indices.generations_of(idx)
-        if remapped is None:
-            raise ValueError(_CHANGED_IN_PLACE)
-        judge_update(idx, _NO_SLOTS, remapped, current, stale)
-        return remapped, stale
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -1446,8 +924,8 @@ class MultiAgentReplayBuffer:
         state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
         if errors:
             self.apply_deferred_updates()  # the state holds every priority update made so far
-        elif self._deferred:
-            self._settle_deferred()
+        else:
+            self._reader.settle_deferred()
         filled = self.size  # slots [0, size) hold data while filling; all of them once full
         copy = copy or live
 
@@ -1634,10 +1112,8 @@ class MultiAgentReplayBuffer:
                         self._stored_ends(size),
                         None if self.links is None else self.links.next_slot,
                     )
-                if self._sequence is not None:
-                    self._sequence.rebuild(size)
-            self._last_drawn = [None] * len(self._last_drawn)
-            self._deferred = []  # updates meant for the state this one replaces
+                self.sampler.rebuild(size)
+            self._reader.forget()  # draws and updates meant for the state this one replaces
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
                 self._mapped.checkpoint(self, sync=True)
@@ -1876,15 +1352,6 @@ def update_each_trainer(
             generations=None if generations is None else generations[t],
             sync=sync,
         )
-
-
-def _host_array(value: Any) -> np.ndarray:
-    """``value`` as a NumPy array; a torch tensor (any device) is copied to the host."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        return np.asarray(value.detach().cpu().numpy())
-    if isinstance(value, np.ndarray):
-        return value
-    return np.asarray(value)
 
 
 def _check_device_options(device: Any, layout: str, in_files: bool, parallel_gather: Any) -> Any:

@@ -290,7 +290,9 @@ def test_torch_store_batches_equal_numpy_ones(
         buf.add(**step, stream=1)
     for trainer in range(3):
         want, got = ref.sample(16, trainer), buf.sample(16, trainer)
-        assert isinstance(got, DeviceSequenceBatch if ref._sequence else DeviceBatch)
+        assert isinstance(
+            got, DeviceSequenceBatch if ref.sampler.batch_kind == "sequences" else DeviceBatch
+        )
         assert_same_batch(want, got)
     assert_same_batch(ref.gather(np.arange(10)), buf.gather(np.arange(10)))
     for agent in specs:

@@ -44,7 +44,8 @@ def repo_root() -> str:
 #: samplers' draws, the storage's batch blocks).
 _FINGERPRINTED = (
     "buffer.py",
-    "samplers.py",
+    "reading.py",
+    "samplers",
     "prioritized.py",
     "storage.py",
     "staging.py",
@@ -59,7 +60,9 @@ def code_fingerprint() -> str:
     digest = hashlib.sha256()
     root = Path(marlbuf.__file__).resolve().parent
     for name in _FINGERPRINTED:
-        digest.update((root / name).read_bytes())
+        path = root / name
+        for source in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+            digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -99,7 +99,7 @@ class SlowWriteWarning(UserWarning):
 
 
 class RowStore(Protocol):
-    """What the commit engine uses of a store (:class:`marlbuf.storage.Storage`)."""
+    """What the commit engine uses of a store (:class:`marlbuf.stores.base.Storage`)."""
 
     layout: str
     stores_next_obs: bool
@@ -149,7 +149,7 @@ class WritePath:
         Cursor, fill level, write generations and the locks (``write_lock`` while staging,
         ``lock`` for every change).
     storage : store
-        Where the rows go (:class:`marlbuf.storage.Storage` or another store).
+        Where the rows go (:class:`marlbuf.stores.base.Storage` or another store).
     links : NextObsLinks or None
         The next-observation links (``next_obs="once"``), else ``None``.
     episodes : EpisodeIndex or None
