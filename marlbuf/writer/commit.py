@@ -26,8 +26,8 @@ change.
 
 from __future__ import annotations
 
+import inspect
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -905,7 +905,8 @@ def _user_stacklevel() -> int:
     the first frame outside the ``marlbuf`` package (the user's call, however deep the write
     path that reached the warning)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame: FrameType | None = sys._getframe(1)  # the caller of warnings.warn: stacklevel 1
+    here = inspect.currentframe()
+    frame: FrameType | None = None if here is None else here.f_back  # warns: stacklevel 1
     level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
