@@ -106,7 +106,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -121,17 +121,14 @@ from marlbuf._kernels.checksum import (
     record_checksum,
     write_record,
 )
+from marlbuf.config import BufferConfig
 from marlbuf.memory import MemoryEstimate
-from marlbuf.options import row_options_of
-from marlbuf.spec import AgentSpec
+from marlbuf.writer import RingWriter
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no inter-process lock
     fcntl = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from marlbuf.buffer import MultiAgentReplayBuffer
 
 #: Value of ``"format"`` in ``manifest.json``; bump ``FORMAT_VERSION`` on incompatible changes.
 FORMAT = "marlbuf-mapped"
@@ -254,6 +251,9 @@ class BufferHooks:
         The buffer's write counter: the write generation of the next step.
     row_words : int
         Words of a staged row (what log records hold per step).
+    lock : lock
+        The buffer's lock (``RingWriter.lock``): checkpoints, flushes and closes hold it, so
+        that no write is between its record and its rows while they run.
     """
 
     commit: Callable[[np.ndarray, int, Any, Any], None]
@@ -263,6 +263,7 @@ class BufferHooks:
     attach: Callable[[Any], None]
     total_writes: Callable[[], int]
     row_words: int
+    lock: Any
 
 
 class MappedStore:
@@ -271,7 +272,7 @@ class MappedStore:
 
     Built by :meth:`create` (a new buffer) or :meth:`open` (an existing one); the buffer's
     constructor maps its storage arrays through :meth:`allocate`, and :meth:`start` (new) or
-    :func:`open_buffer` (existing) makes it live. Writes are then logged by :meth:`log` before the
+    :func:`recover` (existing) makes it live. Writes are then logged by :meth:`log` before the
     buffer applies them and :meth:`committed` after (:meth:`retract` when the buffer could not
     apply a logged write); every method runs under the buffer's ``writer.lock`` (the callers
     hold it).
@@ -305,6 +306,7 @@ class MappedStore:
         self._limit = _config.MAPPED_LOG_BYTES
         self._row_words = 0
         self._hooks: BufferHooks | None = None  # the buffer's calls, given by bind()
+        self.config: BufferConfig  # the buffer's configuration, given by bind()
         self._log_version = 4  # the folder's log format (1-3: an earlier version's folder)
         self._clean_on_disk = False  # the log's header says no record follows
         self._header_current = False  # the log's header names the loaded checkpoint
@@ -314,10 +316,17 @@ class MappedStore:
         self._made_folder = False  # by create(): removed again if the creation fails
         self.closed = False
 
-    def bind(self, hooks: BufferHooks) -> None:
-        """Take the calls of the buffer this store serves (its constructor gives them)."""
+    def bind(self, config: BufferConfig, hooks: BufferHooks) -> None:
+        """Take the configuration and the calls of the buffer this store serves (its
+        constructor gives them)."""
+        self.config = config
         self._hooks = hooks
         self._row_words = hooks.row_words
+
+    @property
+    def capacity(self) -> int:
+        """Slots of the buffer this store serves."""
+        return self.config.capacity
 
     @property
     def hooks(self) -> BufferHooks:
@@ -685,36 +694,27 @@ class MappedStore:
             self._stamps[:] = expected
 
     # ------------------------------------------------------------------------ going live
-    def start(self, buffer: MultiAgentReplayBuffer) -> None:
+    def start(self, config: BufferConfig) -> None:
         """Make a new buffer live: stamps, first checkpoint, clean log, then the manifest."""
         try:
-            self._start(buffer)
+            self._start(config)
         except BaseException:
             self.manifest = None
             self.abandon()
             raise
 
-    def _start(self, buffer: MultiAgentReplayBuffer) -> None:
+    def _start(self, config: BufferConfig) -> None:
         self.folder_id = secrets.randbits(63)
-        self._create_stamps(buffer.capacity)
+        self._create_stamps(self.capacity)
         self._open_log(create=True)
-        self.checkpoint(buffer, sync=True)
+        self.checkpoint(sync=True)
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "folder_id": self.folder_id,
-            "specs": {a: s.to_dict() for a, s in buffer.specs.items()},
-            "capacity": buffer.capacity,
-            "layout": buffer.layout,
-            "next_obs": buffer.next_obs,
-            "global_fields": {n: fs.to_dict() for n, fs in buffer.global_fields.items()},
-            "alive": buffer.alive,
-            "n_trainers": buffer.n_trainers,
-            "sampler": {"type": type(buffer.sampler).__name__, "config": buffer.sampler.config()},
-            "batch_layout": buffer.batch_layout,
-            "batch_dtype": buffer.storage.batch_dtype,
+            **config.to_dict(),
             "arrays": self._arrays,
-            "stamps": {"file": STAMPS, "dtype": np.dtype(np.int64).str, "shape": [buffer.capacity]},
+            "stamps": {"file": STAMPS, "dtype": np.dtype(np.int64).str, "shape": [self.capacity]},
         }
         _write_json(self.folder / MANIFEST, manifest)
         self.manifest = manifest
@@ -811,7 +811,7 @@ class MappedStore:
         return state
 
     # ------------------------------------------------------------------------ reopening
-    def replay(self, buffer: MultiAgentReplayBuffer, checkpoint: Mapping[str, Any]) -> int:
+    def replay(self, checkpoint: Mapping[str, Any]) -> int:
         """Run the log's records after the checkpoint (``checkpoint["mapped"]``) through
         ``buffer``'s commit (not yet attached, so nothing is logged again); returns how many
         there were (with ``mode="r"`` into the private copy-on-write mappings: the files are
@@ -820,20 +820,20 @@ class MappedStore:
         :class:`LogDamaged` where it does not vouch for the table (see the module docstring)."""
         info = checkpoint["mapped"]
         if self._log_version < 3:
-            return self._replay_legacy(buffer)
+            return self._replay_legacy()
         if self._log_version == 3:
-            return self._replay_v3(buffer, bool(info.get("clean", False)))
+            return self._replay_v3(bool(info.get("clean", False)))
         try:
             fd = self._open_file(LOG, write=False)
         except FileNotFoundError:
             self._problems.append("its log is missing")
             return 0
         try:
-            return self._replay_from(fd, buffer)
+            return self._replay_from(fd)
         finally:
             os.close(fd)
 
-    def _replay_from(self, fd: int, buffer: MultiAgentReplayBuffer) -> int:
+    def _replay_from(self, fd: int) -> int:
         end = os.fstat(fd).st_size
         head = np.frombuffer(
             os.pread(fd, LOG_HEADER_BYTES, 0).ljust(LOG_HEADER_BYTES, b"\0"), np.uint64
@@ -882,7 +882,13 @@ class MappedStore:
         offset, count = LOG_HEADER_BYTES, 0
         while offset + RECORD_HEADER_BYTES <= end:
             record = _read_record(
-                fd, offset, end, self.checkpoint_id, count, buffer.total_writes, self._row_words
+                fd,
+                offset,
+                end,
+                self.checkpoint_id,
+                count,
+                self.hooks.total_writes(),
+                self._row_words,
             )
             if record is None:
                 break  # the end of the log: zeros, or records of an earlier checkpoint
@@ -966,33 +972,33 @@ class MappedStore:
             "the buffer is closed), or delete the folder and build the buffer again"
         )
 
-    def settle(self, buffer: MultiAgentReplayBuffer, replayed: int) -> None:
+    def settle(self, replayed: int) -> None:
         """Opened for writing: the log made ready for this checkpoint's records. A folder of an
         earlier version is rewritten in this version's format (:meth:`upgrade`); a log that was
         replayed, or that does not follow this checkpoint, is replaced by a new checkpoint and
         an empty log; else the log is kept as it is (its clean mark too)."""
         if self._log_version < 4:
-            self.upgrade(buffer)
+            self.upgrade()
             return
         fresh = bool(self._problems) or not self._header_current
         self._open_log(create=True, empty=fresh)
         if replayed or fresh:
-            self.checkpoint(buffer, sync=True)  # a fresh, verified log
+            self.checkpoint(sync=True)  # a fresh, verified log
         else:
             self._seq, self._offset = 0, LOG_HEADER_BYTES
 
-    def upgrade(self, buffer: MultiAgentReplayBuffer) -> None:
+    def upgrade(self) -> None:
         """Rewrite a folder of an earlier version (replayed, verified by its own rules) in this
         version's format. Each step leaves a folder that opens: the stamps (made from the
         state), a checkpoint with the folder's new id, the manifest of this version, and last
         the log emptied under this version's header."""
         assert self.manifest is not None
         self.folder_id = secrets.randbits(63)
-        self._create_stamps(buffer.capacity)
+        self._create_stamps(self.capacity)
         self._stamp_ring(self.hooks.total_writes())
         self._log_version = FORMAT_VERSION
-        self.checkpoint(buffer, sync=True)  # the old log names an older checkpoint now
-        stamps = {"file": STAMPS, "dtype": np.dtype(np.int64).str, "shape": [buffer.capacity]}
+        self.checkpoint(sync=True)  # the old log names an older checkpoint now
+        stamps = {"file": STAMPS, "dtype": np.dtype(np.int64).str, "shape": [self.capacity]}
         self.manifest = {
             **self.manifest,
             "version": FORMAT_VERSION,
@@ -1004,7 +1010,7 @@ class MappedStore:
         self._write_log_header(_CLEAN, sync=True)
 
     # ------------------------------------------------------------------------ earlier versions
-    def _replay_v3(self, buffer: MultiAgentReplayBuffer, clean: bool) -> int:
+    def _replay_v3(self, clean: bool) -> int:
         """Replay a log of format 3 (manifest version 3), by that version's rules: after an
         unclean close the log must follow this checkpoint and hold whole records (a record
         without trailer at its end is the call in flight, dropped); else :class:`LogDamaged`.
@@ -1016,13 +1022,11 @@ class MappedStore:
                 return 0
             raise self._damaged_v3("its log is missing") from None
         try:
-            return self._replay_v3_from(fd, buffer, clean, self._previous_id)
+            return self._replay_v3_from(fd, clean, self._previous_id)
         finally:
             os.close(fd)
 
-    def _replay_v3_from(
-        self, fd: int, buffer: MultiAgentReplayBuffer, clean: bool, previous: int
-    ) -> int:
+    def _replay_v3_from(self, fd: int, clean: bool, previous: int) -> int:
         end = os.fstat(fd).st_size
         number, ident = self.checkpoint_number, self.checkpoint_id
         head = os.pread(fd, LOG_HEADER_BYTES, 0) if end else b""
@@ -1076,7 +1080,7 @@ class MappedStore:
             count += 1
         return count
 
-    def _replay_legacy(self, buffer: MultiAgentReplayBuffer) -> int:
+    def _replay_legacy(self) -> int:
         """Replay a log of format version 1-2 (records from byte 0, no header or trailers),
         stopping at the first incomplete record, as those versions did."""
         try:
@@ -1230,22 +1234,20 @@ class MappedStore:
         page = start - start % mmap.PAGESIZE
         self._log_map.flush(page, end - page)
 
-    def committed(self, buffer: MultiAgentReplayBuffer) -> None:
+    def committed(self) -> None:
         """After a commit: checkpoint once the log is long enough."""
         self._last = None
         if self._offset - LOG_HEADER_BYTES >= self._limit:
-            self.checkpoint(buffer)
+            self.checkpoint()
 
-    def checkpoint(
-        self, buffer: MultiAgentReplayBuffer, sync: bool = False, clean: bool = False
-    ) -> None:
+    def checkpoint(self, sync: bool = False, clean: bool = False) -> None:
         """Write the buffer's metadata as the new checkpoint and start the log afresh.
 
         With ``sync`` (or ``durable``) the storage arrays and stamps are flushed to disk
         first, so that the checkpoint never describes rows the disk does not hold. ``clean``
         (by ``close()``): nothing will be logged after it.
         """
-        with buffer.writer.lock:
+        with self.hooks.lock:
             if self._last is not None:
                 self.retract()  # the buffer raised before it applied the last record
             if self._restamp:  # the table was replaced wholesale: its stamps follow
@@ -1300,21 +1302,21 @@ class MappedStore:
                 os.ftruncate(self._fds[LOG], self._reserved)
                 self._map_log()
 
-    def flush(self, buffer: MultiAgentReplayBuffer) -> None:
+    def flush(self) -> None:
         """Storage arrays to disk, then a checkpoint of everything else."""
-        with buffer.writer.lock:
+        with self.hooks.lock:
             if not self.closed and not self.readonly:
-                self.checkpoint(buffer, sync=True)
+                self.checkpoint(sync=True)
 
-    def close(self, buffer: MultiAgentReplayBuffer) -> None:
+    def close(self) -> None:
         """A clean checkpoint (storage flushed) and a clean log (its header only, one unit
         reserved), then the log and the lock released; later writes are refused. A read-only
         store only releases."""
-        with buffer.writer.lock:
+        with self.hooks.lock:
             if self.closed:
                 return
             if not self.readonly:
-                self.checkpoint(buffer, sync=True, clean=True)
+                self.checkpoint(sync=True, clean=True)
                 self._unmap_log()  # nothing to replay: give the reservation back
                 fd = self._fds[LOG]
                 os.ftruncate(fd, LOG_HEADER_BYTES)
@@ -1325,62 +1327,26 @@ class MappedStore:
 
 
 # ---------------------------------------------------------------------------- opening
-def open_buffer(
-    cls: type[MultiAgentReplayBuffer],
-    path: Any,
-    durable: bool,
-    parallel_gather: bool,
-    mode: Any = "r+",
-) -> MultiAgentReplayBuffer:
-    """:meth:`MultiAgentReplayBuffer.open`: map the files, load the checkpoint, replay the log,
-    check the stamps, and (``mode="r+"``) make the log ready for new records."""
-    from marlbuf.samplers import Sampler
-
-    store = MappedStore.open(path, durable, mode)
-    manifest_path = str(store.folder / MANIFEST)
-    try:
-        m = store.manifest
-        assert m is not None
-        try:
-            specs = {a: AgentSpec.from_dict(s) for a, s in m["specs"].items()}
-            sampler = Sampler.from_config(m["sampler"]["type"], m["sampler"]["config"])
-            options = {k: m[k] for k in ("layout", "next_obs", "batch_layout", "batch_dtype")}
-            capacity, n_trainers = _manifest_int(m, "capacity"), _manifest_int(m, "n_trainers")
-            global_fields, alive = row_options_of(m)
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"{manifest_path!r} is corrupt (missing or invalid {exc})") from exc
-        try:
-            buffer = cls(
-                specs,
-                capacity,
-                sampler=sampler,
-                n_trainers=n_trainers,
-                parallel_gather=parallel_gather,
-                _store=store,
-                global_fields=global_fields,
-                alive=alive,
-                **options,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{manifest_path!r} describes no valid buffer: {exc}") from exc
-        store.map_stamps(capacity)
-        state = store.read_checkpoint()
-        size = state.get("size", 0)
-        size = size if isinstance(size, int) and 0 <= size <= capacity else 0
-        state["storage"] = {k: v[:size] for k, v in buffer.storage.arrays().items()}
-        store.hooks.load(state)  # the storage is already in place: nothing copied
-        first_writes = store.hooks.total_writes()
-        replayed = store.replay(buffer, state)
-        store.verify(first_writes, replayed)
-        store.hooks.replayed()
-        store.hooks.attach(store)
-        store.freeze()
-        if not store.readonly:
-            store.settle(buffer, replayed)
-    except BaseException:
-        store.release()
-        raise
-    return buffer
+def recover(store: MappedStore, arrays: Mapping[str, np.ndarray]) -> None:
+    """Make the folder of :meth:`MultiAgentReplayBuffer.open` live once its buffer is built
+    over ``store`` (bound, its storage ``arrays`` mapped from the folder's files): load the
+    checkpoint, replay the log, check the stamps, and (``mode="r+"``) make the log ready for
+    new records. The caller releases the store if this raises."""
+    capacity = store.capacity
+    store.map_stamps(capacity)
+    state = store.read_checkpoint()
+    size = state.get("size", 0)
+    size = size if isinstance(size, int) and 0 <= size <= capacity else 0
+    state["storage"] = {k: v[:size] for k, v in arrays.items()}
+    store.hooks.load(state)  # the storage is already in place: nothing copied
+    first_writes = store.hooks.total_writes()
+    replayed = store.replay(state)
+    store.verify(first_writes, replayed)
+    store.hooks.replayed()
+    store.hooks.attach(store)
+    store.freeze()
+    if not store.readonly:
+        store.settle(replayed)
 
 
 def _manifest_int(manifest: Mapping[str, Any], key: str) -> int:
@@ -1396,7 +1362,7 @@ def _ring_stamps(capacity: int, total_writes: int) -> np.ndarray:
     size = min(total_writes, capacity)
     stamps = np.zeros(capacity, dtype=np.int64)
     stamps[:size] = (
-        persistence.ring_generations(capacity, size, total_writes % capacity, total_writes) + 1
+        RingWriter.generations(capacity, size, total_writes % capacity, total_writes) + 1
     )
     return stamps
 
@@ -1740,4 +1706,4 @@ def _write_json(path: Path, obj: Any) -> None:
     persistence.fsync_folder(path.parent)
 
 
-__all__ = ["FORMAT", "LogDamaged", "MappedStore", "open_buffer", "resident"]
+__all__ = ["FORMAT", "BufferHooks", "LogDamaged", "MappedStore", "recover", "resident"]

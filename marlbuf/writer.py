@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
 from marlbuf._kernels import link_rows, link_step, next_is_obs, release_slots, sequence_slots
 from marlbuf._kernels.episodes import episode_heads, episode_tails, link_stream_steps
 from marlbuf._kernels.staging import DENSE_NEXT_OBS, OBS_BYTES
@@ -128,6 +129,51 @@ class RingWriter:
                 f"state's write_generation has shape {gens.shape}, dtype {gens.dtype}; "
                 f"expected ({size},) integers"
             )
+
+    @staticmethod
+    def generations(capacity: int, size: int, cursor: int, total_writes: int) -> np.ndarray:
+        """The write generation of every filled slot (shape (size,), int64) of a ring of
+        ``capacity`` slots after ``total_writes`` writes: generation ``g`` lives in slot
+        ``g % capacity``, so slots before the cursor hold the newest lap and the others the lap
+        before it."""
+        slots = np.arange(size, dtype=np.int64)
+        lap_start = total_writes - cursor  # generation written at slot 0 in the current lap
+        return np.where(slots < cursor, lap_start + slots, lap_start - capacity + slots)
+
+    def check_loaded(self, state: Mapping[str, Any]) -> tuple[int, np.ndarray]:
+        """Check a loaded buffer state's ring fields against each other: ``(size,
+        write_generation)`` (shape (size,), int64).
+
+        A ring of ``capacity`` slots writes generation ``g`` at slot ``g % capacity``, so
+        ``cursor == total_writes % capacity``, ``size == min(total_writes, capacity)`` and
+        every filled slot's write generation is determined (:meth:`generations`);
+        ``total_writes`` is at most ``_config.MAX_TOTAL_WRITES``. Raises ``ValueError`` naming
+        the field that disagrees; changes nothing.
+        """
+        capacity = self.capacity
+        size = _int_field(state, "size")
+        cursor = _int_field(state, "cursor")
+        total = _int_field(state, "total_writes")
+        if not 0 <= total <= _config.MAX_TOTAL_WRITES:
+            raise ValueError(
+                f"state has total_writes={total}; expected 0 <= total_writes <= "
+                f"{_config.MAX_TOTAL_WRITES} (corrupt state)"
+            )
+        if size != min(total, capacity) or cursor != total % capacity:
+            raise ValueError(
+                f"state has size={size}, cursor={cursor}, total_writes={total}; a ring of "
+                f"capacity {capacity} after {total} writes has size={min(total, capacity)} and "
+                f"cursor={total % capacity} (corrupt state)"
+            )
+        generations = _int_array(state.get("write_generation"), "write_generation", (size,))
+        expected = self.generations(capacity, size, cursor, total)
+        if not np.array_equal(generations, expected):
+            bad = int(np.flatnonzero(generations != expected)[0])
+            raise ValueError(
+                f"state's write_generation[{bad}] is {int(generations[bad])}; slot {bad} of a "
+                f"ring after {total} writes holds generation {int(expected[bad])} (corrupt state)"
+            )
+        return size, expected
 
 
 class NextObsLinks:
@@ -396,6 +442,118 @@ class NextObsLinks:
             or next_slot.min(initial=-1) < -1
         ):
             raise ValueError("state's next_obs links point outside the table (corrupt state)")
+
+    @staticmethod
+    def side_rows_bound(capacity: int) -> int:
+        """The most rows a next-observation side table of a ring of ``capacity`` slots can
+        have: a write of up to ``capacity`` rows reserves its side rows before the rows it
+        overwrites free theirs (``2 * capacity`` in use), and the table grows by doubling."""
+        return max(64, 4 * (capacity + 1))
+
+    def check_loaded(self, links: Mapping[str, Any], size: int, generations: np.ndarray) -> None:
+        """Check a loaded state's next-observation links (``next_obs="once"``) as a whole.
+
+        Every filled slot (``[0, size)``, write ``generations``) has its next observation
+        either in a later slot (``next_slot``: a filled slot written after it, the successor
+        of no other slot) or in a side row of its own (``side_row``), never both; unfilled
+        slots have neither. Side rows in use and ``free`` ones are distinct and together are
+        every row of the side table (rows as wide as this table's, at most
+        :meth:`side_rows_bound`). ``pending`` holds one ``(stream, slot, generation)`` per
+        stream, distinct non-negative int64 streams; where the slot still holds that
+        generation, it is the stream's newest step: its next observation is in a side row.
+        Raises ``ValueError`` naming what disagrees; changes nothing.
+        """
+        capacity, width = self.capacity, self.side.shape[1]
+        if not isinstance(links, Mapping):
+            raise ValueError("state's links must be a mapping (corrupt state)")
+        keys = ("next_slot", "side_row", "side", "free", "pending")
+        missing = [k for k in keys if k not in links]
+        if missing:
+            raise ValueError(f"state's next_obs links lack {missing} (corrupt state)")
+        next_slot = _int_array(links["next_slot"], "links next_slot", (capacity,))
+        side_row = _int_array(links["side_row"], "links side_row", (capacity,))
+        side = np.asarray(links["side"])
+        rows = side.shape[0] if side.ndim == 2 else -1
+        if side.ndim != 2 or side.shape[1] != width or side.dtype != np.uint8:
+            raise ValueError(
+                f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
+                f"expected (rows, {width}) uint8 (corrupt state)"
+            )
+        if rows > self.side_rows_bound(capacity):
+            raise ValueError(
+                f"state's next_obs side table has {rows} rows; a buffer of capacity {capacity} "
+                f"never has more than {self.side_rows_bound(capacity)} (corrupt state)"
+            )
+        for name, values, bound in (("next_slot", next_slot, size), ("side_row", side_row, rows)):
+            if values.size and (int(values.min()) < -1 or int(values.max()) >= bound):
+                raise ValueError(
+                    f"state's links {name} point outside [-1, {bound}) (corrupt state)"
+                )
+        if np.any(next_slot[size:] != -1) or np.any(side_row[size:] != -1):
+            raise ValueError(
+                "state's links give next observations to unfilled slots (corrupt state)"
+            )
+        filled_next, filled_side = next_slot[:size], side_row[:size]
+        if np.any((filled_next >= 0) == (filled_side >= 0)):
+            bad = int(np.flatnonzero((filled_next >= 0) == (filled_side >= 0))[0])
+            raise ValueError(
+                f"state's slot {bad} has next_slot={int(filled_next[bad])} and "
+                f"side_row={int(filled_side[bad])}; a filled slot has exactly one (corrupt state)"
+            )
+        linked = np.flatnonzero(filled_next >= 0)
+        successors = filled_next[linked]
+        if successors.size and (
+            np.any(generations[successors] <= generations[linked])
+            or np.unique(successors).size != successors.size
+        ):
+            raise ValueError(
+                "state's next_slot links a slot to one written before it, or two slots to one "
+                "successor (corrupt state)"
+            )
+        used = filled_side[filled_side >= 0]
+        free = np.asarray(links["free"])
+        if free.ndim != 1 or (free.size and free.dtype.kind not in "iu"):
+            raise ValueError(f"state's links free has shape {free.shape}; expected (n,) integers")
+        free = free.astype(np.int64, copy=False)
+        every = np.concatenate([used, free])
+        if (
+            every.size != rows
+            or (every.size and (int(every.min()) < 0 or int(every.max()) >= rows))
+            or np.unique(every).size != every.size
+        ):
+            raise ValueError(
+                f"state's side rows in use ({used.size}) and free ({free.size}) are not the "
+                f"{rows} rows of its side table, each once (corrupt state)"
+            )
+        pending = np.asarray(links["pending"])
+        if pending.size == 0:
+            return
+        if pending.ndim != 2 or pending.shape[1] != 3 or pending.dtype.kind not in "iu":
+            raise ValueError(
+                f"state's pending links have shape {pending.shape}; expected (streams, 3) integers"
+            )
+        streams, slots, gens = (pending[:, k].astype(np.int64) for k in range(3))
+        if pending.dtype.kind == "u" and int(pending.max()) > _config.MAX_STREAM:
+            raise ValueError("state's pending links hold values beyond int64 (corrupt state)")
+        if (
+            int(streams.min()) < 0
+            or np.unique(streams).size != streams.size
+            or int(slots.min()) < 0
+            or int(slots.max()) >= capacity
+            or int(gens.min()) < 0
+        ):
+            raise ValueError(
+                "state's pending links need distinct streams >= 0, slots in "
+                f"[0, {capacity}) and generations >= 0 (corrupt state)"
+            )
+        current = slots < size
+        live = current.copy()
+        live[current] = generations[slots[current]] == gens[current]
+        if np.any(side_row[slots[live]] < 0) or np.unique(slots[live]).size != int(live.sum()):
+            raise ValueError(
+                "state's pending links name a stored step whose next observation is not in a side "
+                "row, or one step for two streams (corrupt state)"
+            )
 
     def load_state_dict(self, state: Mapping[str, Any], adopt: bool = False) -> None:
         """Restore :meth:`state_dict` output; ``adopt=True`` keeps the state's side table
@@ -1201,6 +1359,25 @@ def complete_episodes(
         episode_tails(heads, episode, step, next_slot, tails)
     ended = ~np.isin(episode[heads], np.asarray(open_ids, dtype=np.int64))
     return heads[ended], tails[ended]
+
+
+def _int_field(state: Mapping[str, Any], key: str, where: str = "state") -> int:
+    value = state.get(key) if isinstance(state, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{where} has {key}={value!r}; expected an int (corrupt state)")
+    return int(value)
+
+
+def _int_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.shape != shape:
+        raise ValueError(
+            f"state's {name} has shape {array.shape}, dtype {array.dtype}; expected {shape} "
+            "integers (corrupt state)"
+        )
+    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"state's {name} holds values beyond int64 (corrupt state)")
+    return array.astype(np.int64, copy=False)
 
 
 __all__ = ["EpisodeIndex", "NextObsLinks", "RingWriter", "StoredNext", "complete_episodes"]
