@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config, mapped
+from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config
 from marlbuf._kernels.checksum import (
     RECORD_HEAD_WORDS,
     RECORD_MAGIC,
@@ -42,6 +42,7 @@ from marlbuf._kernels.checksum import (
     write_record,
 )
 from marlbuf.bench.common import copy_bandwidth
+from marlbuf.mapped import store as mapped_store
 
 
 @njit(cache=True, nogil=True)
@@ -138,14 +139,14 @@ def run(agents: int = 24, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
                 names = list(writers)
                 for r in range(rounds + 2):  # two warm-up rounds
                     for name in names[r % 3 :] + names[: r % 3]:  # rotating order
-                        mapped.write_record = writers[name]  # type: ignore[assignment]
+                        mapped_store.write_record = writers[name]  # type: ignore[assignment]
                         start = time.perf_counter()
                         for _ in range(calls):
                             write()
                         elapsed = (time.perf_counter() - start) / calls
                         if r >= 2:
                             samples[name].append(elapsed)
-                mapped.write_record = write_record
+                mapped_store.write_record = write_record
                 base = np.asarray(samples["none"])
                 for name, times in samples.items():
                     out[f"{op}_{name}_us"] = float(np.median(times)) * 1e6
@@ -154,7 +155,7 @@ def run(agents: int = 24, rounds: int = 60, calls: int = 100) -> dict[str, Any]:
                         out[f"{op}_{name}_ratio"] = ratio
             buf.close()
     finally:
-        mapped.write_record = write_record
+        mapped_store.write_record = write_record
         _config.MAPPED_LOG_BYTES = limit
     return out
 
