@@ -44,16 +44,14 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
 from marlbuf import _config
 from marlbuf.config import BufferConfig
+from marlbuf.storage import Storage
 from marlbuf.writer import NextObsLinks
-
-if TYPE_CHECKING:
-    from marlbuf.buffer import MultiAgentReplayBuffer
 
 #: Archive member holding the JSON part of the state.
 META_NAME = "__meta__"
@@ -541,18 +539,35 @@ def _npy_header(fh: IO[bytes], key: str) -> tuple[tuple[int, ...], bool, np.dtyp
     return tuple(int(n) for n in shape), bool(fortran_order), dtype, fh.tell()
 
 
-def load_into(buffer: MultiAgentReplayBuffer, path: str | os.PathLike[str]) -> None:
-    """Restore a file written by :meth:`MultiAgentReplayBuffer.save` into ``buffer``.
+class LoadTarget(Protocol):
+    """What :func:`load_into` needs of the buffer it loads a file into: its configuration,
+    its storage (whose arrays the file is read into), the hook that marks them as being
+    replaced, and its checked load."""
 
-    Like ``buffer.load_state_dict(MultiAgentReplayBuffer.load(path).state_dict())`` (the same
-    checks and errors), but the storage arrays are read straight into ``buffer``'s storage when
-    the file's specs, capacity and layout are ``buffer``'s, so no second buffer is built. If the
-    file turns out to be corrupt half-way, ``buffer``'s contents are undefined.
+    @property
+    def config(self) -> BufferConfig: ...
+
+    @property
+    def storage(self) -> Storage: ...
+
+    def begin_replace(self) -> None: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def load_into(target: LoadTarget, path: str | os.PathLike[str]) -> None:
+    """Restore a file written by :meth:`MultiAgentReplayBuffer.save` into the buffer
+    ``target``.
+
+    Like ``target.load_state_dict(MultiAgentReplayBuffer.load(path).state_dict())`` (the same
+    checks and errors), but the storage arrays are read straight into ``target``'s storage
+    when the file's specs, capacity and layout are ``target``'s, so no second buffer is built.
+    If the file turns out to be corrupt half-way, ``target``'s contents are undefined.
     """
-    config, arrays = buffer.config, buffer.storage.arrays()
-    buffer.load_state_dict(
+    config, arrays = target.config, target.storage.arrays()
+    target.load_state_dict(
         read_state(
-            path, lambda header: storage_destinations(config, arrays, buffer.begin_replace, header)
+            path, lambda header: storage_destinations(config, arrays, target.begin_replace, header)
         )
     )
 
@@ -727,6 +742,7 @@ def _join_arrays(obj: Any, load_array: Callable[[str], np.ndarray]) -> Any:
 __all__ = [
     "MAX_STREAM",
     "LiveRows",
+    "LoadTarget",
     "SnapshotMoved",
     "array_path",
     "check_declared_shapes",
