@@ -287,10 +287,6 @@ class MultiAgentReplayBuffer:
             alive,
             parallel_gather,
         )
-        if path is None and durable is not False:
-            raise ValueError(
-                f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
-            )
         self._build(config, sampler, seed, parallel_gather, device, path=path, durable=durable)
 
     def _build(
@@ -369,6 +365,10 @@ class MultiAgentReplayBuffer:
         if path is not None:
             make_rng(seed)  # checked before the folder is claimed
             store = mapped.MappedStore.create(path, durable, needed)
+        elif files is None and durable is not False:
+            raise ValueError(
+                f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
+            )
         try:
             self.storage: Storage = build_storage(
                 config,

@@ -354,11 +354,10 @@ class ShardedReplayBuffer:
             raise ValueError(f"timeout must be a number of seconds > 0; got timeout={timeout!r}")
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise TypeError(f"rate_limiter must be a RateLimiter; got {rate_limiter!r}")
-        self.shard_capacity = _check_capacity(shard_capacity)
         # the shards' configuration checks the arguments as every shard's constructor will
         config, _ = BufferConfig.from_arguments(
             specs,
-            self.shard_capacity,
+            1,
             layout,
             sampler,
             n_trainers,
@@ -369,7 +368,8 @@ class ShardedReplayBuffer:
             alive,
             parallel_gather,
         )
-        self._shard_config = config
+        self.shard_capacity = _check_capacity(shard_capacity)
+        self._shard_config = config = replace(config, capacity=self.shard_capacity)
         self.specs = config.specs
         self.n_shards = int(n_shards)
         self.n_trainers = config.n_trainers
