@@ -93,3 +93,8 @@ MAX_FIELD_SELECTIONS = 16
 #: as stored). The one-step kernels check the values before they are stored against this alone,
 #: so they never accept what the complete checks refuse.
 DISCRETE_SUM_TOLERANCE = 1e-3
+
+#: Largest stream id (``stream=``, ``first_stream + k``): stream ids are stored as int64.
+MAX_STREAM = 2**63 - 1
+#: Largest ``total_writes`` a loaded state may hold (generations stay far from int64 overflow).
+MAX_TOTAL_WRITES = 2**62

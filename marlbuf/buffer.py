@@ -11,16 +11,16 @@ import numpy as np
 
 from marlbuf import _config, mapped, persistence
 from marlbuf.batch import Batch, EpisodeBatch
+from marlbuf.config import BufferConfig
 from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
-from marlbuf.options import check_capacity, check_header, check_row_options, row_options_of
+from marlbuf.options import check_capacity, check_header
 from marlbuf.reading import Reader, check_n_trainers, check_trainer
-from marlbuf.samplers import Sampler, Uniform
+from marlbuf.samplers import Sampler
 from marlbuf.spec import (
     ALIVE,
     AgentSpec,
     FieldSpec,
-    normalize_specs,
 )
 from marlbuf.staging import RowCodec
 from marlbuf.storage import available_memory_bytes
@@ -36,12 +36,6 @@ from marlbuf.writer.commit import (
     WritePath,
 )
 from marlbuf.writer.inputs import MAX_STREAM, check_stream, check_truncated
-
-#: how next observations are stored: once (from the successor's obs, a side table where they
-#: differ), as a field of every row, or not at all (learners that never read next_obs)
-NEXT_OBS_MODES = ("once", "stored", "none")
-#: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
-NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
 
 
 def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
@@ -188,48 +182,63 @@ class MultiAgentReplayBuffer:
         global_fields: Mapping[str, FieldSpec] | None = None,
         alive: bool = False,
         device: Any = None,
-        _store: mapped.MappedStore | None = None,
     ) -> None:
-        self.specs = normalize_specs(specs)
-        in_files = path is not None or _store is not None  # storage arrays on disk, not in RAM
         #: the torch device of the rows (``None``: NumPy arrays)
-        self.device = _check_device_options(device, layout, in_files, parallel_gather)
-        if next_obs not in NEXT_OBS_CHOICES:
-            raise ValueError(
-                f"next_obs must be one of {NEXT_OBS_CHOICES}; got next_obs={next_obs!r}"
-            )
+        device = _check_device_options(device, layout, path is not None, parallel_gather)
+        config, sampler = BufferConfig.from_arguments(
+            specs,
+            capacity,
+            layout,
+            sampler,
+            n_trainers,
+            next_obs,
+            batch_layout,
+            batch_dtype,
+            global_fields,
+            alive,
+            parallel_gather,
+        )
+        self._build(config, sampler, seed, parallel_gather, device, path=path, durable=durable)
+
+    def _build(
+        self,
+        config: BufferConfig,
+        sampler: Sampler,
+        seed: int | np.random.Generator | None,
+        parallel_gather: bool,
+        device: Any,
+        path: str | os.PathLike[str] | None = None,
+        durable: bool = False,
+        files: mapped.MappedStore | None = None,
+    ) -> None:
+        """Build the buffer of a checked ``config`` (:meth:`BufferConfig.from_arguments`):
+        a new memory-mapped folder at ``path``, or over the claimed folder ``files`` of
+        :meth:`open` (whose state it then loads)."""
+        self.specs = config.specs
+        in_files = path is not None or files is not None  # storage arrays on disk, not in RAM
+        self.device = device
+        next_obs = config.next_obs
         #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
-        auto = choose_format = next_obs == "auto" and path is None and _store is None
+        auto = choose_format = next_obs == "auto" and not in_files
         next_obs = "once" if next_obs == "auto" else next_obs
         #: fields stored once per step for all agents (``global_fields=``), and whether each
         #: step records which agents are alive (``alive=``)
-        self.global_fields, self.alive = check_row_options(self.specs, global_fields, alive)
-        capacity, sampler, n_trainers = _check_arguments(
-            self.specs, capacity, sampler, n_trainers, parallel_gather
-        )
-        self.capacity = capacity
-        self.n_trainers = int(n_trainers)
-        if layout not in ("interleaved", "agent_major"):
-            raise ValueError(
-                f"layout must be one of ['agent_major', 'interleaved']; got layout={layout!r}"
-            )
+        self.global_fields, self.alive = config.global_fields, config.alive
+        self.capacity = config.capacity
+        self.n_trainers = config.n_trainers
+        layout = config.layout
         # sizes first: nothing that depends on a declared shape is allocated before the whole
         # buffer is known to fit (the staging row of add() is one dense row)
         row_options: dict[str, Any] = {"global_fields": self.global_fields, "alive": self.alive}
         staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
-        if (
-            choose_format
-            and layout == "interleaved"
-            and estimate(self.specs, 1, layout, "once", **row_options).table_row_bytes
-            >= staging_row.table_row_bytes
-        ):
+        if choose_format and config.initial_next_obs() == "stored":
             # rows so small that padding to a cache line eats what storing observations once
             # saves: the dense format costs no more memory and gathers without links
             choose_format = False
             next_obs = "stored"
         needed = estimate(
             self.specs,
-            capacity,
+            self.capacity,
             layout,
             next_obs,
             prioritized=sampler.weighted,
@@ -251,32 +260,25 @@ class MultiAgentReplayBuffer:
         # checked against capacity first (a Neighbor run longer than the ring is refused here)
         sampler.bind(self.capacity, self.n_trainers)
         self.sampler = sampler
-        # enough recycled batch blocks for two rounds of every trainer (one being consumed
-        # while the next is gathered)
-        pool_blocks = 2 * self.n_trainers + 2
         links = NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
         #: the files of a memory-mapped buffer (``path=``), once it is live
         self._mapped = None
-        store = _store
-        if store is None and path is not None:
+        store = files
+        if path is not None:
             make_rng(seed)  # checked before the folder is claimed
             store = mapped.MappedStore.create(path, durable, needed)
-        elif store is None and durable is not False:
+        elif files is None and durable is not False:
             raise ValueError(
                 f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
             )
         try:
-            storage = make_store(
-                layout,
+            storage: Storage = build_storage(
+                config,
                 self._codec,
-                self.capacity,
-                pool_blocks,
-                batch_layout,
+                next_obs,
                 links,
-                batch_dtype,
                 None if store is None else store.allocate,
                 self.device,
-                stores_next_obs=next_obs != "none",
             )
         except BaseException:
             if store is not None:
@@ -326,6 +328,7 @@ class MultiAgentReplayBuffer:
         )
         if store is not None:
             store.bind(
+                self.config,
                 mapped.BufferHooks(
                     commit=self._writes.replay,
                     state=lambda: self._state(copy=False, errors=False),
@@ -334,10 +337,11 @@ class MultiAgentReplayBuffer:
                     attach=self._attach_store,
                     total_writes=lambda: self.writer.total_writes,
                     row_words=self._codec.row_words,
-                )
+                    lock=self.writer.lock,
+                ),
             )
-        if store is not None and _store is None:
-            store.start(self)  # first checkpoint, then the manifest: the folder is complete
+        if path is not None and store is not None:
+            store.start(self.config)  # first checkpoint, then the manifest: a complete folder
 
     # ----------------------------------------------------------------------------- basics
     @property
@@ -380,6 +384,24 @@ class MultiAgentReplayBuffer:
         """Per slot (shape (capacity,), int64), the value of ``total_writes`` when it was
         written; ``-1`` for slots never written. Read-only by contract."""
         return self.writer.write_generation
+
+    @property
+    def config(self) -> BufferConfig:
+        """The buffer's configuration as it is now (:class:`marlbuf.config.BufferConfig`: the
+        format chosen by the first write of a ``next_obs="auto"`` buffer once it is chosen)."""
+        return BufferConfig(
+            specs=self.specs,
+            capacity=self.capacity,
+            layout=self.layout,
+            next_obs=self.next_obs,
+            sampler_type=type(self.sampler).__name__,
+            sampler_config=self.sampler.config(),
+            n_trainers=self.n_trainers,
+            global_fields=self.global_fields,
+            alive=self.alive,
+            batch_layout=self.batch_layout,
+            batch_dtype=self.storage.batch_dtype,
+        )
 
     def __len__(self) -> int:
         return self.writer.size
@@ -940,21 +962,12 @@ class MultiAgentReplayBuffer:
                 storage[key] = persistence.LiveRows((filled, *array.shape[1:]), array.dtype, reader)
             else:
                 storage[key] = part(array)
+        header = self.config.to_dict(batch_options=False)
+        header["sampler"]["state"] = self.sampler.state_dict()
         return {
             "format": _config.SAVE_FORMAT,
             "version": _config.SAVE_VERSION,
-            "specs": {a: s.to_dict() for a, s in self.specs.items()},
-            "capacity": self.capacity,
-            "layout": self.layout,
-            "next_obs": self.next_obs,
-            "global_fields": {name: fs.to_dict() for name, fs in self.global_fields.items()},
-            "alive": self.alive,
-            "n_trainers": self.n_trainers,
-            "sampler": {
-                "type": type(self.sampler).__name__,
-                "config": self.sampler.config(),
-                "state": self.sampler.state_dict(),
-            },
+            **header,
             **ring,
             "rng": self.rng.bit_generator.state,  # a new dict on every read
             "storage": storage,
@@ -1013,11 +1026,10 @@ class MultiAgentReplayBuffer:
     ) -> None:
         """:meth:`_load_state`: the header compared with this buffer's configuration."""
         check_header(state)
-        specs = {a: AgentSpec.from_dict(s) for a, s in state["specs"].items()}
-        global_fields, alive = row_options_of(state)
+        saved = BufferConfig.from_dict(state)
         # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
         # chose "stored" or "none" from its first write loads into a new default buffer)
-        saved_format = state.get("next_obs", "stored")
+        saved_format = saved.next_obs
         writes = self._writes
         deciding = writes.deciding and self.writer.total_writes == 0
         adopt_dense = deciding and writes.choose_format and saved_format == "stored"
@@ -1025,11 +1037,11 @@ class MultiAgentReplayBuffer:
         mismatch = [
             (k, mine, theirs)
             for k, mine, theirs in (
-                ("specs", self.specs, specs),
-                ("capacity", self.capacity, state["capacity"]),
-                ("global_fields", self.global_fields, global_fields),
-                ("alive", self.alive, alive),
-                ("n_trainers", self.n_trainers, state["n_trainers"]),
+                ("specs", self.specs, saved.specs),
+                ("capacity", self.capacity, saved.capacity),
+                ("global_fields", self.global_fields, saved.global_fields),
+                ("alive", self.alive, saved.alive),
+                ("n_trainers", self.n_trainers, saved.n_trainers),
             )
             if mine != theirs
         ]
@@ -1065,18 +1077,13 @@ class MultiAgentReplayBuffer:
     ) -> None:
         """:meth:`_load_state` once the state's format matches this buffer's: every field
         checked against the others before anything changes."""
-        size, _, _, generations = persistence.check_ring(state, self.capacity)
+        # every part checks its own part of the state first: a rejected state changes nothing
+        size, generations = self.writer.check_loaded(state)
         if self.links is not None:
-            persistence.check_links(
-                state["links"], self.capacity, size, generations, self.links.side.shape[1]
-            )
+            self.links.check_loaded(state["links"], size, generations)
         if self.sampler.weighted:
             persistence.check_priorities(state["sampler"]["state"], size)
         self.storage.check_saved(state["storage"], size)
-        # validate every part on scratch copies first: a rejected state changes nothing
-        self.writer.check_state(state)
-        if self.links is not None:
-            self.links.check_state(state["links"])
         episodes_state = state.get("episodes") or {}
         stored_next = None if table_ahead else self._stored_next(state)
         if self.episodes is not None and episodes_state:
@@ -1116,7 +1123,7 @@ class MultiAgentReplayBuffer:
             self._reader.forget()  # draws and updates meant for the state this one replaces
             self.rng.bit_generator.state = state["rng"]
             if self._mapped is not None:
-                self._mapped.checkpoint(self, sync=True)
+                self._mapped.checkpoint(sync=True)
 
     def _replayed(self) -> None:
         """A memory-mapped checkpoint was loaded and its log replayed: the table now holds
@@ -1211,32 +1218,33 @@ class MultiAgentReplayBuffer:
         def check(header: dict[str, Any], shapes: Mapping[str, Any]) -> None:
             # the file's JSON part and declared array shapes, before anything is allocated
             check_header(header)
-            sampler = Sampler.from_config(header["sampler"]["type"], header["sampler"]["config"])
+            saved = BufferConfig.from_dict(header)
             persistence.check_declared_shapes(
                 shapes,
-                check_capacity(header["capacity"]),
-                header["n_trainers"],
-                sampler.weighted,
+                check_capacity(saved.capacity),
+                saved.n_trainers,
+                saved.sampler().weighted,
             )
 
         def build(header: dict[str, Any]) -> dict[str, np.ndarray]:
             # called with the file's JSON part, before any array is read
-            sampler = header["sampler"]
-            global_fields, alive = row_options_of(header)
+            saved = BufferConfig.from_dict(header)
             buf = cls(
-                {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()},
-                capacity=int(header["capacity"]),
+                saved.specs,
+                capacity=int(saved.capacity),
                 # a device store keeps interleaved rows: an agent_major file is converted
-                layout=header["layout"] if device is None else "interleaved",
-                next_obs=header.get("next_obs", "stored"),
-                sampler=Sampler.from_config(sampler["type"], sampler["config"]),
-                n_trainers=int(header["n_trainers"]),
-                global_fields=global_fields,
-                alive=alive,
+                layout=saved.layout if device is None else "interleaved",
+                next_obs=saved.next_obs,
+                sampler=saved.sampler(),
+                n_trainers=int(saved.n_trainers),
+                global_fields=saved.global_fields,
+                alive=saved.alive,
                 device=device,
             )
             built.append(buf)
-            return persistence.storage_destinations(buf, header)
+            return persistence.storage_destinations(
+                buf.config, buf.storage.arrays(), buf.begin_replace, header
+            )
 
         try:
             state = persistence.read_state(path, build, check)
@@ -1283,12 +1291,32 @@ class MultiAgentReplayBuffer:
         ``MemoryError`` for a manifest whose buffer does not fit, and ``BlockingIOError`` while
         another buffer object has it open for writing.
         """
-        return mapped.open_buffer(cls, path, durable, parallel_gather, mode)
+        store = mapped.MappedStore.open(path, durable, mode)
+        manifest_path = str(store.folder / mapped.MANIFEST)
+        try:
+            assert store.manifest is not None
+            try:
+                saved = BufferConfig.from_dict(store.manifest, strict=True)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                raise ValueError(
+                    f"{manifest_path!r} is corrupt (missing or invalid {exc})"
+                ) from exc
+            buffer = cls.__new__(cls)
+            try:
+                config, sampler = saved.checked(parallel_gather)
+                buffer._build(config, sampler, None, parallel_gather, None, files=store)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{manifest_path!r} describes no valid buffer: {exc}") from exc
+            mapped.recover(store, buffer.storage.arrays())
+        except BaseException:
+            store.release()
+            raise
+        return buffer
 
     def _attach_store(self, store: mapped.MappedStore | None) -> None:
         """Make the memory-mapped ``store`` live: from now on writes are logged there."""
         self._mapped = store
-        self._writes.log = None if store is None else _FolderLog(store, self)
+        self._writes.log = store  # the folder's redo log (marlbuf.writer.commit.WriteLog)
 
     def begin_replace(self) -> None:
         """Before the storage arrays are overwritten wholesale (``persistence.load_into``
@@ -1307,7 +1335,7 @@ class MultiAgentReplayBuffer:
         of its metadata, sampler state and RNG. Once it returns, the folder reopens to exactly
         this state even after a machine crash. Nothing to do for a buffer in memory."""
         if self._mapped is not None:
-            self._mapped.flush(self)
+            self._mapped.flush()
 
     def release_pages(self) -> None:
         """A memory-mapped buffer (``path=``): let the OS take back the pages of its storage
@@ -1322,7 +1350,7 @@ class MultiAgentReplayBuffer:
         """:meth:`flush`, then release the folder (another buffer object may :meth:`open` it);
         later writes are refused. Closing twice, or a buffer in memory, does nothing."""
         if self._mapped is not None:
-            self._mapped.close(self)
+            self._mapped.close()
 
     def __enter__(self) -> MultiAgentReplayBuffer:
         return self
@@ -1352,6 +1380,34 @@ def update_each_trainer(
             generations=None if generations is None else generations[t],
             sync=sync,
         )
+
+
+def build_storage(
+    config: BufferConfig,
+    codec: RowCodec,
+    next_obs: str,
+    links: NextObsLinks | None,
+    allocate: Any = None,
+    device: Any = None,
+) -> Storage:
+    """The store of a buffer of ``config`` whose rows are in format ``next_obs`` (never
+    ``"auto"``), with the next-observation ``links`` of format ``"once"``: its arrays from
+    ``allocate`` (a mapped folder's files; ``None``: NumPy), on ``device`` (``None``: host).
+    A sharded buffer's learner builds one of capacity 1 to assemble its batches."""
+    return make_store(
+        config.layout,
+        codec,
+        config.capacity,
+        # enough recycled batch blocks for two rounds of every trainer (one being consumed
+        # while the next is gathered)
+        2 * config.n_trainers + 2,
+        config.batch_layout,
+        links,
+        config.batch_dtype,
+        allocate,
+        device,
+        stores_next_obs=next_obs != "none",
+    )
 
 
 def _check_device_options(device: Any, layout: str, in_files: bool, parallel_gather: Any) -> Any:
@@ -1418,54 +1474,13 @@ def _check_memory(
         )
 
 
-class _FolderLog:
-    """The redo log of a memory-mapped folder as the commit engine calls it
-    (:class:`marlbuf.writer.commit.WriteLog`): the folder checkpoints the buffer it belongs
-    to."""
-
-    def __init__(self, store: mapped.MappedStore, buffer: MultiAgentReplayBuffer) -> None:
-        self.log = store.log
-        self._store = store
-        self._buffer = buffer
-
-    def committed(self) -> None:
-        self._store.committed(self._buffer)
-
-
-def _check_arguments(
-    specs: Mapping[str, AgentSpec],
-    capacity: Any,
-    sampler: Any,
-    n_trainers: Any,
-    parallel_gather: Any,
-) -> tuple[int, Sampler, int]:
-    """The constructor arguments every backend shares, checked: ``(capacity, sampler,
-    n_trainers)`` with the defaults filled in (``Uniform()``, one trainer per agent)."""
-    capacity = check_capacity(capacity)
-    if sampler is None:
-        sampler = Uniform()
-    if not isinstance(sampler, Sampler):
-        raise TypeError(
-            "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Neighbor(64)); "
-            f"got sampler={sampler!r}"
-        )
-    if n_trainers is None:
-        n_trainers = len(specs)
-    if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-        raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-    if n_trainers < 1:
-        raise ValueError(f"n_trainers must be >= 1; got n_trainers={n_trainers}")
-    if not isinstance(parallel_gather, (bool, np.bool_)):
-        raise TypeError(f"parallel_gather must be a bool; got parallel_gather={parallel_gather!r}")
-    return capacity, sampler, int(n_trainers)
-
-
 __all__ = [
     "MultiAgentReplayBuffer",
     "NextObsDroppedWarning",
     "NextObsWarning",
     "SlowWriteWarning",
     "StreamBreakWarning",
+    "build_storage",
     "make_rng",
     "update_each_trainer",
 ]

@@ -26,9 +26,10 @@ FIFO or a device is refused at once instead of hanging or reading forever.
 Reading never spends memory on a lie: every member must be stored uncompressed (as marlbuf and
 ``np.savez`` write them) and lie inside the file, so an array's bytes are in the file before
 memory is allocated for it; a ``check`` callback sees every member's declared shape and dtype
-before any array is read (a buffer bounds them by its header). :func:`check_ring`,
-:func:`check_links` and :func:`check_priorities` check the fields of a loaded buffer state
-against each other and against what they index.
+before any array is read (a buffer bounds them by its header). The parts of a loaded state
+are checked by the parts that own them (``RingWriter.check_loaded``,
+``NextObsLinks.check_loaded``, ``EpisodeIndex.check_state``); :func:`check_priorities` checks
+a prioritized sampler's.
 """
 
 from __future__ import annotations
@@ -43,16 +44,14 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
-from marlbuf.options import row_options_of
-from marlbuf.spec import AgentSpec
-from marlbuf.writer.inputs import MAX_STREAM
-
-if TYPE_CHECKING:
-    from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf import _config
+from marlbuf.config import BufferConfig
+from marlbuf.stores.base import Storage
+from marlbuf.writer import NextObsLinks
 
 #: Archive member holding the JSON part of the state.
 META_NAME = "__meta__"
@@ -77,7 +76,10 @@ ShapeCheck = Callable[[dict[str, Any], Mapping[str, tuple[tuple[int, ...], np.dt
 #: writers off for the whole write): see :meth:`MultiAgentReplayBuffer.save`.
 SNAPSHOT_ATTEMPTS = 3
 #: Largest ``total_writes`` a loaded state may hold (generations stay far from int64 overflow).
-MAX_TOTAL_WRITES = 2**62
+MAX_TOTAL_WRITES = _config.MAX_TOTAL_WRITES
+
+#: Largest stream id (``stream=``, ``first_stream + k``): stream ids are stored as int64.
+MAX_STREAM = _config.MAX_STREAM
 
 
 class SnapshotMoved(RuntimeError):
@@ -540,40 +542,65 @@ def _npy_header(fh: IO[bytes], key: str) -> tuple[tuple[int, ...], bool, np.dtyp
     return tuple(int(n) for n in shape), bool(fortran_order), dtype, fh.tell()
 
 
-def load_into(buffer: MultiAgentReplayBuffer, path: str | os.PathLike[str]) -> None:
-    """Restore a file written by :meth:`MultiAgentReplayBuffer.save` into ``buffer``.
+class LoadTarget(Protocol):
+    """What :func:`load_into` needs of the buffer it loads a file into: its configuration,
+    its storage (whose arrays the file is read into), the hook that marks them as being
+    replaced, and its checked load."""
 
-    Like ``buffer.load_state_dict(MultiAgentReplayBuffer.load(path).state_dict())`` (the same
-    checks and errors), but the storage arrays are read straight into ``buffer``'s storage when
-    the file's specs, capacity and layout are ``buffer``'s, so no second buffer is built. If the
-    file turns out to be corrupt half-way, ``buffer``'s contents are undefined.
+    @property
+    def config(self) -> BufferConfig: ...
+
+    @property
+    def storage(self) -> Storage: ...
+
+    def begin_replace(self) -> None: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def load_into(target: LoadTarget, path: str | os.PathLike[str]) -> None:
+    """Restore a file written by :meth:`MultiAgentReplayBuffer.save` into the buffer
+    ``target``.
+
+    Like ``target.load_state_dict(MultiAgentReplayBuffer.load(path).state_dict())`` (the same
+    checks and errors), but the storage arrays are read straight into ``target``'s storage
+    when the file's specs, capacity and layout are ``target``'s, so no second buffer is built.
+    If the file turns out to be corrupt half-way, ``target``'s contents are undefined.
     """
-    buffer.load_state_dict(read_state(path, lambda header: storage_destinations(buffer, header)))
+    config, arrays = target.config, target.storage.arrays()
+    target.load_state_dict(
+        read_state(
+            path, lambda header: storage_destinations(config, arrays, target.begin_replace, header)
+        )
+    )
 
 
 def storage_destinations(
-    buffer: MultiAgentReplayBuffer, header: Mapping[str, Any]
+    config: BufferConfig,
+    arrays: Mapping[str, np.ndarray],
+    begin_replace: Callable[[], None],
+    header: Mapping[str, Any],
 ) -> dict[str, np.ndarray]:
-    """``buffer``'s storage arrays by array path when the state ``header`` describes storage of
-    the same shape (specs, global fields, alive mask, capacity, layout, next_obs format);
-    otherwise none, and
-    the arrays are read as usual (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains
-    the mismatch)."""
+    """The storage ``arrays`` of a buffer of ``config`` by array path when the state
+    ``header`` describes storage of the same shape (specs, global fields, alive mask,
+    capacity, layout, next_obs format), after calling ``begin_replace`` (a mapped folder's
+    files are unusable until the state is loaded); otherwise none, and the arrays are read as
+    usual (:meth:`~MultiAgentReplayBuffer.load_state_dict` then explains the mismatch)."""
     try:
-        specs = {a: AgentSpec.from_dict(s) for a, s in header["specs"].items()}
+        saved = BufferConfig.from_dict(header)
         fits = (
-            specs == buffer.specs
-            and row_options_of(header) == (buffer.global_fields, buffer.alive)
-            and header["capacity"] == buffer.capacity
-            and header["layout"] == buffer.layout
-            and header.get("next_obs", "stored") == buffer.next_obs
+            saved.specs == config.specs
+            and (saved.global_fields, saved.alive) == (config.global_fields, config.alive)
+            and saved.capacity == config.capacity
+            and saved.layout == config.layout
+            and saved.next_obs == config.next_obs
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         fits = False
     if not fits:
         return {}
-    buffer.begin_replace()  # a mapped folder's files are unusable until the state is loaded
-    return {array_path("storage", k): v for k, v in buffer.storage.arrays().items()}
+    begin_replace()
+    return {array_path("storage", k): v for k, v in arrays.items()}
 
 
 def _unreadable(path: Path, exc: BaseException) -> ValueError:
@@ -632,178 +659,6 @@ def _read_exactly(fh: IO[bytes], memory: memoryview, key: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ checking
-def _int_field(state: Mapping[str, Any], key: str, where: str = "state") -> int:
-    value = state.get(key) if isinstance(state, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{where} has {key}={value!r}; expected an int (corrupt state)")
-    return int(value)
-
-
-def _int_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    array = np.asarray(value)
-    if array.dtype.kind not in "iu" or array.shape != shape:
-        raise ValueError(
-            f"state's {name} has shape {array.shape}, dtype {array.dtype}; expected {shape} "
-            "integers (corrupt state)"
-        )
-    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
-        raise ValueError(f"state's {name} holds values beyond int64 (corrupt state)")
-    return array.astype(np.int64, copy=False)
-
-
-def ring_generations(capacity: int, size: int, cursor: int, total_writes: int) -> np.ndarray:
-    """The write generation of every filled slot (shape (size,), int64) of a ring of
-    ``capacity`` slots after ``total_writes`` writes: generation ``g`` lives in slot
-    ``g % capacity``, so slots before the cursor hold the newest lap and the others the lap
-    before it."""
-    slots = np.arange(size, dtype=np.int64)
-    lap_start = total_writes - cursor  # generation written at slot 0 in the current lap
-    return np.where(slots < cursor, lap_start + slots, lap_start - capacity + slots)
-
-
-def check_ring(state: Mapping[str, Any], capacity: int) -> tuple[int, int, int, np.ndarray]:
-    """Check a buffer state's ring fields against each other: ``(size, cursor, total_writes,
-    write_generation)``.
-
-    A ring of ``capacity`` slots writes generation ``g`` at slot ``g % capacity``, so ``cursor
-    == total_writes % capacity``, ``size == min(total_writes, capacity)`` and every filled slot's
-    write generation is determined (:func:`ring_generations`); ``total_writes`` is at most
-    :data:`MAX_TOTAL_WRITES`. Raises ``ValueError`` naming the field that disagrees.
-    """
-    size = _int_field(state, "size")
-    cursor = _int_field(state, "cursor")
-    total = _int_field(state, "total_writes")
-    if not 0 <= total <= MAX_TOTAL_WRITES:
-        raise ValueError(
-            f"state has total_writes={total}; expected 0 <= total_writes <= {MAX_TOTAL_WRITES} "
-            "(corrupt state)"
-        )
-    if size != min(total, capacity) or cursor != total % capacity:
-        raise ValueError(
-            f"state has size={size}, cursor={cursor}, total_writes={total}; a ring of capacity "
-            f"{capacity} after {total} writes has size={min(total, capacity)} and "
-            f"cursor={total % capacity} (corrupt state)"
-        )
-    generations = _int_array(state.get("write_generation"), "write_generation", (size,))
-    expected = ring_generations(capacity, size, cursor, total)
-    if not np.array_equal(generations, expected):
-        bad = int(np.flatnonzero(generations != expected)[0])
-        raise ValueError(
-            f"state's write_generation[{bad}] is {int(generations[bad])}; slot {bad} of a ring "
-            f"after {total} writes holds generation {int(expected[bad])} (corrupt state)"
-        )
-    return size, cursor, total, expected
-
-
-def side_rows_bound(capacity: int) -> int:
-    """The most rows a next-observation side table of a ring of ``capacity`` slots can have:
-    a write of up to ``capacity`` rows reserves its side rows before the rows it overwrites
-    free theirs (``2 * capacity`` in use), and the table grows by doubling."""
-    return max(64, 4 * (capacity + 1))
-
-
-def check_links(
-    links: Mapping[str, Any], capacity: int, size: int, generations: np.ndarray, width: int
-) -> None:
-    """Check a state's next-observation links (``next_obs="once"``) as a whole.
-
-    Every filled slot (``[0, size)``, write ``generations``) has its next observation either in
-    a later slot (``next_slot``: a filled slot written after it, the successor of no other
-    slot) or in a side row of its own (``side_row``), never both; unfilled slots have neither.
-    Side rows in use and ``free`` ones are distinct and together are every row of the side
-    table (``width`` bytes per row, at most :func:`side_rows_bound` rows). ``pending`` holds
-    one ``(stream, slot, generation)`` per stream, distinct non-negative int64 streams; where
-    the slot still holds that generation, it is the stream's newest step: its next observation
-    is in a side row. Raises ``ValueError`` naming what disagrees.
-    """
-    if not isinstance(links, Mapping):
-        raise ValueError("state's links must be a mapping (corrupt state)")
-    keys = ("next_slot", "side_row", "side", "free", "pending")
-    missing = [k for k in keys if k not in links]
-    if missing:
-        raise ValueError(f"state's next_obs links lack {missing} (corrupt state)")
-    next_slot = _int_array(links["next_slot"], "links next_slot", (capacity,))
-    side_row = _int_array(links["side_row"], "links side_row", (capacity,))
-    side = np.asarray(links["side"])
-    rows = side.shape[0] if side.ndim == 2 else -1
-    if side.ndim != 2 or side.shape[1] != width or side.dtype != np.uint8:
-        raise ValueError(
-            f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
-            f"expected (rows, {width}) uint8 (corrupt state)"
-        )
-    if rows > side_rows_bound(capacity):
-        raise ValueError(
-            f"state's next_obs side table has {rows} rows; a buffer of capacity {capacity} "
-            f"never has more than {side_rows_bound(capacity)} (corrupt state)"
-        )
-    for name, values, bound in (("next_slot", next_slot, size), ("side_row", side_row, rows)):
-        if values.size and (int(values.min()) < -1 or int(values.max()) >= bound):
-            raise ValueError(f"state's links {name} point outside [-1, {bound}) (corrupt state)")
-    if np.any(next_slot[size:] != -1) or np.any(side_row[size:] != -1):
-        raise ValueError("state's links give next observations to unfilled slots (corrupt state)")
-    filled_next, filled_side = next_slot[:size], side_row[:size]
-    if np.any((filled_next >= 0) == (filled_side >= 0)):
-        bad = int(np.flatnonzero((filled_next >= 0) == (filled_side >= 0))[0])
-        raise ValueError(
-            f"state's slot {bad} has next_slot={int(filled_next[bad])} and "
-            f"side_row={int(filled_side[bad])}; a filled slot has exactly one (corrupt state)"
-        )
-    linked = np.flatnonzero(filled_next >= 0)
-    successors = filled_next[linked]
-    if successors.size and (
-        np.any(generations[successors] <= generations[linked])
-        or np.unique(successors).size != successors.size
-    ):
-        raise ValueError(
-            "state's next_slot links a slot to one written before it, or two slots to one "
-            "successor (corrupt state)"
-        )
-    used = filled_side[filled_side >= 0]
-    free = np.asarray(links["free"])
-    if free.ndim != 1 or (free.size and free.dtype.kind not in "iu"):
-        raise ValueError(f"state's links free has shape {free.shape}; expected (n,) integers")
-    free = free.astype(np.int64, copy=False)
-    every = np.concatenate([used, free])
-    if (
-        every.size != rows
-        or (every.size and (int(every.min()) < 0 or int(every.max()) >= rows))
-        or np.unique(every).size != every.size
-    ):
-        raise ValueError(
-            f"state's side rows in use ({used.size}) and free ({free.size}) are not the "
-            f"{rows} rows of its side table, each once (corrupt state)"
-        )
-    pending = np.asarray(links["pending"])
-    if pending.size == 0:
-        return
-    if pending.ndim != 2 or pending.shape[1] != 3 or pending.dtype.kind not in "iu":
-        raise ValueError(
-            f"state's pending links have shape {pending.shape}; expected (streams, 3) integers"
-        )
-    streams, slots, gens = (pending[:, k].astype(np.int64) for k in range(3))
-    if pending.dtype.kind == "u" and int(pending.max()) > MAX_STREAM:
-        raise ValueError("state's pending links hold values beyond int64 (corrupt state)")
-    if (
-        int(streams.min()) < 0
-        or np.unique(streams).size != streams.size
-        or int(slots.min()) < 0
-        or int(slots.max()) >= capacity
-        or int(gens.min()) < 0
-    ):
-        raise ValueError(
-            "state's pending links need distinct streams >= 0, slots in "
-            f"[0, {capacity}) and generations >= 0 (corrupt state)"
-        )
-    current = slots < size
-    live = current.copy()
-    live[current] = generations[slots[current]] == gens[current]
-    if np.any(side_row[slots[live]] < 0) or np.unique(slots[live]).size != int(live.sum()):
-        raise ValueError(
-            "state's pending links name a stored step whose next observation is not in a side "
-            "row, or one step for two streams (corrupt state)"
-        )
-
-
 def check_declared_shapes(
     shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]],
     capacity: int,
@@ -812,7 +667,7 @@ def check_declared_shapes(
 ) -> None:
     """Bound the arrays a buffer file declares (:data:`ShapeCheck`'s ``shapes``) by its header,
     before the buffer is built or any array read: per-slot arrays have at most ``capacity``
-    rows, the side table at most :func:`side_rows_bound` rows, and priority trees are
+    rows, the side table at most :meth:`NextObsLinks.side_rows_bound` rows, and priority trees are
     ``(n_trainers, capacity)`` (present exactly when the sampler is ``weighted``), so
     ``n_trainers`` is bounded by what the file holds."""
     if isinstance(n_trainers, bool) or not isinstance(n_trainers, int) or n_trainers < 1:
@@ -825,10 +680,10 @@ def check_declared_shapes(
                     f"{n_trainers}, capacity={capacity}) needs {(n_trainers, capacity)}"
                 )
         elif key == "/links/side":
-            if not shape or shape[0] > side_rows_bound(capacity):
+            if not shape or shape[0] > NextObsLinks.side_rows_bound(capacity):
                 raise ValueError(
                     f"buffer file's {key} has shape {shape}; a buffer of capacity {capacity} "
-                    f"has at most {side_rows_bound(capacity)} side rows"
+                    f"has at most {NextObsLinks.side_rows_bound(capacity)} side rows"
                 )
         elif key in ("/episodes/next_streams", "/episodes/next_obs"):
             # one per open stream (the open episodes may outnumber the slots)
@@ -890,12 +745,11 @@ def _join_arrays(obj: Any, load_array: Callable[[str], np.ndarray]) -> Any:
 __all__ = [
     "MAX_STREAM",
     "LiveRows",
+    "LoadTarget",
     "SnapshotMoved",
     "array_path",
     "check_declared_shapes",
-    "check_links",
     "check_priorities",
-    "check_ring",
     "check_target",
     "create_temp",
     "file_kind",
@@ -903,8 +757,6 @@ __all__ = [
     "load_into",
     "open_regular",
     "read_state",
-    "ring_generations",
-    "side_rows_bound",
     "storage_destinations",
     "write_state",
 ]

@@ -280,7 +280,7 @@ def test_a_second_process_cannot_open_the_folder(tmp_path):
         "try:\n    MultiAgentReplayBuffer.open(sys.argv[1])\n"
         "except BlockingIOError:\n    sys.exit(3)\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(mapped.__file__).parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(mapped.__file__).parents[2]))
     done = subprocess.run([sys.executable, "-c", code, str(folder)], env=env, timeout=120)
     assert done.returncode == 3
     buf.close()

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config, mapped
+from marlbuf import AgentSpec, MultiAgentReplayBuffer, _config
 from marlbuf._kernels.checksum import (
     RECORD_HEAD_WORDS,
     RECORD_MAGIC,
@@ -44,6 +44,7 @@ from marlbuf._kernels.checksum import (
     write_record,
 )
 from marlbuf.bench.tools.common import copy_bandwidth
+from marlbuf.mapped import store as mapped_store
 
 
 @njit(cache=True, nogil=True)
@@ -140,14 +141,14 @@ def measure(agents: int = 24, rounds: int = 60, calls: int = 100) -> dict[str, A
                 names = list(writers)
                 for r in range(rounds + 2):  # two warm-up rounds
                     for name in names[r % 3 :] + names[: r % 3]:  # rotating order
-                        mapped.write_record = writers[name]  # type: ignore[assignment]
+                        mapped_store.write_record = writers[name]  # type: ignore[assignment]
                         start = time.perf_counter()
                         for _ in range(calls):
                             write()
                         elapsed = (time.perf_counter() - start) / calls
                         if r >= 2:
                             samples[name].append(elapsed)
-                mapped.write_record = write_record
+                mapped_store.write_record = write_record
                 base = np.asarray(samples["none"])
                 for name, times in samples.items():
                     out[f"{op}_{name}_us"] = float(np.median(times)) * 1e6
@@ -156,7 +157,7 @@ def measure(agents: int = 24, rounds: int = 60, calls: int = 100) -> dict[str, A
                         out[f"{op}_{name}_ratio"] = ratio
             buf.close()
     finally:
-        mapped.write_record = write_record
+        mapped_store.write_record = write_record
         _config.MAPPED_LOG_BYTES = limit
     return out
 

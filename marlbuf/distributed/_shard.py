@@ -27,10 +27,10 @@ import marlbuf
 from marlbuf import persistence
 from marlbuf.batch import Batch, SequenceBatch
 from marlbuf.buffer import MultiAgentReplayBuffer
+from marlbuf.config import BufferConfig
 from marlbuf.distributed._ray import code_fingerprint
 from marlbuf.samplers import Prioritized, Sampler
 from marlbuf.samplers import Sequence as SequenceSampler
-from marlbuf.spec import AgentSpec, FieldSpec
 from marlbuf.stores.base import Storage
 
 ALIGN = 64
@@ -135,25 +135,30 @@ def sequence_steps(sampler: Sampler) -> int:
     return sampler.steps if isinstance(sampler, SequenceSampler) else 0
 
 
+def shard_config(config: Mapping[str, Any]) -> BufferConfig:
+    """The shards' :class:`~marlbuf.config.BufferConfig` from the sharded buffer's JSON-safe
+    ``config`` (a manifest written before ``next_obs``, ``batch_dtype``, ``global_fields`` and
+    ``alive`` were recorded gets their defaults: ``next_obs="auto"``)."""
+    return BufferConfig.from_dict({"next_obs": "auto", **config}, capacity_key="shard_capacity")
+
+
 def build_buffer(config: Mapping[str, Any], seed: Any) -> MultiAgentReplayBuffer:
-    """The shard's buffer from the sharded buffer's JSON-safe ``config`` (a manifest written
-    before ``next_obs``, ``batch_dtype``, ``global_fields``, ``alive`` and ``parallel_gather``
-    were recorded gets their defaults)."""
+    """The shard's buffer from the sharded buffer's JSON-safe ``config`` (see
+    :func:`shard_config`; ``parallel_gather`` defaults to False)."""
+    saved = shard_config(config)
     return MultiAgentReplayBuffer(
-        {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
-        capacity=int(config["shard_capacity"]),
-        layout=config["layout"],
-        sampler=Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"]),
+        saved.specs,
+        capacity=int(saved.capacity),
+        layout=saved.layout,
+        sampler=saved.sampler(),
         seed=seed,
-        n_trainers=int(config["n_trainers"]),
+        n_trainers=int(saved.n_trainers),
         parallel_gather=bool(config.get("parallel_gather", False)),
-        batch_layout=config["batch_layout"],
-        next_obs=config.get("next_obs", "auto"),
-        batch_dtype=config.get("batch_dtype", "float32"),
-        global_fields={
-            name: FieldSpec.from_dict(fs) for name, fs in config.get("global_fields", {}).items()
-        },
-        alive=bool(config.get("alive", False)),
+        batch_layout=saved.batch_layout,
+        next_obs=saved.next_obs,
+        batch_dtype=saved.batch_dtype,
+        global_fields=saved.global_fields,
+        alive=saved.alive,
     )
 
 

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ import numpy as np
 import ray
 
 from marlbuf.batch import Batch, DrawnIndices
-from marlbuf.buffer import MultiAgentReplayBuffer, make_rng, update_each_trainer
+from marlbuf.buffer import build_storage, make_rng, update_each_trainer
+from marlbuf.config import BufferConfig
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
     code_fingerprint,
@@ -27,12 +29,14 @@ from marlbuf.distributed._ray import (
     get_all,
     worker_env,
 )
-from marlbuf.distributed._shard import ShardActor, sequence_steps, unpack
+from marlbuf.distributed._shard import ShardActor, sequence_steps, shard_config, unpack
 from marlbuf.distributed.limiter import RateLimiter
 from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Sampler, Uniform
 from marlbuf.samplers import Sequence as SequenceSampler
-from marlbuf.spec import AgentSpec, FieldSpec, normalize_specs
+from marlbuf.spec import AgentSpec, FieldSpec
+from marlbuf.staging import RowCodec
 from marlbuf.stores.capabilities import refusal
+from marlbuf.writer import NextObsLinks
 
 MANIFEST_FORMAT = "marlbuf-sharded"
 MANIFEST_VERSION = 1
@@ -350,25 +354,37 @@ class ShardedReplayBuffer:
             raise ValueError(f"timeout must be a number of seconds > 0; got timeout={timeout!r}")
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise TypeError(f"rate_limiter must be a RateLimiter; got {rate_limiter!r}")
-        # a capacity-1 buffer on the learner checks the arguments and knows the batch formats
-        # (block shapes, views, a pool of recycled batch memory); it holds no data
-        self._template = MultiAgentReplayBuffer(
+        # the shards' configuration checks the arguments as every shard's constructor will
+        config, _ = BufferConfig.from_arguments(
             specs,
             1,
-            layout=layout,
-            n_trainers=n_trainers,
-            parallel_gather=parallel_gather,
-            batch_layout=batch_layout,
-            next_obs=next_obs,
-            batch_dtype=batch_dtype,
-            global_fields=global_fields,
-            alive=alive,
+            layout,
+            sampler,
+            n_trainers,
+            next_obs,
+            batch_layout,
+            batch_dtype,
+            global_fields,
+            alive,
+            parallel_gather,
         )
-        self.specs = normalize_specs(specs)
         self.shard_capacity = _check_capacity(shard_capacity)
+        self._shard_config = config = replace(config, capacity=self.shard_capacity)
+        self.specs = config.specs
         self.n_shards = int(n_shards)
-        self.n_trainers = self._template.n_trainers
+        self.n_trainers = config.n_trainers
         self._n_agents = len(self.specs)
+        # a capacity-1 store of the shards' row format knows the batch formats (block shapes,
+        # views, a pool of recycled batch memory); it holds no data
+        codec = RowCodec(config.specs, config.global_fields, config.alive)
+        rows = config.initial_next_obs()
+        self._storage = build_storage(
+            replace(config, capacity=1),
+            codec,
+            rows,
+            NextObsLinks(1, codec.obs_bytes) if rows == "once" else None,
+        )
+        self._storage.parallel_gather = bool(parallel_gather)
         self.sampler = sampler
         self.weighted = sampler.weighted
         #: steps per sequence of a Sequence sampler (quotas count sequences), else 0
@@ -380,17 +396,10 @@ class ShardedReplayBuffer:
         self.timeout = float(timeout)
         self.rate_limiter = rate_limiter
         self._actor_options = dict(actor_options or {})
+        described = config.to_dict(batch_options=True)
         self._config: dict[str, Any] = {
-            "specs": {a: s.to_dict() for a, s in self.specs.items()},
-            "shard_capacity": self.shard_capacity,
-            "layout": self._template.layout,
-            "batch_layout": self._template.batch_layout,
-            "n_trainers": self.n_trainers,
-            "sampler": {"type": type(sampler).__name__, "config": sampler.config()},
-            "next_obs": next_obs,
-            "batch_dtype": batch_dtype,
-            "global_fields": {n: fs.to_dict() for n, fs in self._template.global_fields.items()},
-            "alive": self._template.alive,
+            "shard_capacity": described.pop("capacity"),
+            **described,
             "parallel_gather": bool(parallel_gather),
         }
         self.rng = make_rng(seed)
@@ -659,7 +668,7 @@ class ShardedReplayBuffer:
         with the environment axis first; extras and ``alive`` are per agent."""
         out = {}
         for name, value in fields.items():
-            if name in self._template.global_fields:
+            if name in self._shard_config.global_fields:
                 out[name] = np.asarray(value)[sel]
             else:
                 out[name] = _select(value, sel, self._n_agents)
@@ -679,7 +688,7 @@ class ShardedReplayBuffer:
         rule of the sampler (synchronous: no prefetch)."""
         if self._closed:  # its shard actors are gone: restarting one would not help
             raise RuntimeError(_CLOSED)
-        trainer = self._template.check_trainer(trainer)
+        trainer = self._shard_config.check_trainer(trainer)
         batch_size = self._check_batch(batch_size)
         return self._draw(batch_size, (trainer,))[0]
 
@@ -691,7 +700,7 @@ class ShardedReplayBuffer:
         batched trainer stacks the round without copying). With ``prefetch`` the next round of
         the same size is requested at once and assembled in the background.
         """
-        n = self._template.check_n_trainers(n_trainers)
+        n = self._shard_config.check_n_trainers(n_trainers)
         batch_size = self._check_batch(batch_size)
         key = (batch_size, tuple(range(n)))
         pending, self._next = self._next, None
@@ -709,7 +718,7 @@ class ShardedReplayBuffer:
         yield from self.sample_for_trainers(batch_size, n_trainers)
 
     def _check_batch(self, batch_size: Any) -> int:
-        batch_size = self._template.sampler.check_batch_size(batch_size)
+        batch_size = self.sampler.check_batch_size(batch_size)
         if isinstance(self.sampler, Neighbor) and batch_size % self.sampler.run_length:
             raise ValueError(
                 f"run_length={self.sampler.run_length} must divide batch_size={batch_size}; "
@@ -854,7 +863,7 @@ class ShardedReplayBuffer:
     def _assemble(self, plan: _Round, packed: list[np.ndarray]) -> list[Batch]:
         """Copy every shard's part into the round's block and build the batches (sequence
         batches of ``B * L`` rows for a sequence sampler)."""
-        storage = self._template.storage
+        storage = self._storage
         batch_size, trainers, steps = plan.batch_size, plan.trainers, self._steps
         n_t = len(trainers)
         parts: dict[int, list[Any]] = {}
@@ -956,7 +965,7 @@ class ShardedReplayBuffer:
             )
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool; got sync={sync!r}")
-        trainer = self._template.check_trainer(trainer)
+        trainer = self._shard_config.check_trainer(trainer)
         host = _host(indices)
         if generations is None and isinstance(indices, DrawnIndices):
             # exact: the generations of this very draw (entries reordered in place since are
@@ -1099,26 +1108,23 @@ class ShardedReplayBuffer:
         config = dict(manifest["config"])
         if next_obs is not None:
             config["next_obs"] = next_obs
-        sampler = Sampler.from_config(config["sampler"]["type"], config["sampler"]["config"])
+        saved = shard_config(config)
         return cls(
-            {a: AgentSpec.from_dict(s) for a, s in config["specs"].items()},
-            shard_capacity=int(config["shard_capacity"]),
+            saved.specs,
+            shard_capacity=int(saved.capacity),
             n_shards=int(manifest["n_shards"]),
-            layout=config["layout"],
-            sampler=sampler,
-            n_trainers=int(config["n_trainers"]),
-            batch_layout=config["batch_layout"],
+            layout=saved.layout,
+            sampler=saved.sampler(),
+            n_trainers=int(saved.n_trainers),
+            batch_layout=saved.batch_layout,
             prefetch=prefetch,
             timeout=timeout,
             rate_limiter=rate_limiter,
             actor_options=actor_options,
-            next_obs=config.get("next_obs", "auto"),
-            batch_dtype=config.get("batch_dtype", "float32"),
-            global_fields={
-                name: FieldSpec.from_dict(fs)
-                for name, fs in config.get("global_fields", {}).items()
-            },
-            alive=bool(config.get("alive", False)),
+            next_obs=saved.next_obs,
+            batch_dtype=saved.batch_dtype,
+            global_fields=saved.global_fields,
+            alive=saved.alive,
             parallel_gather=bool(config.get("parallel_gather", False)),
             _load=(folder, manifest),
         )
@@ -1189,7 +1195,7 @@ class ShardedReplayBuffer:
         return (
             f"ShardedReplayBuffer(agents={len(self.specs)}, n_shards={self.n_shards}, "
             f"shard_capacity={self.shard_capacity}, sizes={self._sizes.tolist()}, "
-            f"layout={self._template.layout!r}, sampler={self.sampler!r})"
+            f"layout={self._shard_config.layout!r}, sampler={self.sampler!r})"
         )
 
 

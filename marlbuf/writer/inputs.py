@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
 from marlbuf.spec import ALIVE
 from marlbuf.staging import RowCodec
 
 #: Largest stream id (``stream=``, ``first_stream + k``): stream ids are stored as int64.
-MAX_STREAM = 2**63 - 1
+MAX_STREAM = _config.MAX_STREAM
 
 
 def check_stream(stream: Any) -> int:
@@ -199,12 +200,33 @@ def _byte_ranges(slots: list[Any]) -> list[tuple[int, int]]:
     return ranges
 
 
+def int_field(state: Mapping[str, Any], key: str, where: str = "state") -> int:
+    value = state.get(key) if isinstance(state, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{where} has {key}={value!r}; expected an int (corrupt state)")
+    return int(value)
+
+
+def int_array(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.shape != shape:
+        raise ValueError(
+            f"state's {name} has shape {array.shape}, dtype {array.dtype}; expected {shape} "
+            "integers (corrupt state)"
+        )
+    if array.dtype.kind == "u" and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"state's {name} holds values beyond int64 (corrupt state)")
+    return array.astype(np.int64, copy=False)
+
+
 __all__ = [
     "MAX_STREAM",
     "break_flag_reader",
     "check_stream",
     "check_truncated",
     "done_reader",
+    "int_array",
+    "int_field",
     "leading_length",
     "with_hint",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
 from marlbuf._kernels.links import (
     DENSE_NEXT_OBS,
     OBS_BYTES,
@@ -16,6 +17,7 @@ from marlbuf._kernels.links import (
     next_is_obs,
     release_slots,
 )
+from marlbuf.writer.inputs import int_array
 
 
 class NextObsLinks:
@@ -284,6 +286,118 @@ class NextObsLinks:
             or next_slot.min(initial=-1) < -1
         ):
             raise ValueError("state's next_obs links point outside the table (corrupt state)")
+
+    @staticmethod
+    def side_rows_bound(capacity: int) -> int:
+        """The most rows a next-observation side table of a ring of ``capacity`` slots can
+        have: a write of up to ``capacity`` rows reserves its side rows before the rows it
+        overwrites free theirs (``2 * capacity`` in use), and the table grows by doubling."""
+        return max(64, 4 * (capacity + 1))
+
+    def check_loaded(self, links: Mapping[str, Any], size: int, generations: np.ndarray) -> None:
+        """Check a loaded state's next-observation links (``next_obs="once"``) as a whole.
+
+        Every filled slot (``[0, size)``, write ``generations``) has its next observation
+        either in a later slot (``next_slot``: a filled slot written after it, the successor
+        of no other slot) or in a side row of its own (``side_row``), never both; unfilled
+        slots have neither. Side rows in use and ``free`` ones are distinct and together are
+        every row of the side table (rows as wide as this table's, at most
+        :meth:`side_rows_bound`). ``pending`` holds one ``(stream, slot, generation)`` per
+        stream, distinct non-negative int64 streams; where the slot still holds that
+        generation, it is the stream's newest step: its next observation is in a side row.
+        Raises ``ValueError`` naming what disagrees; changes nothing.
+        """
+        capacity, width = self.capacity, self.side.shape[1]
+        if not isinstance(links, Mapping):
+            raise ValueError("state's links must be a mapping (corrupt state)")
+        keys = ("next_slot", "side_row", "side", "free", "pending")
+        missing = [k for k in keys if k not in links]
+        if missing:
+            raise ValueError(f"state's next_obs links lack {missing} (corrupt state)")
+        next_slot = int_array(links["next_slot"], "links next_slot", (capacity,))
+        side_row = int_array(links["side_row"], "links side_row", (capacity,))
+        side = np.asarray(links["side"])
+        rows = side.shape[0] if side.ndim == 2 else -1
+        if side.ndim != 2 or side.shape[1] != width or side.dtype != np.uint8:
+            raise ValueError(
+                f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
+                f"expected (rows, {width}) uint8 (corrupt state)"
+            )
+        if rows > self.side_rows_bound(capacity):
+            raise ValueError(
+                f"state's next_obs side table has {rows} rows; a buffer of capacity {capacity} "
+                f"never has more than {self.side_rows_bound(capacity)} (corrupt state)"
+            )
+        for name, values, bound in (("next_slot", next_slot, size), ("side_row", side_row, rows)):
+            if values.size and (int(values.min()) < -1 or int(values.max()) >= bound):
+                raise ValueError(
+                    f"state's links {name} point outside [-1, {bound}) (corrupt state)"
+                )
+        if np.any(next_slot[size:] != -1) or np.any(side_row[size:] != -1):
+            raise ValueError(
+                "state's links give next observations to unfilled slots (corrupt state)"
+            )
+        filled_next, filled_side = next_slot[:size], side_row[:size]
+        if np.any((filled_next >= 0) == (filled_side >= 0)):
+            bad = int(np.flatnonzero((filled_next >= 0) == (filled_side >= 0))[0])
+            raise ValueError(
+                f"state's slot {bad} has next_slot={int(filled_next[bad])} and "
+                f"side_row={int(filled_side[bad])}; a filled slot has exactly one (corrupt state)"
+            )
+        linked = np.flatnonzero(filled_next >= 0)
+        successors = filled_next[linked]
+        if successors.size and (
+            np.any(generations[successors] <= generations[linked])
+            or np.unique(successors).size != successors.size
+        ):
+            raise ValueError(
+                "state's next_slot links a slot to one written before it, or two slots to one "
+                "successor (corrupt state)"
+            )
+        used = filled_side[filled_side >= 0]
+        free = np.asarray(links["free"])
+        if free.ndim != 1 or (free.size and free.dtype.kind not in "iu"):
+            raise ValueError(f"state's links free has shape {free.shape}; expected (n,) integers")
+        free = free.astype(np.int64, copy=False)
+        every = np.concatenate([used, free])
+        if (
+            every.size != rows
+            or (every.size and (int(every.min()) < 0 or int(every.max()) >= rows))
+            or np.unique(every).size != every.size
+        ):
+            raise ValueError(
+                f"state's side rows in use ({used.size}) and free ({free.size}) are not the "
+                f"{rows} rows of its side table, each once (corrupt state)"
+            )
+        pending = np.asarray(links["pending"])
+        if pending.size == 0:
+            return
+        if pending.ndim != 2 or pending.shape[1] != 3 or pending.dtype.kind not in "iu":
+            raise ValueError(
+                f"state's pending links have shape {pending.shape}; expected (streams, 3) integers"
+            )
+        streams, slots, gens = (pending[:, k].astype(np.int64) for k in range(3))
+        if pending.dtype.kind == "u" and int(pending.max()) > _config.MAX_STREAM:
+            raise ValueError("state's pending links hold values beyond int64 (corrupt state)")
+        if (
+            int(streams.min()) < 0
+            or np.unique(streams).size != streams.size
+            or int(slots.min()) < 0
+            or int(slots.max()) >= capacity
+            or int(gens.min()) < 0
+        ):
+            raise ValueError(
+                "state's pending links need distinct streams >= 0, slots in "
+                f"[0, {capacity}) and generations >= 0 (corrupt state)"
+            )
+        current = slots < size
+        live = current.copy()
+        live[current] = generations[slots[current]] == gens[current]
+        if np.any(side_row[slots[live]] < 0) or np.unique(slots[live]).size != int(live.sum()):
+            raise ValueError(
+                "state's pending links name a stored step whose next observation is not in a side "
+                "row, or one step for two streams (corrupt state)"
+            )
 
     def load_state_dict(self, state: Mapping[str, Any], adopt: bool = False) -> None:
         """Restore :meth:`state_dict` output; ``adopt=True`` keeps the state's side table

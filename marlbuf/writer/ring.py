@@ -8,6 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from marlbuf import _config
+from marlbuf.writer.inputs import int_array, int_field
+
 
 class RingWriter:
     """Ring bookkeeping for ``capacity`` slots.
@@ -108,6 +111,51 @@ class RingWriter:
                 f"state's write_generation has shape {gens.shape}, dtype {gens.dtype}; "
                 f"expected ({size},) integers"
             )
+
+    @staticmethod
+    def generations(capacity: int, size: int, cursor: int, total_writes: int) -> np.ndarray:
+        """The write generation of every filled slot (shape (size,), int64) of a ring of
+        ``capacity`` slots after ``total_writes`` writes: generation ``g`` lives in slot
+        ``g % capacity``, so slots before the cursor hold the newest lap and the others the lap
+        before it."""
+        slots = np.arange(size, dtype=np.int64)
+        lap_start = total_writes - cursor  # generation written at slot 0 in the current lap
+        return np.where(slots < cursor, lap_start + slots, lap_start - capacity + slots)
+
+    def check_loaded(self, state: Mapping[str, Any]) -> tuple[int, np.ndarray]:
+        """Check a loaded buffer state's ring fields against each other: ``(size,
+        write_generation)`` (shape (size,), int64).
+
+        A ring of ``capacity`` slots writes generation ``g`` at slot ``g % capacity``, so
+        ``cursor == total_writes % capacity``, ``size == min(total_writes, capacity)`` and
+        every filled slot's write generation is determined (:meth:`generations`);
+        ``total_writes`` is at most ``_config.MAX_TOTAL_WRITES``. Raises ``ValueError`` naming
+        the field that disagrees; changes nothing.
+        """
+        capacity = self.capacity
+        size = int_field(state, "size")
+        cursor = int_field(state, "cursor")
+        total = int_field(state, "total_writes")
+        if not 0 <= total <= _config.MAX_TOTAL_WRITES:
+            raise ValueError(
+                f"state has total_writes={total}; expected 0 <= total_writes <= "
+                f"{_config.MAX_TOTAL_WRITES} (corrupt state)"
+            )
+        if size != min(total, capacity) or cursor != total % capacity:
+            raise ValueError(
+                f"state has size={size}, cursor={cursor}, total_writes={total}; a ring of "
+                f"capacity {capacity} after {total} writes has size={min(total, capacity)} and "
+                f"cursor={total % capacity} (corrupt state)"
+            )
+        generations = int_array(state.get("write_generation"), "write_generation", (size,))
+        expected = self.generations(capacity, size, cursor, total)
+        if not np.array_equal(generations, expected):
+            bad = int(np.flatnonzero(generations != expected)[0])
+            raise ValueError(
+                f"state's write_generation[{bad}] is {int(generations[bad])}; slot {bad} of a "
+                f"ring after {total} writes holds generation {int(expected[bad])} (corrupt state)"
+            )
+        return size, expected
 
 
 __all__ = ["RingWriter"]
