@@ -121,7 +121,7 @@ def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: s
 
     from marlbuf.workloads import Workload
 
-    module = importlib.import_module(f"marlbuf.bench.{suite}")
+    module = importlib.import_module(f"marlbuf.bench.suites.{suite}")
     tiny = {
         "workloads": [Workload("predator_prey", 3)],
         "batch_size": 32,

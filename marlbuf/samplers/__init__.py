@@ -17,6 +17,7 @@ docstring states its semantics.
 
 from __future__ import annotations
 
+from marlbuf.prioritized import LinearBeta
 from marlbuf.samplers.base import BATCH_KINDS, ORDERS, SAMPLERS, Sampler
 from marlbuf.samplers.episodes import Episodes
 from marlbuf.samplers.prioritized import PRIORITY_INDEXES, Prioritized, PrioritizedNeighbor
@@ -30,6 +31,7 @@ __all__ = [
     "PRIORITY_INDEXES",
     "SAMPLERS",
     "Episodes",
+    "LinearBeta",
     "Neighbor",
     "Prioritized",
     "PrioritizedNeighbor",
