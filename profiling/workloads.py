@@ -90,7 +90,8 @@ def fill_buffer(buf: MultiAgentReplayBuffer, steps: int, seed: int) -> None:
 
 
 class _ModelHook:
-    """Records the indices every ``buffer.sample`` call draws (a thin wrapper on the instance,
+    """Records the indices every ``buffer.sample`` and ``sample_for_trainers`` call draws (thin
+    wrappers on the instance,
     inside the sampling phase) and, after the round, outside any phase, runs them through the
     :class:`~marlbuf.profiling.cachemodel.SamplingModel` and adds the *modelled* misses to the
     sampling phase."""
@@ -108,6 +109,14 @@ class _ModelHook:
             return batch
 
         buffer.sample = recording_sample  # type: ignore[method-assign]
+        draw_round = buffer.sample_for_trainers
+
+        def recording_round(*args: Any, **kwargs: Any) -> Any:
+            batches = draw_round(*args, **kwargs)
+            self.recorded.extend(batch.indices for batch in batches)
+            return batches
+
+        buffer.sample_for_trainers = recording_round  # type: ignore[method-assign]
 
     def flush(self, profiler: Any) -> None:
         if self.recorded and hasattr(profiler, "add_figures"):

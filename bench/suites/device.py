@@ -692,7 +692,7 @@ def _end_to_end(cfg: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
     try:
         import mpe2  # noqa: F401 - the environments (and the faithful configuration) need it
     except ImportError as exc:
-        reason = f"not measured: mpe2 is not installed ({exc}); see bench/tools/device_check.sh"
+        reason = f"not measured: mpe2 is not installed ({exc}); see bench/device_check.sh"
         return {}, {name: reason for name in E2E_CONFIGS}
     for name, config in E2E_CONFIGS.items():
         overrides = {k: v for k, v in config.items() if k != "on_device"}

@@ -24,7 +24,7 @@
 #
 # Needs a python (PYTHON=..., default python3) with torch (a CUDA build), numpy and numba, and
 # pytest for the tests (scipy optional). Optional packages come as wheels: every *.whl in
-# $WHEELS (default .whl/, filled by bench/tools/device_wheels.sh on a machine with a package index) is
+# $WHEELS (default .whl/, filled by bench/device_wheels.sh on a machine with a package index) is
 # installed into a temporary folder first. Without them the check still runs: the TorchRL cases,
 # the parts that need mpe2 (end to end, dropin) and the distributed suite (Ray) are recorded as
 # not measured or skipped, with the reason. matplotlib is never needed.
@@ -33,7 +33,7 @@
 # 1 otherwise (on a machine without CUDA always 1, after running everything it can).
 # DEVICE_CHECK_QUICK=1 runs the suites at their quick sizes (a smoke test of this script), with
 # actors 1 2 unless DEVICE_CHECK_ACTORS says otherwise (default 1 2 4 8 without it).
-#     OUT=/some/folder bash bench/tools/device_check.sh
+#     OUT=/some/folder bash bench/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/results/device-check}"

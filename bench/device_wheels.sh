@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Download the wheels that bench/tools/device_check.sh installs on a GPU machine without a package
+# Download the wheels that bench/device_check.sh installs on a GPU machine without a package
 # index: TorchRL and TensorDict (the peer cases; versions built for torch 2.11) and mpe2 with
 # PettingZoo, Gymnasium and pygame-ce (the end-to-end part's environments). For CPython 3.12 on
 # x86-64 Linux (the GPU image's python); run it where pip can reach a package index, then carry
 # the folder along with the check:
-#     bash bench/tools/device_wheels.sh [.whl]     # then: WHEELS=.whl bash bench/tools/device_check.sh
+#     bash bench/device_wheels.sh [.whl]     # then: WHEELS=.whl bash bench/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest="${1:-.whl}"
