@@ -88,6 +88,9 @@ SUITES: dict[str, str] = {
 #: where identical), the precision check 6 (float16 storage); name them to run them
 #: (``marlbuf bench rewards locality precision``)
 LONG_SUITES = ("rewards", "locality", "precision", "recurrent")
+#: suites that measure one mechanism of the library for its maintainers (the redo log's
+#: checksums, the snapshot lock's cost): run only when named, never by a run of all suites
+NAMED_ONLY = ("log_checksums", "snapshot_lock")
 
 
 #: Suite options: name -> argparse settings of ``--<name>``. A given option is passed to the
@@ -406,7 +409,7 @@ def build_parser() -> ArgumentParser:
         "suites",
         nargs="*",
         help=f"suites to run, any of: {', '.join(SUITES)} (default: all but "
-        f"{', '.join(LONG_SUITES)}; with --quick: all)",
+        f"{', '.join(LONG_SUITES)}; with --quick: all; {', '.join(NAMED_ONLY)} only when named)",
     )
     parser.add_argument(
         "--quick",
@@ -478,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<12} ok" + (f" (options: {listed})" if listed else ""))
         return 0
 
-    names = ns.suites or [s for s in SUITES if ns.quick or s not in LONG_SUITES]
+    names = ns.suites or [
+        s for s in SUITES if s not in NAMED_ONLY and (ns.quick or s not in LONG_SUITES)
+    ]
     given = {o: getattr(ns, o) for o in SUITE_OPTIONS if getattr(ns, o) is not None}
     problem = options_error(names, given) if given else None
     if problem:
