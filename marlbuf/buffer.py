@@ -11,11 +11,11 @@ import numpy as np
 
 from marlbuf import _config, mapped, persistence
 from marlbuf.batch import Batch, EpisodeBatch
-from marlbuf.config import BufferConfig
+from marlbuf.config import BufferConfig, check_n_trainers, check_trainer
 from marlbuf.convert import convert_state, staged_rows
 from marlbuf.memory import MemoryEstimate, estimate
 from marlbuf.options import check_capacity, check_header
-from marlbuf.reading import Reader, check_n_trainers, check_trainer
+from marlbuf.reading import Reader
 from marlbuf.samplers import Sampler
 from marlbuf.spec import (
     ALIVE,

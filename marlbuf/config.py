@@ -29,6 +29,30 @@ NEXT_OBS_MODES = ("once", "stored", "none")
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
 
 
+def check_trainer(trainer: Any, n_trainers: int) -> int:
+    """``trainer`` checked: an int in ``[0, n_trainers)`` (a ``TypeError`` for a non-int or a
+    bool, a ``ValueError`` outside the range)."""
+    if isinstance(trainer, bool) or not isinstance(trainer, (int, np.integer)):
+        raise TypeError(f"trainer must be an int; got trainer={trainer!r}")
+    if not 0 <= trainer < n_trainers:
+        raise ValueError(
+            f"trainer must be in [0, {n_trainers}) (n_trainers={n_trainers}); got trainer={trainer}"
+        )
+    return int(trainer)
+
+
+def check_n_trainers(n_trainers: Any, most: int) -> int:
+    """``n_trainers`` of a round checked: ``None`` gives ``most``, else an int in
+    ``[1, most]`` (``TypeError`` or ``ValueError`` otherwise)."""
+    if n_trainers is None:
+        return most
+    if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
+        raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
+    if not 1 <= n_trainers <= most:
+        raise ValueError(f"n_trainers must be in [1, {most}]; got n_trainers={n_trainers}")
+    return int(n_trainers)
+
+
 @dataclass(frozen=True)
 class BufferConfig:
     """What a buffer is built from, checked: everything but its data, RNG and runtime settings.
@@ -141,30 +165,13 @@ class BufferConfig:
         return "once"
 
     def check_trainer(self, trainer: Any) -> int:
-        """``trainer`` as a buffer's methods check it: an int in ``[0, n_trainers)``
-        (``TypeError`` for another type, a bool included; ``ValueError`` outside)."""
-        if isinstance(trainer, bool) or not isinstance(trainer, (int, np.integer)):
-            raise TypeError(f"trainer must be an int; got trainer={trainer!r}")
-        if not 0 <= trainer < self.n_trainers:
-            raise ValueError(
-                f"trainer must be in [0, {self.n_trainers}) (n_trainers={self.n_trainers}); "
-                f"got trainer={trainer}"
-            )
-        return int(trainer)
+        """``trainer`` as a buffer's methods check it (:func:`check_trainer`)."""
+        return check_trainer(trainer, self.n_trainers)
 
     def check_n_trainers(self, n_trainers: Any) -> int:
-        """``n_trainers`` of a round as ``sample_for_trainers`` checks it: ``None`` gives
-        this configuration's ``n_trainers``, else an int in ``[1, n_trainers]`` (``TypeError``
-        or ``ValueError`` otherwise)."""
-        if n_trainers is None:
-            return self.n_trainers
-        if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-            raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-        if not 1 <= n_trainers <= self.n_trainers:
-            raise ValueError(
-                f"n_trainers must be in [1, {self.n_trainers}]; got n_trainers={n_trainers}"
-            )
-        return int(n_trainers)
+        """``n_trainers`` of a round as ``sample_for_trainers`` checks it
+        (:func:`check_n_trainers`)."""
+        return check_n_trainers(n_trainers, self.n_trainers)
 
     def sampler(self) -> Sampler:
         """A new sampler of this configuration (no state)."""
@@ -247,4 +254,11 @@ class BufferConfig:
         )
 
 
-__all__ = ["LAYOUTS", "NEXT_OBS_CHOICES", "NEXT_OBS_MODES", "BufferConfig"]
+__all__ = [
+    "LAYOUTS",
+    "NEXT_OBS_CHOICES",
+    "NEXT_OBS_MODES",
+    "BufferConfig",
+    "check_n_trainers",
+    "check_trainer",
+]

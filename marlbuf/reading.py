@@ -20,6 +20,7 @@ import numpy as np
 
 from marlbuf._kernels.drawn import judge_update
 from marlbuf.batch import Batch, DrawnIndices, EpisodeBatch, SequenceBatch
+from marlbuf.config import check_n_trainers, check_trainer
 from marlbuf.samplers import Sampler
 from marlbuf.spec import GLOBAL
 from marlbuf.stores.base import FieldSelection, Storage, check_fields
@@ -56,30 +57,6 @@ def host_array(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     return np.asarray(value)
-
-
-def check_trainer(trainer: Any, n_trainers: int) -> int:
-    """``trainer`` checked: an int in ``[0, n_trainers)`` (a ``TypeError`` for a non-int or a
-    bool, a ``ValueError`` outside the range)."""
-    if isinstance(trainer, bool) or not isinstance(trainer, (int, np.integer)):
-        raise TypeError(f"trainer must be an int; got trainer={trainer!r}")
-    if not 0 <= trainer < n_trainers:
-        raise ValueError(
-            f"trainer must be in [0, {n_trainers}) (n_trainers={n_trainers}); got trainer={trainer}"
-        )
-    return int(trainer)
-
-
-def check_n_trainers(n_trainers: Any, most: int) -> int:
-    """``n_trainers`` of a round checked: ``None`` gives ``most``, else an int in
-    ``[1, most]`` (``TypeError`` or ``ValueError`` otherwise)."""
-    if n_trainers is None:
-        return most
-    if isinstance(n_trainers, bool) or not isinstance(n_trainers, (int, np.integer)):
-        raise TypeError(f"n_trainers must be an int; got n_trainers={n_trainers!r}")
-    if not 1 <= n_trainers <= most:
-        raise ValueError(f"n_trainers must be in [1, {most}]; got n_trainers={n_trainers}")
-    return int(n_trainers)
 
 
 def _check_enough(size: int, batch_size: int) -> None:
