@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The device check, one command on a machine with a CUDA GPU, offline, in one run:
 #   1. the torch store's tests (the CUDA tests and the CPU ones, under that machine's torch):
-#      tests/test_torch_backend.py, tests/test_stores.py and the device priority tests
-#      (tests/test_torch_priority.py, tests/test_device_priorities.py: whichever exist);
+#      tests/storages/test_torch_store.py, tests/storages/test_stores.py and the device priority tests
+#      (tests/storages/test_torch_priority.py, tests/storages/test_device_priorities.py: whichever exist);
 #   2. `marlbuf bench device`: CN-24 and PP-24+8 rounds at B = 1024 on the GPU, prioritized
 #      sample + update of 8 trainers at capacities 1e5, 1e6, 1e7 (marlbuf's host and device
 #      priority indexes against TorchRL's prioritized sampler), seconds per 100 env steps at
@@ -104,8 +104,8 @@ step() {
 }
 
 echo "== 1/4 torch store tests (CUDA and CPU)"
-tests=(tests/test_torch_backend.py tests/test_stores.py)
-for extra in tests/test_torch_priority.py tests/test_device_priorities.py; do
+tests=(tests/storages/test_torch_store.py tests/storages/test_stores.py)
+for extra in tests/storages/test_torch_priority.py tests/storages/test_device_priorities.py; do
   [ -f "$extra" ] && tests+=("$extra")
 done
 if "$python" -c "import pytest" 2>/dev/null; then

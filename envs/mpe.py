@@ -59,7 +59,7 @@ class _SharedPredatorReward:
     At 24 predators + 8 prey that loop is recomputed 24 times a step (60% of the step). This
     callable, installed on the scenario instance, calls the original method once per step
     and hands the same float to the other predators, so rewards stay bit-identical
-    (``tests/test_envs.py`` checks them against unpatched mpe2). :class:`MPEEnv` calls
+    (``tests/envs/test_envs.py`` checks them against unpatched mpe2). :class:`MPEEnv` calls
     :meth:`invalidate` before every world step.
     """
 

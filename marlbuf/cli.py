@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 #: The extra that installs each optional top-level module (pyproject's optional dependencies;
-#: tests/test_cli.py keeps the two in step). tqdm is in [algos] and [bench] alike.
+#: tests/package/test_cli.py keeps the two in step). tqdm is in [algos] and [bench] alike.
 EXTRA_OF: dict[str, str] = {
     "torch": "algos",
     "tqdm": "algos",

@@ -22,7 +22,7 @@ TorchRL's public names from ``torchrl.data.replay_buffers`` (``Storage``, ``Tens
 the same names). It subclasses ``TensorStorage`` (so replay buffers pick their identity
 collate function, as for ``LazyTensorStorage``) and ``PrioritizedSampler`` (so
 ``TensorDictReplayBuffer.update_tensordict_priority`` feeds priorities back), and overrides
-every method of both that touches their internals (``tests/test_compat_torchrl.py`` checks
+every method of both that touches their internals (``tests/compat/test_compat_torchrl.py`` checks
 that no other method of them is inherited).
 """
 
