@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.persistence.test_mmap import SPECS, check_consistent, encoded
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.samplers import Prioritized
+from tests.persistence.test_mmap import SPECS, check_consistent, encoded
 
 CAPACITY = 16
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.persistence.test_mmap import SPECS, check_consistent, encoded
 
 from marlbuf import MultiAgentReplayBuffer
+from tests.persistence.test_mmap import SPECS, check_consistent, encoded
 
 #: small ring: the writer laps it many times during the test, so snapshots see wrapped states
 CAPACITY = 64

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.persistence.test_mmap import SPECS, _killed_after, check_consistent, encoded
 
 from marlbuf import MultiAgentReplayBuffer, _config, mapped, persistence
 from marlbuf.samplers import Prioritized
+from tests.persistence.test_mmap import SPECS, _killed_after, check_consistent, encoded
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX special files")
 

@@ -724,8 +724,8 @@ def test_config_round_trip_and_memory_estimate() -> None:
 
 
 def test_sharded_buffer_refuses_whole_episodes() -> None:
-    """Sequences are sampled by shards (tests/distributed/test_distributed.py); whole episodes padded to the
-    batch's longest are not (refused before Ray starts)."""
+    """Sequences are sampled by shards (tests/distributed/test_distributed.py); whole
+    episodes padded to the batch's longest are not (refused before Ray starts)."""
     pytest.importorskip("ray")
     from marlbuf.distributed import ShardedReplayBuffer
     from marlbuf.samplers import Episodes

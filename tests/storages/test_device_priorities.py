@@ -3,7 +3,8 @@ through the one front. Its batches are the host index's (the same uniforms, bit-
 trees), its updates are checked as the host ones (later, with ``sync=False``), and its state
 loads into either index.
 
-The trees themselves are tested against the Numba trees in ``tests/storages/test_torch_priority.py``.
+The trees themselves are tested against the Numba trees in
+``tests/storages/test_torch_priority.py``.
 """
 
 from __future__ import annotations

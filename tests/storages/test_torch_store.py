@@ -6,8 +6,8 @@ priorities, stale guard, state files) with its rows in a :class:`TorchStorage`: 
 seed and writes, both hold the same table bits and return the same batches, bit for bit, with
 the batch's fields (and weights) as tensors on the device and its indices and generations on
 the host; files move between the two. The samplers and the priority trees are the front's
-(tested in test_prioritized.py and test_locality_suite.py); test_stores.py checks every capability on
-every store.
+(tested in test_prioritized.py and test_locality_suite.py); test_stores.py checks every
+capability on every store.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.writer.test_add_step import general  # the complete checks and the general commit only
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer, SlowWriteWarning
+from tests.writer.test_add_step import general  # the complete checks and the general commit only
 
 AGENTS = ["agent_0", "agent_1", "agent_2"]
 SPECS = {a: AgentSpec(obs_shape=(4,), action_shape=(3,), n_discrete_actions=3) for a in AGENTS}

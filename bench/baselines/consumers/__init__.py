@@ -12,6 +12,6 @@ MADDPG codebases write them, each with its own NumPy replay buffer and with marl
 
 They exist to measure what a user who swaps marlbuf into such a code base gets, end to end
 (``marlbuf bench dropin``), and to check that the swap leaves learning unchanged
-(``tests/bench/test_dropin_suite.py``). Both run on :func:`marlbuf.envs.make`'s cooperative navigation with
-continuous actions.
+(``tests/bench/test_dropin_suite.py``). Both run on :func:`marlbuf.envs.make`'s cooperative
+navigation with continuous actions.
 """
