@@ -24,7 +24,7 @@ import numpy as np
 from marlbuf.staging import RowCodec
 from marlbuf.stores import make_store
 from marlbuf.stores.base import Storage
-from marlbuf.writer import NextObsLinks
+from marlbuf.writer import NextObsLinks, RingWriter
 
 
 def _zeros(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -114,7 +114,10 @@ def convert_state(
     old_links = None
     if source[1] == "once":
         old_links = NextObsLinks(capacity, codec.obs_bytes)
-        old_links.check_state(state["links"])
+        # the gather kernels index with the links unchecked: the ring's and the links' own
+        # checks of the whole state first
+        size, generations = RingWriter(capacity).check_loaded(state)
+        old_links.check_loaded(state["links"], size, generations)
         old_links.load_state_dict(state["links"])
     old = _storage(codec, source[0], source[1], capacity, old_links)
     old.check_saved(state["storage"], size)

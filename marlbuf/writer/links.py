@@ -262,31 +262,6 @@ class NextObsLinks:
             "pending": pending,
         }
 
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise ``ValueError`` unless :meth:`load_state_dict` would accept ``state``."""
-        next_slot = np.asarray(state["next_slot"])
-        side_row = np.asarray(state["side_row"])
-        side = np.asarray(state["side"])
-        if next_slot.shape != (self.capacity,) or side_row.shape != (self.capacity,):
-            raise ValueError(
-                f"state's next_obs links have shapes {next_slot.shape}, {side_row.shape}; "
-                f"expected ({self.capacity},)"
-            )
-        if side.ndim != 2 or side.shape[1] != self.side.shape[1] or side.dtype != np.uint8:
-            raise ValueError(
-                f"state's next_obs side table has shape {side.shape}, dtype {side.dtype}; "
-                f"expected (rows, {self.side.shape[1]}) uint8"
-            )
-        # the gather kernels index with these without bounds checks: every value must be -1 or
-        # a valid row
-        if (
-            side_row.max(initial=-1) >= side.shape[0]
-            or next_slot.max(initial=-1) >= self.capacity
-            or side_row.min(initial=-1) < -1
-            or next_slot.min(initial=-1) < -1
-        ):
-            raise ValueError("state's next_obs links point outside the table (corrupt state)")
-
     @staticmethod
     def side_rows_bound(capacity: int) -> int:
         """The most rows a next-observation side table of a ring of ``capacity`` slots can
@@ -401,8 +376,9 @@ class NextObsLinks:
 
     def load_state_dict(self, state: Mapping[str, Any], adopt: bool = False) -> None:
         """Restore :meth:`state_dict` output; ``adopt=True`` keeps the state's side table
-        array instead of copying it (for arrays nobody else holds, as read from a file)."""
-        self.check_state(state)
+        array instead of copying it (for arrays nobody else holds, as read from a file). The
+        state is one that :meth:`check_loaded` accepted (the front checks every part of a
+        state before it changes any)."""
         side = np.asarray(state["side"])
         self.next_slot[:] = state["next_slot"]
         self.side_row[:] = state["side_row"]
