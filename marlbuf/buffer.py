@@ -1081,13 +1081,12 @@ class MultiAgentReplayBuffer:
         size, generations = self.writer.check_loaded(state)
         if self.links is not None:
             self.links.check_loaded(state["links"], size, generations)
-        if self.sampler.weighted:
-            persistence.check_priorities(state["sampler"]["state"], size)
+        self.sampler.check_loaded(state["sampler"]["state"], size)
         self.storage.check_saved(state["storage"], size)
         episodes_state = state.get("episodes") or {}
         stored_next = None if table_ahead else self._stored_next(state)
         if self.episodes is not None and episodes_state:
-            self.episodes.check_state(episodes_state, size, generations, stored_next)
+            self.episodes.check_loaded(episodes_state, size, generations, stored_next)
         try:
             scratch = type(self.rng.bit_generator)()
             scratch.state = state["rng"]

@@ -28,8 +28,7 @@ Reading never spends memory on a lie: every member must be stored uncompressed (
 memory is allocated for it; a ``check`` callback sees every member's declared shape and dtype
 before any array is read (a buffer bounds them by its header). The parts of a loaded state
 are checked by the parts that own them (``RingWriter.check_loaded``,
-``NextObsLinks.check_loaded``, ``EpisodeIndex.check_state``); :func:`check_priorities` checks
-a prioritized sampler's.
+``NextObsLinks.check_loaded``, ``EpisodeIndex.check_loaded``, ``Sampler.check_loaded``).
 """
 
 from __future__ import annotations
@@ -708,29 +707,6 @@ def check_declared_shapes(
         )
 
 
-def check_priorities(sampler_state: Mapping[str, Any], size: int) -> None:
-    """Refuse (``ValueError``) a prioritized sampler's state that gives a priority to a slot
-    never written (``[size, capacity)``: a draw would return uninitialised rows), or holds a
-    priority that is not a finite number, or a running maximum that is not positive."""
-    if not isinstance(sampler_state, Mapping):
-        raise ValueError("state's sampler state must be a mapping (corrupt state)")
-    for key in ("leaves", "priorities", "max_priority"):
-        if key not in sampler_state:
-            continue
-        values = np.asarray(sampler_state[key])
-        if values.dtype.kind not in "fiu" or not np.all(np.isfinite(values)):
-            raise ValueError(
-                f"state's sampler {key!r} holds values that are not finite numbers (corrupt state)"
-            )
-        if key == "max_priority" and np.any(values <= 0):
-            raise ValueError("state's sampler 'max_priority' must be > 0 (corrupt state)")
-        if values.ndim == 2 and np.any(values[:, size:] != 0):
-            raise ValueError(
-                f"state's sampler {key!r} gives priorities to slots never written (from slot "
-                f"{size}); a prioritized sampler draws only written slots (corrupt state)"
-            )
-
-
 def _join_arrays(obj: Any, load_array: Callable[[str], np.ndarray]) -> Any:
     """Inverse of :func:`_split_arrays`: each reference replaced by ``load_array(path)``."""
     if isinstance(obj, dict):
@@ -749,7 +725,6 @@ __all__ = [
     "SnapshotMoved",
     "array_path",
     "check_declared_shapes",
-    "check_priorities",
     "check_target",
     "create_temp",
     "file_kind",

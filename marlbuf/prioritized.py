@@ -365,11 +365,19 @@ def _line_aligned_zeros(rows: int, width: int) -> np.ndarray:
 
 
 def checked_tree_state(
-    state: Mapping[str, Any], n_trees: int, capacity: int, with_priorities: bool
+    state: Mapping[str, Any],
+    n_trees: int,
+    capacity: int,
+    with_priorities: bool,
+    filled: int | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The arrays of a priority-tree state, checked: ``leaves`` (and ``priorities`` when
-    ``with_priorities``), shape (n_trees, capacity), finite and non-negative, float64; and
-    ``max_priority``, shape (n_trees,). A ``ValueError`` names what does not fit."""
+    ``with_priorities``), shape (n_trees, capacity), finite and non-negative, float64, and 0
+    from entry ``filled`` on when given (a draw of an entry never written would return
+    uninitialised rows); ``max_priority``, shape (n_trees,), finite and positive. A
+    ``ValueError`` names what does not fit."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"sampler state must be a mapping; got {type(state).__name__}")
     shape = (n_trees, capacity)
     keys = ("leaves", "priorities") if with_priorities else ("leaves",)
     arrays = {}
@@ -381,12 +389,22 @@ def checked_tree_state(
             raise ValueError(f"sampler state {key!r} has shape {arr.shape}; expected {shape}")
         if not np.all(np.isfinite(arr)) or np.any(arr < 0):
             raise ValueError(f"sampler state {key!r} holds negative or non-finite values")
+        if filled is not None and np.any(arr[:, filled:] != 0):
+            raise ValueError(
+                f"sampler state {key!r} gives priorities to entries never written (from "
+                f"{filled}); a prioritized sampler draws only written slots (corrupt state)"
+            )
         arrays[key] = arr
-    max_priority = np.asarray(state.get("max_priority"), dtype=np.float64)
+    try:
+        max_priority = np.asarray(state.get("max_priority"), dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"sampler state 'max_priority' is not numbers ({exc})") from exc
     if max_priority.shape != (n_trees,):
         raise ValueError(
             f"sampler state 'max_priority' has shape {max_priority.shape}; expected {(n_trees,)}"
         )
+    if not np.all(np.isfinite(max_priority)) or np.any(max_priority <= 0):
+        raise ValueError("sampler state 'max_priority' must be finite and > 0 (corrupt state)")
     return arrays, max_priority
 
 

@@ -18,6 +18,8 @@ from marlbuf import _config
 from marlbuf._kernels import find_prefix
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from marlbuf.prioritized import PriorityTrees
     from marlbuf.writer import EpisodeIndex
 
@@ -176,8 +178,13 @@ class Sampler(ABC):
         """Mutable state (arrays and JSON-safe values); empty for stateless samplers."""
         return {}
 
+    def check_loaded(self, state: Mapping[str, Any], filled: int) -> None:  # noqa: B027
+        """Check a loaded :meth:`state_dict` output, for a buffer whose slots ``[0, filled)``
+        are written, before anything is restored: ``ValueError`` naming what does not fit;
+        changes nothing. The buffer checks every part of a state before it changes any."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Restore :meth:`state_dict` output."""
+        """Restore :meth:`state_dict` output (accepted by :meth:`check_loaded`)."""
 
     @staticmethod
     def from_config(name: str, config: dict[str, Any]) -> Sampler:

@@ -207,15 +207,3 @@ class Episodes(HoldsPriorities, Sampler):
             "prioritized": self.prioritized,
             **self.priority_state.config(),
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self.prioritized:
-            return {}
-        return self.priority_state.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output. A prioritized sampler also accepts an empty
-        state (one saved by another sampler): every episode then gets priority 1 when the
-        buffer rebuilds the episode index."""
-        if self.prioritized:
-            self.priority_state.load_state_dict(state, allow_empty=True)

@@ -86,6 +86,8 @@ class Prioritized(HoldsPriorities, Sampler):
     """
 
     weighted: bool = True
+    #: a prioritized sampler's state always holds its priorities
+    loads_without_priorities = False
     #: whether the trees also keep the maximum priority (needed for ``p / max p``)
     _track_max: ClassVar[bool] = False
 
@@ -216,12 +218,6 @@ class Prioritized(HoldsPriorities, Sampler):
             "order": self.order,
             "index": self.index,
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.priority_state.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.priority_state.load_state_dict(state)
 
 
 class PrioritizedNeighbor(Prioritized):

@@ -19,7 +19,13 @@ import numpy as np
 
 from marlbuf._kernels import apply_td_errors, fill_new_slots, rebuild
 from marlbuf._kernels.sumtree import MODE_ABS, MODE_GIVEN, MODE_SQUARED
-from marlbuf.prioritized import LinearBeta, PriorityTrees, check_priority_args, raise_td_error
+from marlbuf.prioritized import (
+    LinearBeta,
+    PriorityTrees,
+    check_priority_args,
+    checked_tree_state,
+    raise_td_error,
+)
 
 if TYPE_CHECKING:
     from marlbuf.stores.torch_priority import TensorPriorityTrees
@@ -247,21 +253,39 @@ class PriorityState:
         self.raise_pending_errors()
         return {**self.trees.state_dict(), "batches_drawn": self.batches_drawn.copy()}
 
+    def check_loaded(
+        self, state: Mapping[str, Any], filled: int | None = None, allow_empty: bool = False
+    ) -> np.ndarray:
+        """Check a loaded :meth:`state_dict` output as a whole and return its
+        ``batches_drawn``; changes nothing. The trees' leaves (and maxima) must fit the trees,
+        be finite and non-negative, and 0 from entry ``filled`` on (entries never written);
+        the running maxima finite and positive (:func:`marlbuf.prioritized.checked_tree_state`).
+        With ``allow_empty`` an empty state (saved by a sampler without priorities) passes."""
+        if allow_empty and isinstance(state, Mapping) and not state:
+            return np.zeros_like(self.batches_drawn)
+        trees = self.trees
+        checked_tree_state(state, trees.n_trees, trees.capacity, self.track_max, filled)
+        try:
+            drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"sampler state 'batches_drawn' is not integers ({exc})") from exc
+        if drawn.shape != self.batches_drawn.shape or np.any(drawn < 0):
+            raise ValueError(
+                f"sampler state 'batches_drawn' has shape {drawn.shape}; expected "
+                f"{self.batches_drawn.shape}, each >= 0"
+            )
+        return drawn
+
     def load_state_dict(self, state: Mapping[str, Any], allow_empty: bool = False) -> None:
-        """Restore :meth:`state_dict` output, checked (the trees check their part). With
+        """Restore :meth:`state_dict` output, checked by :meth:`check_loaded`. With
         ``allow_empty``, an empty state (saved by a sampler without priorities) sets every
         running maximum to 1 and marks the state :attr:`fresh`."""
+        drawn = self.check_loaded(state, allow_empty=allow_empty)
         if allow_empty and not state:
             self.trees.max_priority[:] = 1.0
             self.batches_drawn[:] = 0
             self.fresh = True
             return
-        drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
-        if drawn.shape != self.batches_drawn.shape:
-            raise ValueError(
-                f"sampler state 'batches_drawn' has shape {drawn.shape}; expected "
-                f"{self.batches_drawn.shape}"
-            )
         self.trees.load_state_dict(state)
         self.batches_drawn[:] = drawn
         self.fresh = False
@@ -275,6 +299,26 @@ class HoldsPriorities:
     priority_state: PriorityState
     #: whether the sampler keeps priorities (a sampler where they are an option says so)
     weighted: bool
+    #: whether a state without priorities (saved by the same sampler with
+    #: ``prioritized=False``) loads: every entry then gets priority 1
+    loads_without_priorities: bool = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The priority state (:meth:`PriorityState.state_dict`); empty without priorities."""
+        return self.priority_state.state_dict() if self.weighted else {}
+
+    def check_loaded(self, state: Mapping[str, Any], filled: int) -> None:
+        """Check a loaded :meth:`state_dict` output for a buffer whose slots ``[0, filled)``
+        are written (:meth:`PriorityState.check_loaded`); changes nothing."""
+        if self.weighted:
+            self.priority_state.check_loaded(state, filled, self.loads_without_priorities)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. Where :attr:`loads_without_priorities`, an
+        empty state (one saved without priorities) gives every entry priority 1 once the
+        buffer rebuilds its index."""
+        if self.weighted:
+            self.priority_state.load_state_dict(state, self.loads_without_priorities)
 
     @property
     def alpha(self) -> float:

@@ -347,15 +347,3 @@ class Sequence(HoldsPriorities, Sampler):
             **self.priority_state.config(),
             "replace": self.replace,
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self.prioritized:
-            return {}  # the 0/1 tree of pad=False is rebuilt from the episode index
-        return self.priority_state.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output. A prioritized sequence sampler also accepts an
-        empty state (one saved by another sampler): every start then gets priority 1. The
-        buffer calls :meth:`rebuild` once the episode index is loaded."""
-        if self.prioritized:
-            self.priority_state.load_state_dict(state, allow_empty=True)

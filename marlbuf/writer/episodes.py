@@ -497,7 +497,7 @@ class EpisodeIndex:
             "breaks": int(self.breaks),
         }
 
-    def check_state(
+    def check_loaded(
         self,
         state: Mapping[str, Any],
         size: int,
@@ -661,7 +661,7 @@ class EpisodeIndex:
     ) -> None:
         """Check :attr:`last_next` against the stored rows once they are the loaded state's (a
         memory-mapped checkpoint, loaded without ``stored_next`` before its log was replayed):
-        as :meth:`check_state` does; a state saved without the record gets it from the rows."""
+        as :meth:`check_loaded` does; a state saved without the record gets it from the rows."""
         open_rows = np.array(
             [[s, *entry] for s, entry in sorted(self.open.items())], dtype=np.int64
         ).reshape(-1, 5)
@@ -689,9 +689,9 @@ class EpisodeIndex:
         generations: np.ndarray | None = None,
         stored_next: StoredNext | None = None,
     ) -> None:
-        """Restore :meth:`state_dict` output, checked by :meth:`check_state` (with the same
-        ``generations`` and ``stored_next``)."""
-        self.check_state(state, size, generations, stored_next)
+        """Restore :meth:`state_dict` output that :meth:`check_loaded` accepted with the same
+        ``generations`` and ``stored_next`` (the front checks every part of a state before it
+        changes any)."""
         for key in ("episode", "step", "prev_slot", "next_slot"):
             target = getattr(self, key)
             target[:] = -1 if key != "step" else 0
@@ -753,7 +753,7 @@ class EpisodeIndex:
         self.rebuild_complete(size)
 
 
-#: ``stored_next(slots)`` of :meth:`EpisodeIndex.check_state`: for filled slots (shape (k,),
+#: ``stored_next(slots)`` of :meth:`EpisodeIndex.check_loaded`: for filled slots (shape (k,),
 #: int64) of the state being loaded, the next_obs section of each stored step as the writer
 #: staged it (shape (k, obs_bytes), uint8) and whether the stream-break check compares it
 #: (shape (k,), bool: no agent done, every agent present)
