@@ -7,16 +7,50 @@ that a test compares the buffer's episode index and its sampled batches with the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 from naive import NaiveEpisodeRing
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf.samplers import Sampler
 
 #: two agents with 3 observation values and 2 action values each
 SPECS = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
 AGENTS = list(SPECS)
 #: step numbers of stream k start at k * STREAM_STRIDE (exact in float32 for streams below 16)
 STREAM_STRIDE = 1_000_000
+
+
+def make_buffer(
+    sampler: Sampler, capacity: int, config: tuple[str, str, str] = ("interleaved", "rows", "once")
+) -> MultiAgentReplayBuffer:
+    """A buffer over :data:`SPECS` with ``sampler``; ``config`` is (layout, batch_layout,
+    next_obs)."""
+    layout, batch_layout, next_obs = config
+    return MultiAgentReplayBuffer(
+        SPECS,
+        capacity,
+        layout=layout,
+        batch_layout=batch_layout,
+        next_obs=next_obs,
+        sampler=sampler,
+        seed=1,
+    )
+
+
+def reloaded(
+    buf: MultiAgentReplayBuffer, how: str, folder: Path, fresh: Callable[[], MultiAgentReplayBuffer]
+) -> MultiAgentReplayBuffer:
+    """A copy of ``buf`` through a file in ``folder`` (``how="file"``) or through its
+    ``state_dict`` loaded into ``fresh()`` (``how="state_dict"``)."""
+    if how == "file":
+        buf.save(folder / "buf.npz")
+        return MultiAgentReplayBuffer.load(folder / "buf.npz")
+    other = fresh()
+    other.load_state_dict(buf.state_dict())
+    return other
 
 
 class StreamDriver:

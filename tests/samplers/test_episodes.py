@@ -12,7 +12,7 @@ from naive import episode_heads as naive_heads
 from naive import episode_tails as naive_tails
 from naive import link_stream_steps as naive_link
 from scipy.stats import chisquare
-from streams import AGENTS, SPECS, StreamDriver
+from streams import AGENTS, SPECS, StreamDriver, make_buffer, reloaded
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf._kernels.episodes import episode_heads, episode_tails, link_stream_steps
@@ -28,16 +28,7 @@ CONFIGS = [
 
 
 def make(capacity: int = 60, config=CONFIGS[0], **sampler_args) -> MultiAgentReplayBuffer:
-    layout, batch_layout, next_obs = config
-    return MultiAgentReplayBuffer(
-        SPECS,
-        capacity,
-        layout=layout,
-        batch_layout=batch_layout,
-        next_obs=next_obs,
-        sampler=Episodes(**sampler_args),
-        seed=1,
-    )
+    return make_buffer(Episodes(**sampler_args), capacity, config)
 
 
 def check_complete(driver: StreamDriver) -> None:
@@ -296,7 +287,7 @@ def test_stale_and_non_start_updates_are_dropped() -> None:
 @pytest.mark.parametrize(
     "args", [{}, {"max_length": 5}, {"prioritized": True}, {"prioritized": True, "replace": True}]
 )
-@pytest.mark.parametrize("how", ["state_dict", "save"])
+@pytest.mark.parametrize("how", ["state_dict", "file"])
 def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
     driver = StreamDriver(make(70, **args), 9)
     driver.random_ops(40, episodes=True)
@@ -308,12 +299,7 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
             trainer=1,
             generations=driver.buf.write_generation[firsts],
         )
-    if how == "save":
-        driver.buf.save(tmp_path / "buf.npz")
-        other = MultiAgentReplayBuffer.load(tmp_path / "buf.npz")
-    else:
-        other = make(70, **args)
-        other.load_state_dict(driver.buf.state_dict())
+    other = reloaded(driver.buf, how, tmp_path, lambda: make(70, **args))
     assert other.complete_episodes == driver.buf.complete_episodes
     for trainer in (0, 1):
         a, b = driver.buf.sample(4, trainer=trainer), other.sample(4, trainer=trainer)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from naive import NaiveEpisodeRing, r2d2_priority
 from scipy.stats import chisquare
-from streams import AGENTS, SPECS, StreamDriver
+from streams import AGENTS, SPECS, StreamDriver, make_buffer, reloaded
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.batch import Batch, SequenceBatch, as_sequences
@@ -27,17 +27,7 @@ CONFIGS = [
 
 
 def make(capacity: int = 40, config=CONFIGS[0], **sampler_args) -> MultiAgentReplayBuffer:
-    layout, batch_layout, next_obs = config
-    sampler = Sequence(**{"length": 4, "burn_in": 2, **sampler_args})
-    return MultiAgentReplayBuffer(
-        SPECS,
-        capacity,
-        layout=layout,
-        batch_layout=batch_layout,
-        next_obs=next_obs,
-        sampler=sampler,
-        seed=1,
-    )
+    return make_buffer(Sequence(**{"length": 4, "burn_in": 2, **sampler_args}), capacity, config)
 
 
 def check_index(driver: StreamDriver, before: int, after: int) -> None:
@@ -425,12 +415,7 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
     if driver.buf.sampler.weighted:
         batch = driver.buf.sample(8, trainer=1)
         driver.buf.update_priorities(batch.indices, np.arange(8.0), trainer=1)
-    if how == "file":
-        driver.buf.save(tmp_path / "b.npz")
-        other = MultiAgentReplayBuffer.load(tmp_path / "b.npz")
-    else:
-        other = make(30, **args)
-        other.load_state_dict(driver.buf.state_dict())
+    other = reloaded(driver.buf, how, tmp_path, lambda: make(30, **args))
     assert other.episodes is not None and driver.buf.episodes is not None
     assert other.episodes.open == driver.buf.episodes.open
     for t in (0, 1):
