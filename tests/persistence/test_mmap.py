@@ -366,7 +366,8 @@ def _last_ack(ack: Path) -> tuple[bool, int | None]:
 
 
 @pytest.mark.parametrize(
-    ("layout", "next_obs"), [("interleaved", "once"), ("agent_major", "stored")]
+    ("layout", "next_obs"),
+    [("interleaved", "once"), pytest.param("agent_major", "stored", marks=pytest.mark.slow)],
 )
 def test_killed_writer_reopens_consistent(tmp_path, layout, next_obs):
     """A writer killed with SIGKILL at random points (in add, extend, checkpoints, open) reopens

@@ -33,7 +33,17 @@ STORES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(params=[kwargs for _, kwargs in STORES], ids=[name for name, _ in STORES])
+#: the stores the default run leaves to ``pytest -m slow`` (the others cover each format, layout
+#: and store once)
+SLOW_STORES = {"once-interleaved", "dense-agent_major"}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(kwargs, id=name, marks=[pytest.mark.slow] if name in SLOW_STORES else [])
+        for name, kwargs in STORES
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MultiAgentReplayBuffer]:
     kwargs = dict(request.param)
     if kwargs.get("device") is not None:
