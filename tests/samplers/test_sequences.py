@@ -185,23 +185,13 @@ def test_pad_false_starts_are_uniform_over_valid_starts() -> None:
     assert chisquare(counts[valid]).pvalue > 1e-3
 
 
-def test_sample_for_trainers_and_iter_trainers() -> None:
+def test_sample_for_trainers_draws_valid_sequences_for_each_trainer() -> None:
+    """Each trainer's batch of a round holds sequences the model agrees with (the rounds
+    themselves, and ``iter_trainers``, are tested in tests/buffer/test_reading.py)."""
     driver = StreamDriver(make(80, length=4, burn_in=2), 9)
     driver.random_ops(20)
-    batches = driver.buf.sample_for_trainers(16)
-    assert len(batches) == 2 and batches[0].trainer == 0 and batches[1].trainer == 1
-    assert not np.array_equal(batches[0].indices, batches[1].indices)
-    for batch in batches:
+    for batch in driver.buf.sample_for_trainers(16):
         check_batch(driver, batch, 4, 2)
-    # the same draws, streamed, from the same rng state
-    other = make(80, length=4, burn_in=2)
-    other.load_state_dict(driver.buf.state_dict())
-    driver.buf.rng = np.random.default_rng(5)
-    other.rng = np.random.default_rng(5)
-    first = driver.buf.sample_for_trainers(16)
-    for a, b in zip(first, other.iter_trainers(16)):
-        np.testing.assert_array_equal(a.slots, b.slots)
-        np.testing.assert_array_equal(a.reward["agent_0"], b.reward["agent_0"])
 
 
 def test_out_reuses_the_block() -> None:
