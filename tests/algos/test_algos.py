@@ -336,6 +336,7 @@ def test_profiler_without_phase_is_rejected() -> None:
         Runner(TrainConfig(**SMALL), profiler=object())
 
 
+@pytest.mark.slow
 def test_maddpg_learns_cooperative_navigation() -> None:
     """A seeded short run beats the same seed's untrained policy by a clear margin on the same
     evaluation episodes (measured margins over seeds 0-2: 126, 98, 74; random policy about

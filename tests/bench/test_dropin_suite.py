@@ -143,6 +143,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow
 def test_dropin_suite_runs_tiny(monkeypatch, tmp_path):
     monkeypatch.setattr(dropin, "QUICK", TINY)
     payload = dropin.run(quick=True)

@@ -32,6 +32,7 @@ def payload():
         return rewards.run(quick=True, progress=False, workers=1)
 
 
+@pytest.mark.slow
 def test_schema(payload, tmp_path):
     rows = payload["rows"]
     assert len(rows) == 2 * 3 * 2
@@ -62,6 +63,7 @@ def test_schema(payload, tmp_path):
     assert record["suite"] == "rewards" and record["rows"]
 
 
+@pytest.mark.slow
 def test_cn_return_is_sum_and_pp_headline_is_predators(payload):
     for row in payload["rows"]:
         if row["env"] == "CN-3":
@@ -70,6 +72,7 @@ def test_cn_return_is_sum_and_pp_headline_is_predators(payload):
             assert row["final_return"] >= row["final_total_return"]
 
 
+@pytest.mark.slow
 def test_deterministic_and_cached(payload, tmp_path):
     first = payload["rows"][0]
     cache = tmp_path / "runs.jsonl"
@@ -80,6 +83,7 @@ def test_deterministic_and_cached(payload, tmp_path):
     assert again[0]["train_wall_s"] == rows[0]["train_wall_s"]  # read back, not retrained
 
 
+@pytest.mark.slow
 def test_plot(payload, tmp_path):
     pytest.importorskip("matplotlib")
     path = rewards.plot(payload, tmp_path)

@@ -1,4 +1,5 @@
-"""The write fast path, batch layouts, ``out=`` safety, accessors and the stale guard."""
+"""The write fast path, batch layouts, ``out=`` safety, ``as_lists``, held views and the stale
+guard (reading without sampling and the rounds of every trainer: test_reading.py)."""
 
 from __future__ import annotations
 
@@ -153,25 +154,6 @@ def test_as_lists_is_the_classic_format(mixed_specs):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_latest_stored_and_reward_stats(mixed_specs, layout):
-    data = random_step_data(mixed_specs, 50, np.random.default_rng(6))
-    buf = MultiAgentReplayBuffer(mixed_specs, 32, layout=layout)
-    buf.extend(**data)
-    newest = buf.latest(5)
-    for agent in mixed_specs:
-        np.testing.assert_array_equal(newest.obs[agent], data["obs"][agent][45:])
-    stored = buf.stored("reward")
-    for agent in mixed_specs:
-        assert stored[agent].shape == (32,) and not stored[agent].flags.writeable
-        kept = data["reward"][agent][18:].astype(np.float64)
-        assert sorted(stored[agent].tolist()) == sorted(data["reward"][agent][18:].tolist())
-        mean, std = buf.reward_stats()[agent]
-        assert mean == pytest.approx(kept.mean()) and std == pytest.approx(kept.std())
-    with pytest.raises(ValueError, match=r"n must be in \[1, 32\]"):
-        buf.latest(33)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
 def test_out_checks_size_layout_and_buffer(mixed_specs, layout):
     data = random_step_data(mixed_specs, 40, np.random.default_rng(7))
     buf = MultiAgentReplayBuffer(mixed_specs, 32, layout=layout, seed=1)
@@ -242,18 +224,6 @@ def test_held_views_are_never_recycled(mixed_specs):
     for _ in range(50):
         buf.sample(32)
     assert len(buf.storage.pool._blocks) <= buf.storage.pool.max_blocks  # private: bounded pool
-
-
-def test_iter_trainers_matches_sample_for_trainers(mixed_specs):
-    data = random_step_data(mixed_specs, 40, np.random.default_rng(12))
-    a = MultiAgentReplayBuffer(mixed_specs, 32, seed=4)
-    b = MultiAgentReplayBuffer(mixed_specs, 32, seed=4)
-    a.extend(**data)
-    b.extend(**data)
-    round_ = a.sample_for_trainers(8)
-    for t, batch in enumerate(b.iter_trainers(8)):
-        np.testing.assert_array_equal(batch.indices, round_[t].indices)
-        np.testing.assert_array_equal(batch.concat("obs"), round_[t].concat("obs"))
 
 
 def test_stacked_arrays_take_the_fast_path_and_store_the_same():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import naive
 import numpy as np
+import pytest
 from datagen import random_step_data
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer
@@ -55,14 +56,22 @@ def test_extend_chunks_match_naive_ring(capacity, chunks, layout, seed):
     seed=st.integers(0, 2**16),
 )
 def test_samples_only_filled_slots(capacity, steps, run_length, n_refs, seed):
+    """Every draw returns filled slots. Uniform (with replacement) always draws; Neighbor
+    refuses exactly when the stored slots hold fewer than ``n_refs`` runs of ``run_length``
+    (the batch is larger than the data, or fewer valid run starts than runs)."""
+    size = min(steps, capacity)
+    batch_size = n_refs * run_length
+    starts = size if size == capacity else size - run_length + 1  # valid run starts
+    neighbor_draws = batch_size <= size and starts >= n_refs
+    event("Neighbor draws" if neighbor_draws else "Neighbor refuses: too few runs stored")
     for sampler in (Uniform(), Neighbor(run_length)):
         buf = MultiAgentReplayBuffer(SPECS, capacity, sampler=sampler, seed=seed)
         buf.extend(**random_step_data(SPECS, steps, np.random.default_rng(seed)))
-        batch_size = n_refs * run_length
-        try:
-            idx = buf.sample(batch_size).indices
-        except ValueError as exc:
-            assert "needs" in str(exc)
+        assert len(buf) == size
+        if isinstance(sampler, Neighbor) and not neighbor_draws:
+            with pytest.raises(ValueError, match="needs"):
+                buf.sample(batch_size)
             continue
+        idx = buf.sample(batch_size).indices
         assert idx.shape == (batch_size,) and idx.dtype == np.int64
         assert idx.min() >= 0 and idx.max() < len(buf)

@@ -52,6 +52,8 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+#: the quick run of the default test selection: fewer programs of the same length
+QUICK = settings(SETTINGS, max_examples=4)
 
 
 def build_sampler(kind: str, capacity: int, run_length: int):
@@ -507,12 +509,14 @@ def make_machine(
     return BufferMachine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_kind", SAMPLERS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_buffer_state_machine(layout, sampler_kind):
     run_state_machine_as_test(make_machine(layout, sampler_kind), settings=SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_kind", ["uniform", "prioritized_neighbor"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_buffer_state_machine_dense_half(layout, sampler_kind):
@@ -520,6 +524,7 @@ def test_buffer_state_machine_dense_half(layout, sampler_kind):
     run_state_machine_as_test(make_machine(layout, sampler_kind, "stored+half"), settings=SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_kind", ["uniform", "prioritized"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_buffer_state_machine_without_next_obs(layout, sampler_kind):
@@ -528,6 +533,7 @@ def test_buffer_state_machine_without_next_obs(layout, sampler_kind):
     run_state_machine_as_test(make_machine(layout, sampler_kind, "none"), settings=SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["mapped", "torch"])
 def test_buffer_state_machine_without_next_obs_on_every_store(store):
     """next_obs="none" on the memory-mapped store and the torch store (on the CPU)."""
@@ -537,6 +543,7 @@ def test_buffer_state_machine_without_next_obs_on_every_store(store):
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler_kind", ["uniform", "neighbor", "prioritized_neighbor"])
 @pytest.mark.parametrize("store", ["mapped", "torch"])
 def test_buffer_state_machine_on_every_store(store, sampler_kind):
@@ -545,3 +552,24 @@ def test_buffer_state_machine_on_every_store(store, sampler_kind):
         pytest.importorskip("torch")
     machine = make_machine("interleaved", sampler_kind, store=store)
     run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+#: (layout, sampler, storage, store): every layout, sampler, storage format and store once
+QUICK_CASES = [
+    ("interleaved", "prioritized_neighbor", "once", "ram"),
+    ("agent_major", "uniform_noreplace", "once", "ram"),
+    ("agent_major", "uniform", "stored+half", "ram"),
+    ("interleaved", "prioritized", "none", "ram"),
+    ("interleaved", "neighbor", "once", "mapped"),
+    ("interleaved", "uniform", "once", "torch"),
+]
+
+
+@pytest.mark.parametrize(("layout", "sampler_kind", "storage", "store"), QUICK_CASES)
+def test_buffer_state_machine_quick(layout, sampler_kind, storage, store):
+    """A few programs of each configuration of :data:`QUICK_CASES`; the tests marked slow run
+    the whole grid with more programs."""
+    if store == "torch":
+        pytest.importorskip("torch")
+    machine = make_machine(layout, sampler_kind, storage, store=store)
+    run_state_machine_as_test(machine, settings=QUICK)

@@ -66,7 +66,9 @@ def test_import_marlbuf_does_not_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
-@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+@pytest.mark.parametrize(
+    "batch_layout", ["rows", pytest.param("per_agent", marks=pytest.mark.slow)]
+)
 def test_uniform_global_frequencies_match_one_buffer(batch_layout):
     sizes = [200, 100]  # unequal: the multinomial split must follow the sizes
     with ShardedReplayBuffer(
@@ -301,6 +303,7 @@ def test_bad_arguments_are_clear():
         RateLimiter(0.0)
 
 
+@pytest.mark.slow
 def test_two_actor_training_run_updates_the_learner(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("mpe2")
@@ -324,6 +327,7 @@ def test_two_actor_training_run_updates_the_learner(tmp_path):
     assert any(changed)
 
 
+@pytest.mark.slow
 def test_distributed_bench_suite_runs_tiny(monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("mpe2")
@@ -487,7 +491,9 @@ def assert_rows_equal(
         np.testing.assert_array_equal(batch.generations[mine], want.generations)
 
 
-@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+@pytest.mark.parametrize(
+    "batch_layout", ["rows", pytest.param("per_agent", marks=pytest.mark.slow)]
+)
 def test_extras_globals_alive_and_truncated_through_writers_match_one_buffer(batch_layout):
     singles = [
         MultiAgentReplayBuffer(RICH, 40, batch_layout=batch_layout, **RICH_OPTIONS)
@@ -523,7 +529,9 @@ def test_extras_globals_alive_and_truncated_through_writers_match_one_buffer(bat
             assert batch.indices.generations is batch.generations  # DrawnIndices, as one buffer
 
 
-@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
+@pytest.mark.parametrize(
+    "batch_layout", ["rows", pytest.param("per_agent", marks=pytest.mark.slow)]
+)
 def test_shards_without_next_obs_match_one_buffer(batch_layout, tmp_path):
     """next_obs="none": writes leave it out (checked at the call), batches hold every other
     field as one buffer per shard would, and refuse next_obs; save/load keeps the format."""
@@ -747,7 +755,9 @@ def test_check_trainer_and_n_trainers_are_public():
         buf.check_n_trainers(3)
 
 
-def test_save_and_load_keep_the_options_and_convert_the_next_obs_format(tmp_path):
+@pytest.mark.parametrize("next_obs", [pytest.param(None, marks=pytest.mark.slow), "stored"])
+def test_save_and_load_keep_the_options_and_convert_the_next_obs_format(tmp_path, next_obs):
+    """A saved sharded buffer loads with its options, in its own next_obs format or another."""
     singles = [MultiAgentReplayBuffer(RICH, 24, **RICH_OPTIONS) for _ in range(2)]
     with ShardedReplayBuffer(RICH, 24, 2, seed=15, prefetch=False, **RICH_OPTIONS) as buf:
         for k in range(2):
@@ -755,14 +765,13 @@ def test_save_and_load_keep_the_options_and_convert_the_next_obs_format(tmp_path
             buf.extend(**data, stream=k)
             singles[k].extend(**data)
         buf.save(tmp_path / "ckpt")
-    for next_obs in (None, "stored"):
-        loaded = ShardedReplayBuffer.load(tmp_path / "ckpt", prefetch=False, next_obs=next_obs)
-        try:
-            assert loaded.config()["next_obs"] == (next_obs or "once")
-            assert loaded.config()["global_fields"] == {"state": {"shape": [5], "dtype": "<f4"}}
-            assert_rows_equal(loaded.sample(48), singles, loaded)
-        finally:
-            loaded.close()
+    loaded = ShardedReplayBuffer.load(tmp_path / "ckpt", prefetch=False, next_obs=next_obs)
+    try:
+        assert loaded.config()["next_obs"] == (next_obs or "once")
+        assert loaded.config()["global_fields"] == {"state": {"shape": [5], "dtype": "<f4"}}
+        assert_rows_equal(loaded.sample(48), singles, loaded)
+    finally:
+        loaded.close()
 
 
 # ------------------------------------------------------------------ sequences

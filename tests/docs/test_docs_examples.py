@@ -29,8 +29,12 @@ shell splits them (quote an argument holding blanks)::
     <!-- docs-test: needs MODULE -->
         Skipped where MODULE cannot be imported, or where MODULE is ``cuda`` and no CUDA device
         is present.
+    <!-- docs-test: slow REASON -->
+        Runs only with ``pytest -m slow`` (a block that starts processes or a cluster and takes
+        more than a few seconds even at its smallest); a block that continues it is slow too.
+        The reason is required.
 
-Keep untagged blocks fast (a few seconds at most): the whole module runs on every CI job.
+Keep untagged blocks fast (a few seconds at most): the default run runs them on every CI job.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TAG = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
-KNOWN_TAGS = ("skip", "continue", "replace", "append", "needs")
+KNOWN_TAGS = ("skip", "continue", "replace", "append", "needs", "slow")
 
 
 @dataclass
@@ -133,18 +137,35 @@ def test_tags_are_known() -> None:
                 assert block.lang == "python", f"{block.name}: continue is for python blocks"
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=[b.name for b in PYTHON])
-def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    skip_if_tagged(block)
-    # the names of the blocks this one continues, in file order
+def chain_of(block: Block, blocks: list[Block]) -> list[Block]:
+    """``block`` and the blocks of ``blocks`` it continues, in file order."""
     chain = [block]
-    index = PYTHON.index(block)
+    index = blocks.index(block)
     while chain[0].tag("continue"):
         index -= 1
-        assert index >= 0 and PYTHON[index].path == block.path, (
+        assert index >= 0 and blocks[index].path == block.path, (
             f"{block.name}: continue tag without a python block above it in the same file"
         )
-        chain.insert(0, PYTHON[index])
+        chain.insert(0, blocks[index])
+    return chain
+
+
+def cases(blocks: list[Block]) -> list:
+    """``blocks`` as parameters, marked slow where a block of their chain is tagged slow."""
+    out = []
+    for block in blocks:
+        chain = chain_of(block, blocks) if block.lang == "python" else [block]
+        slow = [args for part in chain for args in part.tag("slow")]
+        assert all(args and args[0] for args in slow), f"{block.name}: a slow tag needs a reason"
+        marks = [pytest.mark.slow] if slow else []
+        out.append(pytest.param(block, marks=marks, id=block.name))
+    return out
+
+
+@pytest.mark.parametrize("block", cases(PYTHON))
+def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_if_tagged(block)
+    chain = chain_of(block, PYTHON)  # the blocks this one continues, in file order
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
     with warnings.catch_warnings():
@@ -166,7 +187,7 @@ def command_lines(code: str) -> list[list[str]]:
     return commands
 
 
-@pytest.mark.parametrize("block", BASH, ids=[b.name for b in BASH])
+@pytest.mark.parametrize("block", cases(BASH))
 def test_cli_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from marlbuf import cli
 

@@ -183,6 +183,7 @@ def test_record_help_imports_no_heavy_dependency():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
 
 
+@pytest.mark.slow
 def test_offline_example_reaches_the_recording_policy_at_a_tiny_size(monkeypatch):
     pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location("offline_bc", ROOT / "examples" / "offline_bc.py")

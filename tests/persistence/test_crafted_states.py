@@ -18,7 +18,7 @@ import pytest
 
 from marlbuf import MultiAgentReplayBuffer
 from marlbuf.samplers import Prioritized
-from tests.persistence.test_mmap import SPECS, check_consistent, encoded
+from tests.persistence.encoded_steps import SPECS, check_consistent, encoded
 
 CAPACITY = 16
 

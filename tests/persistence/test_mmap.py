@@ -19,54 +19,16 @@ from datagen import random_step_data
 import marlbuf
 from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer, _config, mapped, persistence
 from marlbuf.samplers import Neighbor, Prioritized, Uniform
-
-# ---------------------------------------------------------------------------- rows that encode t
-#: two agents of different shapes and dtypes; every value of step ``t`` is a function of ``t``
-SPECS = {
-    "a0": AgentSpec(obs_shape=(4,), action_shape=(2,)),
-    "a1": AgentSpec(obs_shape=(3,), action_shape=(3,), obs_dtype=np.float64),
-}
-CAPACITY = 48
-EPISODE = 7  # step t ends an episode when t % EPISODE == EPISODE - 1
-MAX_STEPS_PER_CALL = 19
-
-
-def _obs(ts: np.ndarray, agent: int, n: int) -> np.ndarray:
-    cols = [ts, ts + 0.5, np.full_like(ts, agent), -ts]
-    return np.stack(cols[:n], axis=1)
-
-
-def encoded(ts: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
-    """Steps ``ts`` (shape (T,)) in ``extend`` form: every field encodes its timestep."""
-    ts = np.asarray(ts, dtype=np.float64)
-    done = (ts % EPISODE) == EPISODE - 1
-    out: dict[str, dict[str, np.ndarray]] = {f: {} for f in FIELDS}
-    for i, (agent, spec) in enumerate(SPECS.items()):
-        n = spec.obs_shape[0]
-        nxt = np.where(done[:, None], -1.0 - _obs(ts, i, n), _obs(ts + 1, i, n))
-        out["obs"][agent] = _obs(ts, i, n).astype(spec.obs_dtype)
-        out["next_obs"][agent] = nxt.astype(spec.obs_dtype)
-        out["action"][agent] = np.stack([ts + i] * spec.action_shape[0], 1).astype(np.float32)
-        out["reward"][agent] = (ts + 0.25 * i).astype(np.float32)
-        out["done"][agent] = done.astype(np.float32)
-    return out
-
-
-def check_consistent(buf: MultiAgentReplayBuffer) -> None:
-    """Every visible slot decodes to the step its write generation names; counters agree."""
-    total, size = buf.total_writes, len(buf)
-    assert size == min(total, buf.capacity)
-    assert buf.cursor == total % buf.capacity
-    gens = buf.write_generation[:size]
-    np.testing.assert_array_equal(np.sort(gens), np.arange(total - size, total))
-    if size:
-        batch = buf.gather(np.arange(size))
-        want = encoded(gens)
-        for f in FIELDS:
-            for agent in SPECS:
-                np.testing.assert_array_equal(
-                    batch.field(f)[agent], want[f][agent], err_msg=f"{f}/{agent}"
-                )
+from tests.persistence.encoded_steps import (
+    CAPACITY,
+    MAX_STEPS_PER_CALL,
+    SPECS,
+    check_consistent,
+    encoded,
+    extend_calls,
+    killed_after,
+    one_step,
+)
 
 
 # ---------------------------------------------------------------------------- reopening
@@ -219,19 +181,6 @@ def test_durable_writes(tmp_path):
         check_consistent(reopened)
 
 
-def _killed_after(folder: Path, calls: int) -> tuple[MultiAgentReplayBuffer, int]:
-    """A buffer at ``folder`` that wrote ``calls`` extends and then "died" (never closed)."""
-    buf = MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0)
-    t = 0
-    for k in range(calls):
-        steps = 1 + k % 4
-        buf.extend(**encoded(np.arange(t, t + steps)))
-        t += steps
-    assert buf._mapped is not None
-    buf._mapped.release()
-    return buf, t
-
-
 def _last_record(buf: MultiAgentReplayBuffer, steps: int) -> tuple[int, int]:
     """(start, bytes) of the last log record of ``buf``, a call of ``steps`` steps."""
     assert buf._mapped is not None
@@ -241,14 +190,10 @@ def _last_record(buf: MultiAgentReplayBuffer, steps: int) -> tuple[int, int]:
 
 
 def _killed_writing(folder: Path, calls: int, steps: int) -> tuple[MultiAgentReplayBuffer, int]:
-    """:func:`_killed_after`, then a call of ``steps`` steps killed while its record was being
+    """:func:`killed_after`, then a call of ``steps`` steps killed while its record was being
     written: the record is in the log, nothing after it (no stamps, no rows) happened."""
     buf = MultiAgentReplayBuffer(SPECS, 16, path=folder, seed=0)
-    t = 0
-    for k in range(calls):
-        n = 1 + k % 4
-        buf.extend(**encoded(np.arange(t, t + n)))
-        t += n
+    t = extend_calls(buf, calls)
     store = buf._mapped
     assert store is not None and store._stamps is not None
     stamps = store._stamps.copy()
@@ -286,7 +231,7 @@ def test_a_complete_last_record_damaged_later_is_refused(tmp_path):
         ("payload", mapped.RECORD_HEADER_BYTES + 10),
         ("header", mapped.RECORD_HEADER_BYTES // 2),
     ):
-        buf, _ = _killed_after(tmp_path / name, 8)  # the last call wrote 4 steps
+        buf, _ = killed_after(tmp_path / name, 8)  # the last call wrote 4 steps
         start, size = _last_record(buf, 4)
         cut = start + keep if keep > 0 else start + size + keep
         with open(tmp_path / name / mapped.LOG, "r+b") as fh:
@@ -310,7 +255,7 @@ def test_a_damaged_truncated_or_missing_log_is_refused(tmp_path):
     }
     for k, (name, damage) in enumerate(cases.items()):
         folder = tmp_path / f"case{k}"
-        buf, _ = _killed_after(folder, 8)
+        buf, _ = killed_after(folder, 8)
         damage(folder / mapped.LOG, buf)
         with pytest.raises(ValueError, match=r"not opened|is a folder") as info:
             MultiAgentReplayBuffer.open(folder)
@@ -363,7 +308,7 @@ def _flip(path: Path, offset: int) -> None:
 
 def test_rows_torn_in_the_table_are_rewritten_from_the_log(tmp_path):
     """Killed while writing rows to the table (their record complete): replay rewrites them."""
-    buf, total = _killed_after(tmp_path / "r", 9)
+    buf, total = killed_after(tmp_path / "r", 9)
     table = buf.storage.arrays()["table"]
     newest = buf.writer.newest(4)
     table[newest[1:3], 1:] = 0xDEADBEEF  # half-written rows of the last call
@@ -377,7 +322,7 @@ CHILD = """
 import os, sys
 import numpy as np
 sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # this folder, and tests/
-from test_mmap import CAPACITY, MAX_STEPS_PER_CALL, SPECS, encoded
+from encoded_steps import CAPACITY, MAX_STEPS_PER_CALL, SPECS, encoded, one_step, write_encoded
 from marlbuf import MultiAgentReplayBuffer, _config
 from marlbuf.samplers import Neighbor, Prioritized
 
@@ -386,7 +331,7 @@ folder, layout, next_obs, ack, seed = sys.argv[2:7]
 # load the kernels first (an in-memory twin), so that the kill delay is spent writing
 twin = MultiAgentReplayBuffer(SPECS, CAPACITY, layout=layout, next_obs=next_obs, seed=0)
 twin.extend(**encoded(np.arange(5)))
-twin.add(**{f: {a: x[0] for a, x in per.items()} for f, per in encoded(np.arange(5, 6)).items()})
+twin.add(**one_step(5))
 twin.sample(2)
 if os.path.exists(os.path.join(folder, "manifest.json")):
     buf = MultiAgentReplayBuffer.open(folder)
@@ -401,12 +346,7 @@ rng = np.random.default_rng(int(seed))
 t = buf.total_writes
 while True:
     steps = 1 if rng.random() < 0.5 else int(rng.integers(2, MAX_STEPS_PER_CALL + 1))
-    data = encoded(np.arange(t, t + steps))
-    if steps == 1:
-        buf.add(**{f: {a: x[0] for a, x in per.items()} for f, per in data.items()})
-    else:
-        buf.extend(**data)
-    t += steps
+    t = write_encoded(buf, t, steps)
     os.write(fd, b"%d\\n" % t)  # acknowledged: add/extend returned
     if rng.random() < 0.2 and len(buf) >= 4:
         batch = buf.sample(4)
@@ -426,14 +366,15 @@ def _last_ack(ack: Path) -> tuple[bool, int | None]:
 
 
 @pytest.mark.parametrize(
-    ("layout", "next_obs"), [("interleaved", "once"), ("agent_major", "stored")]
+    ("layout", "next_obs"),
+    [("interleaved", "once"), pytest.param("agent_major", "stored", marks=pytest.mark.slow)],
 )
 def test_killed_writer_reopens_consistent(tmp_path, layout, next_obs):
     """A writer killed with SIGKILL at random points (in add, extend, checkpoints, open) reopens
     with no torn row, every acknowledged write kept and at most the call in flight added."""
     folder = tmp_path / "crash"
     env = dict(os.environ, PYTHONPATH=str(Path(marlbuf.__file__).parent.parent))
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).parent)  # where encoded_steps.py is
     rng = np.random.default_rng()  # kill points differ from run to run anyway (timing)
     known = 0  # total_writes after the last verification
     deadline = time.monotonic() + 5.0
@@ -476,11 +417,6 @@ def test_killed_writer_reopens_consistent(tmp_path, layout, next_obs):
 
 
 # ---------------------------------------------------------------------------- paths and files
-def _add_one(buf: MultiAgentReplayBuffer, t: int = 0) -> None:
-    data = encoded(np.array([t]))
-    buf.add(**{f: {a: x[0] for a, x in per.items()} for f, per in data.items()})
-
-
 def test_bad_paths_give_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"parent .* does not exist; create it first"):
         MultiAgentReplayBuffer(SPECS, 8, path=tmp_path / "missing" / "buf")
@@ -564,7 +500,7 @@ def test_interrupted_creation_is_reported_and_reused(tmp_path):
     with pytest.raises(ValueError, match="creation was interrupted"):
         MultiAgentReplayBuffer.open(folder)
     with MultiAgentReplayBuffer(SPECS, 8, path=folder, seed=0) as buf:
-        _add_one(buf)
+        buf.add(**one_step(0))
     with MultiAgentReplayBuffer.open(folder) as buf:
         assert len(buf) == 1
 

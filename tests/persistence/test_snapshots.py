@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from marlbuf import MultiAgentReplayBuffer
-from tests.persistence.test_mmap import SPECS, check_consistent, encoded
+from tests.persistence.encoded_steps import SPECS, check_consistent, encoded, write_encoded
 
 #: small ring: the writer laps it many times during the test, so snapshots see wrapped states
 CAPACITY = 64
@@ -33,7 +33,17 @@ STORES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(params=[kwargs for _, kwargs in STORES], ids=[name for name, _ in STORES])
+#: the stores the default run leaves to ``pytest -m slow`` (the others cover each format, layout
+#: and store once)
+SLOW_STORES = {"once-interleaved", "dense-agent_major"}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(kwargs, id=name, marks=[pytest.mark.slow] if name in SLOW_STORES else [])
+        for name, kwargs in STORES
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MultiAgentReplayBuffer]:
     kwargs = dict(request.param)
     if kwargs.get("device") is not None:
@@ -59,13 +69,7 @@ def _writer(buf: MultiAgentReplayBuffer, stop: threading.Event, errors: list[Bas
     t = buf.total_writes
     try:
         while not stop.is_set():
-            steps = 1 if rng.random() < 0.5 else int(rng.integers(2, 10))
-            data = encoded(np.arange(t, t + steps))
-            if steps == 1:
-                buf.add(**{f: {a: x[0] for a, x in per.items()} for f, per in data.items()})
-            else:
-                buf.extend(**data)
-            t += steps
+            t = write_encoded(buf, t, 1 if rng.random() < 0.5 else int(rng.integers(2, 10)))
     except BaseException as exc:  # reported by the test thread
         errors.append(exc)
 

@@ -24,14 +24,9 @@ import pytest
 
 from marlbuf import MultiAgentReplayBuffer, _config, mapped, persistence
 from marlbuf.samplers import Prioritized
-from tests.persistence.test_mmap import SPECS, _killed_after, check_consistent, encoded
+from tests.persistence.encoded_steps import SPECS, check_consistent, encoded, killed_after, one_step
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX special files")
-
-
-def _one(t: int = 0) -> dict:
-    data = encoded(np.array([t]))
-    return {f: {a: x[0] for a, x in per.items()} for f, per in data.items()}
 
 
 def _buffer(**kwargs) -> MultiAgentReplayBuffer:
@@ -180,13 +175,13 @@ def test_stream_ids_are_int64(tmp_path, where):
     buf = MultiAgentReplayBuffer(SPECS, 16, seed=0, next_obs="once", **kwargs)
     for stream in (2**70, 2**63, np.uint64(2**64 - 1)):
         with pytest.raises(ValueError, match="stream ids are int64"):
-            buf.add(**_one(0), stream=stream)
+            buf.add(**one_step(0), stream=stream)
         with pytest.raises(ValueError, match="stream ids are int64"):
             buf.extend(**encoded(np.arange(2)), stream=stream)
     with pytest.raises(ValueError, match="past the largest stream id"):
         buf.add_envs(**encoded(np.arange(3)), first_stream=2**63 - 2)
     assert buf.total_writes == 0  # nothing was written
-    buf.add(**_one(0), stream=2**63 - 1)  # the largest is fine
+    buf.add(**one_step(0), stream=2**63 - 1)  # the largest is fine
     buf.add_envs(**encoded(np.arange(1, 3)), first_stream=2**63 - 2)
     buf.save(tmp_path / "s.npz")  # and the buffer can still be saved and loaded
     loaded = MultiAgentReplayBuffer.load(tmp_path / "s.npz")
@@ -237,7 +232,7 @@ def test_a_symlinked_log_is_refused_and_its_target_untouched(tmp_path):
         if closed:
             folder = _closed_folder(tmp_path, folder.name)
         else:
-            _killed_after(folder, 5)
+            killed_after(folder, 5)
         (folder / mapped.LOG).unlink()
         (folder / mapped.LOG).symlink_to(victim)
         with pytest.raises(ValueError, match="is a symbolic link"):
@@ -298,7 +293,7 @@ def test_open_read_only_samples_a_frozen_buffer(tmp_path):
         batch = reader.sample(8)
         reader.update_priorities(batch.indices, np.ones(8))
         with pytest.raises(ValueError, match=r"opened read-only \(mode='r'\)"):
-            reader.add(**_one(20))
+            reader.add(**one_step(20))
         with pytest.raises(ValueError, match="read-only"):
             reader.extend(**encoded(np.arange(20, 22)))
         assert not reader.storage.arrays()["table"].flags.writeable
@@ -311,7 +306,7 @@ def test_open_read_only_samples_a_frozen_buffer(tmp_path):
 
 def test_read_only_replays_a_crashed_log_in_memory_only(tmp_path):
     folder = tmp_path / "k"
-    _, total = _killed_after(folder, 5)
+    _, total = killed_after(folder, 5)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     with MultiAgentReplayBuffer.open(folder, mode="r") as reader:
         assert reader.total_writes == total

@@ -22,6 +22,7 @@ from marlbuf.profiling import callgrind as cg
 
 VALGRIND = shutil.which("valgrind")
 pytestmark = [
+    pytest.mark.slow,  # valgrind runs Python some 50 times slower
     pytest.mark.skipif(VALGRIND is None, reason="valgrind is not installed (apt install valgrind)"),
     pytest.mark.skipif(not cg.supported(), reason="client requests are implemented for x86-64"),
 ]

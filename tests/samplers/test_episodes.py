@@ -8,11 +8,11 @@ import warnings
 
 import numpy as np
 import pytest
-from naive import NaiveEpisodeRing
 from naive import episode_heads as naive_heads
 from naive import episode_tails as naive_tails
 from naive import link_stream_steps as naive_link
 from scipy.stats import chisquare
+from streams import AGENTS, SPECS, StreamDriver, make_buffer, reloaded
 
 from marlbuf import AgentSpec, MultiAgentReplayBuffer
 from marlbuf._kernels.episodes import episode_heads, episode_tails, link_stream_steps
@@ -20,10 +20,6 @@ from marlbuf.batch import EpisodeBatch
 from marlbuf.buffer import StreamBreakWarning
 from marlbuf.samplers import Episodes, Sampler, Sequence, Uniform
 
-SPECS = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
-AGENTS = list(SPECS)
-#: step numbers of stream k start at k * STREAM_STRIDE (exact in float32 for the streams used)
-STREAM_STRIDE = 100_000
 CONFIGS = [
     ("interleaved", "rows", "once"),
     ("interleaved", "per_agent", "stored"),
@@ -31,101 +27,11 @@ CONFIGS = [
 ]
 
 
-class Driver:
-    """Random episodes written by ``add``/``extend``/``add_envs`` on several streams, into a
-    buffer and a :class:`NaiveEpisodeRing` alike.
-
-    A step's number (``stream * STREAM_STRIDE`` plus the stream's step counter) is its reward
-    and its obs (``number + agent index``); its next_obs is the obs of the stream's next step,
-    so no write is a stream break.
-    """
-
-    def __init__(self, buf: MultiAgentReplayBuffer, seed: int = 0) -> None:
-        self.buf = buf
-        self.naive = NaiveEpisodeRing(buf.capacity)
-        self.rng = np.random.default_rng(seed)
-        self.counters: dict[int, int] = {}
-        self.slot_value = np.full(buf.capacity, -1.0)
-
-    def numbers(self, streams: list[int]) -> np.ndarray:
-        seen: dict[int, int] = {}
-        out = []
-        for stream in streams:
-            out.append(stream * STREAM_STRIDE + self.counters.get(stream, 0) + seen.get(stream, 0))
-            seen[stream] = seen.get(stream, 0) + 1
-        return np.array(out, dtype=np.int64)
-
-    @staticmethod
-    def fields(numbers: np.ndarray, done: np.ndarray) -> dict:
-        values = numbers.astype(np.float32)
-        return {
-            "obs": {a: np.repeat(values[:, None], 3, 1) + i for i, a in enumerate(AGENTS)},
-            "action": {a: np.zeros((len(values), 2), np.float32) for a in AGENTS},
-            "reward": {a: values.copy() for a in AGENTS},
-            "next_obs": {a: np.repeat(values[:, None] + 1, 3, 1) + i for i, a in enumerate(AGENTS)},
-            "done": {a: done.astype(np.float32) for a in AGENTS},
-        }
-
-    def _record(self, streams: list[int], ends: np.ndarray) -> None:
-        for stream, number, end in zip(streams, self.numbers(streams), ends):
-            self.slot_value[self.naive.cursor] = number
-            self.naive.write(stream, bool(end))
-            self.counters[stream] = self.counters.get(stream, 0) + 1
-
-    def extend(self, steps: int, stream: int = 0, p_end: float = 0.15) -> None:
-        done = self.rng.random(steps) < p_end
-        truncated = self.rng.random(steps) < p_end / 3
-        fields = self.fields(self.numbers([stream] * steps), done)
-        self.buf.extend(**fields, stream=stream, truncated=truncated)
-        self._record([stream] * steps, done | truncated)
-
-    def add(self, stream: int = 0, p_end: float = 0.15) -> None:
-        done = self.rng.random(1) < p_end
-        fields = self.fields(self.numbers([stream]), done)
-        self.buf.add(**{f: {a: x[0] for a, x in per.items()} for f, per in fields.items()},
-                     stream=stream)  # fmt: skip
-        self._record([stream], done)
-
-    def add_envs(self, n_envs: int, p_end: float = 0.15) -> None:
-        done = self.rng.random(n_envs) < p_end
-        fields = self.fields(self.numbers(list(range(n_envs))), done)
-        self.buf.add_envs(**fields)
-        self._record(list(range(n_envs)), done)
-
-    def episode(self, length: int, stream: int = 0) -> None:
-        """One whole episode, truncated at its last step (EPyMARL's way of inserting)."""
-        numbers = self.numbers([stream] * length)
-        end = np.arange(length) == length - 1
-        self.buf.extend(**self.fields(numbers, np.zeros(length)), stream=stream, truncated=end)
-        self._record([stream] * length, end)
-
-    def random_ops(self, n_ops: int, n_streams: int = 3) -> None:
-        for _ in range(n_ops):
-            op = self.rng.integers(4)
-            if op == 0:
-                self.add(int(self.rng.integers(n_streams)))
-            elif op == 1:
-                self.extend(int(self.rng.integers(1, 12)), int(self.rng.integers(n_streams)))
-            elif op == 2:
-                self.add_envs(int(self.rng.integers(1, n_streams + 1)))
-            else:
-                self.episode(int(self.rng.integers(1, 9)), int(self.rng.integers(n_streams)))
-
-
 def make(capacity: int = 60, config=CONFIGS[0], **sampler_args) -> MultiAgentReplayBuffer:
-    layout, batch_layout, next_obs = config
-    return MultiAgentReplayBuffer(
-        SPECS,
-        capacity,
-        layout=layout,
-        batch_layout=batch_layout,
-        next_obs=next_obs,
-        sampler=Episodes(**sampler_args),
-        seed=1,
-    )
+    return make_buffer(Episodes(**sampler_args), capacity, config)
 
 
-def check_complete(driver: Driver) -> None:
+def check_complete(driver: StreamDriver) -> None:
     buf = driver.buf
     assert buf.episodes is not None
     slots = buf.episodes.complete_slots()
@@ -139,7 +45,7 @@ def check_complete(driver: Driver) -> None:
     assert not buf.episodes.length[untracked].any()
 
 
-def check_batch(driver: Driver, batch: EpisodeBatch, max_length: int | None) -> None:
+def check_batch(driver: StreamDriver, batch: EpisodeBatch, max_length: int | None) -> None:
     complete = driver.naive.complete()
     first = batch.indices.tolist()
     assert isinstance(batch, EpisodeBatch) and set(first) <= set(complete)
@@ -152,22 +58,16 @@ def check_batch(driver: Driver, batch: EpisodeBatch, max_length: int | None) -> 
     kept = np.minimum(lengths, steps)[:, None]
     np.testing.assert_array_equal(batch.mask, np.arange(steps) < kept)
     assert batch.filled is batch.mask
-    value = np.where(batch.mask, driver.slot_value[np.maximum(batch.slots, 0)], 0.0)
-    for i, agent in enumerate(AGENTS):
-        np.testing.assert_array_equal(batch.reward[agent], value)
-        np.testing.assert_array_equal(batch.obs[agent][..., 2], np.where(batch.mask, value + i, 0))
-        np.testing.assert_array_equal(
-            batch.next_obs[agent][..., 0], np.where(batch.mask, value + 1 + i, 0)
-        )
+    driver.check_values(batch)
 
 
 # ------------------------------------------------------------------ kernels and the index
 
 
 def test_kernels_match_their_naive_twins() -> None:
-    driver = Driver(make(50), 3)
+    driver = StreamDriver(make(50), 3)
     for _ in range(10):
-        driver.random_ops(8)
+        driver.random_ops(8, episodes=True)
         index = driver.buf.episodes
         assert index is not None
         slots = np.arange(driver.buf.size, dtype=np.int64)
@@ -234,15 +134,15 @@ def test_link_stream_steps_matches_its_naive_twin(seed: int) -> None:
 def test_complete_episodes_match_the_model(capacity: int, seed: int) -> None:
     """Random writes on several streams, wrapping the ring: the complete set, each episode's
     length and both counts equal the model's after every round."""
-    driver = Driver(make(capacity), seed)
+    driver = StreamDriver(make(capacity), seed)
     check_complete(driver)
     for _ in range(15):
-        driver.random_ops(5)
+        driver.random_ops(5, episodes=True)
         check_complete(driver)
 
 
 def test_a_partly_overwritten_episode_is_never_drawn() -> None:
-    driver = Driver(make(20), 0)
+    driver = StreamDriver(make(20), 0)
     driver.episode(12)
     driver.episode(5)
     assert driver.buf.complete_episodes == 2
@@ -251,7 +151,7 @@ def test_a_partly_overwritten_episode_is_never_drawn() -> None:
     check_complete(driver)
     for _ in range(20):
         assert 0 not in driver.buf.sample(2).indices.tolist()
-    driver.add()  # an open episode: stored, not complete
+    driver.add(p_done=0.0, p_trunc=0.0)  # an open episode: stored, not complete
     assert driver.buf.complete_episodes == 2 and driver.buf.stored_episodes == 4
 
 
@@ -263,10 +163,10 @@ def test_a_partly_overwritten_episode_is_never_drawn() -> None:
 def test_batches_match_the_model(config, max_length) -> None:
     """Exact slots, masks, lengths and zero-filled data, every layout and next_obs mode,
     while filling and after wrapping; fixed lengths cut longer episodes."""
-    driver = Driver(make(80, config, max_length=max_length), 5)
+    driver = StreamDriver(make(80, config, max_length=max_length), 5)
     for target in (30, 400):
         while sum(driver.counters.values()) < target:
-            driver.random_ops(1, n_streams=2)
+            driver.random_ops(1, n_streams=2, episodes=True)
         count = min(6, driver.buf.complete_episodes)
         batch = driver.buf.sample(count)
         check_batch(driver, batch, max_length)
@@ -274,9 +174,9 @@ def test_batches_match_the_model(config, max_length) -> None:
 
 
 def test_uniform_over_complete_episodes_and_distinct() -> None:
-    driver = Driver(make(120), 2)
+    driver = StreamDriver(make(120), 2)
     while driver.buf.complete_episodes < 25 or driver.buf.size < 120:
-        driver.random_ops(1)
+        driver.random_ops(1, episodes=True)
     complete = sorted(driver.naive.complete())
     counts = dict.fromkeys(complete, 0)
     for _ in range(1500):
@@ -288,32 +188,31 @@ def test_uniform_over_complete_episodes_and_distinct() -> None:
 
 
 def test_with_replacement_and_refusals() -> None:
-    driver = Driver(make(60, replace=True), 0)
-    driver.add(p_end=0.0)  # an open episode only
+    driver = StreamDriver(make(60, replace=True), 0)
+    driver.add(p_done=0.0, p_trunc=0.0)  # an open episode only
     with pytest.raises(ValueError, match="no complete episode is stored"):
         driver.buf.sample(2)
-    driver.buf.add(**{f: {a: v[0] for a, v in per.items()}
-                      for f, per in Driver.fields(np.array([1]), np.ones(1)).items()})  # fmt: skip
-    driver._record([0], np.ones(1, bool))
+    driver.buf.add(**StreamDriver.one_step(StreamDriver.fields(np.array([1]), np.ones(1))))
+    driver.record([0], np.ones(1, bool))
     driver.episode(3)
     driver.episode(4)
     batch = driver.buf.sample(16)  # more than stored: with replacement
     assert set(batch.indices.tolist()) == {0, 2, 5}
-    distinct = Driver(make(60), 0)
+    distinct = StreamDriver(make(60), 0)
     distinct.episode(3)
     with pytest.raises(ValueError, match="distinct episodes"):
         distinct.buf.sample(2)
 
 
 def test_out_reuses_a_fixed_shape_block() -> None:
-    driver = Driver(make(60, max_length=6), 0)
+    driver = StreamDriver(make(60, max_length=6), 0)
     for length in (3, 6, 2, 5):
         driver.episode(length)
     first = driver.buf.sample(3)
     again = driver.buf.sample(3, out=first)
     assert again.block is first.block
     check_batch(driver, again, 6)
-    free = Driver(make(60), 0)
+    free = StreamDriver(make(60), 0)
     free.episode(3)
     with pytest.raises(TypeError, match="max_length"):
         free.buf.sample(1, out=free.buf.sample(1))
@@ -322,8 +221,8 @@ def test_out_reuses_a_fixed_shape_block() -> None:
 # ------------------------------------------------------------------ prioritized episodes
 
 
-def prioritized_driver(**args) -> tuple[Driver, Episodes]:
-    driver = Driver(make(200, prioritized=True, **args), 4)
+def prioritized_driver(**args) -> tuple[StreamDriver, Episodes]:
+    driver = StreamDriver(make(200, prioritized=True, **args), 4)
     for length in np.random.default_rng(0).integers(2, 8, size=30):
         driver.episode(int(length))
     sampler = driver.buf.sampler
@@ -388,10 +287,10 @@ def test_stale_and_non_start_updates_are_dropped() -> None:
 @pytest.mark.parametrize(
     "args", [{}, {"max_length": 5}, {"prioritized": True}, {"prioritized": True, "replace": True}]
 )
-@pytest.mark.parametrize("how", ["state_dict", "save"])
+@pytest.mark.parametrize("how", ["state_dict", "file"])
 def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
-    driver = Driver(make(70, **args), 9)
-    driver.random_ops(40)
+    driver = StreamDriver(make(70, **args), 9)
+    driver.random_ops(40, episodes=True)
     if args.get("prioritized"):
         firsts = driver.buf.episodes.complete_slots().copy()
         driver.buf.update_priorities(
@@ -400,12 +299,7 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
             trainer=1,
             generations=driver.buf.write_generation[firsts],
         )
-    if how == "save":
-        driver.buf.save(tmp_path / "buf.npz")
-        other = MultiAgentReplayBuffer.load(tmp_path / "buf.npz")
-    else:
-        other = make(70, **args)
-        other.load_state_dict(driver.buf.state_dict())
+    other = reloaded(driver.buf, how, tmp_path, lambda: make(70, **args))
     assert other.complete_episodes == driver.buf.complete_episodes
     for trainer in (0, 1):
         a, b = driver.buf.sample(4, trainer=trainer), other.sample(4, trainer=trainer)
@@ -421,7 +315,7 @@ def test_a_state_without_an_index_is_rebuilt() -> None:
     plain = MultiAgentReplayBuffer(SPECS, 40, sampler=Uniform(), seed=0)
     numbers = np.arange(10)
     done = (numbers % 5 == 4).astype(np.float32)
-    plain.extend(**Driver.fields(numbers, done))
+    plain.extend(**StreamDriver.fields(numbers, done))
     other = make(40, prioritized=True)
     other.load_state_dict(plain.state_dict())
     assert other.complete_episodes == 2
@@ -432,24 +326,23 @@ def test_a_state_without_an_index_is_rebuilt() -> None:
 
 
 def test_gather_sequences_matches_the_model() -> None:
-    driver = Driver(make(50), 6)
-    driver.random_ops(30)
+    driver = StreamDriver(make(50), 6)
+    driver.random_ops(30, episodes=True)
     starts = np.arange(driver.buf.size)
     batch = driver.buf.gather_sequences(starts, 5)
     expected = np.array([driver.naive.sequence(int(s), 0, 4) for s in starts])
     np.testing.assert_array_equal(batch.slots, expected)
     np.testing.assert_array_equal(batch.lengths, (expected >= 0).sum(axis=1))
     np.testing.assert_array_equal(batch.indices, starts)
-    value = np.where(batch.mask, driver.slot_value[np.maximum(batch.slots, 0)], 0.0)
-    np.testing.assert_array_equal(batch.reward[AGENTS[1]], value)
+    driver.check_values(batch)
     sequences = MultiAgentReplayBuffer(SPECS, 10, sampler=Sequence(length=2), seed=0)
-    Driver(sequences).episode(4)
+    StreamDriver(sequences).episode(4)
     assert sequences.gather_sequences([0], 9).lengths.tolist() == [4]
 
 
 def test_gather_sequences_and_counts_refuse_bad_input() -> None:
     buf = make(20)
-    Driver(buf).episode(3)
+    StreamDriver(buf).episode(3)
     with pytest.raises(ValueError, match="length must be a positive int"):
         buf.gather_sequences([0], 0)
     with pytest.raises(ValueError, match="indices must lie in"):
@@ -496,8 +389,8 @@ def test_torch_store_samples_the_same_episodes() -> None:
     host = make(60, max_length=None)
     device = MultiAgentReplayBuffer(SPECS, 60, sampler=Episodes(), seed=1, device="cpu")
     for buf in (host, device):
-        driver = Driver(buf, 3)
-        driver.random_ops(25)
+        driver = StreamDriver(buf, 3)
+        driver.random_ops(25, episodes=True)
     a, b = host.sample(4), device.sample(4)
     np.testing.assert_array_equal(a.slots, b.slots)
     np.testing.assert_array_equal(a.lengths, b.lengths)
@@ -740,12 +633,12 @@ def test_stacked_views_of_an_agent_group(batch_layout: str) -> None:
         SPECS, 60, sampler=Episodes(max_length=6), batch_layout=batch_layout, seed=0
     )
     other = MultiAgentReplayBuffer(SPECS, 60, layout="agent_major", sampler=Episodes(), seed=0)
-    Driver(other).episode(4)
+    StreamDriver(other).episode(4)
     copied = other.sample(1)
     np.testing.assert_array_equal(
         copied.stacked("obs"), np.stack([copied.obs[a] for a in AGENTS], axis=2)
     )
-    driver = Driver(buf, 1)
+    driver = StreamDriver(buf, 1)
     for length in (3, 6, 4, 5):
         driver.episode(length)
     batch = buf.sample(3)
@@ -759,7 +652,7 @@ def test_stacked_views_of_an_agent_group(batch_layout: str) -> None:
     stacked[0, 0, 1] = -5.0  # writes through to the batch
     assert (batch.obs[AGENTS[1]][0, 0] == -5.0).all()
     plain = MultiAgentReplayBuffer(SPECS, 60, seed=0)
-    plain.extend(**Driver.fields(np.arange(10), np.zeros(10)))
+    plain.extend(**StreamDriver.fields(np.arange(10), np.zeros(10)))
     flat = plain.sample(4)
     assert flat.stacked("obs").shape == (4, 2, 3)
     mixed = MultiAgentReplayBuffer(

@@ -10,17 +10,14 @@ import numpy as np
 import pytest
 from naive import NaiveEpisodeRing, r2d2_priority
 from scipy.stats import chisquare
+from streams import AGENTS, SPECS, StreamDriver, make_buffer, reloaded
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer
+from marlbuf import MultiAgentReplayBuffer
 from marlbuf.batch import Batch, SequenceBatch, as_sequences
 from marlbuf.memory import estimate
 from marlbuf.samplers import Sampler, Sequence
 from marlbuf.writer import EpisodeIndex
 
-SPECS = {f"agent_{i}": AgentSpec(obs_shape=(3,), action_shape=(2,)) for i in range(2)}
-AGENTS = list(SPECS)
-#: step numbers of stream k start at k * STREAM_STRIDE (exact in float32 for the streams used)
-STREAM_STRIDE = 1_000_000
 CONFIGS = [
     ("interleaved", "rows", "once"),
     ("interleaved", "per_agent", "stored"),
@@ -29,108 +26,11 @@ CONFIGS = [
 ]
 
 
-class Driver:
-    """Writes numbered steps into a buffer and a :class:`NaiveEpisodeRing` alike.
-
-    Each step gets a number ``n`` (unique: ``stream * STREAM_STRIDE`` plus the stream's step
-    counter), stored as every agent's reward and in its obs (``n + agent index``), so that every
-    gathered row names the step it came from. Its next_obs is the obs of the stream's next
-    step (``n + 1``), as an environment's would be: no write is a stream break.
-    """
-
-    def __init__(self, buf: MultiAgentReplayBuffer, seed: int = 0) -> None:
-        self.buf = buf
-        self.naive = NaiveEpisodeRing(buf.capacity)
-        self.rng = np.random.default_rng(seed)
-        self.count = 0  # steps written, all streams
-        self.counters: dict[int, int] = {}  # per stream, steps written
-        self.slot_value = np.full(buf.capacity, -1.0)
-
-    def _fields(self, numbers: np.ndarray, done: np.ndarray) -> dict:
-        """Fields of steps ``numbers`` (shape (T,)); ``done`` (T, n_agents)."""
-        values = numbers.astype(np.float32)
-        return {
-            "obs": {a: np.repeat(values[:, None], 3, 1) + i for i, a in enumerate(AGENTS)},
-            "action": {a: np.zeros((len(values), 2), np.float32) for a in AGENTS},
-            "reward": {a: values.copy() for a in AGENTS},
-            "next_obs": {a: np.repeat(values[:, None] + 1, 3, 1) + i for i, a in enumerate(AGENTS)},
-            "done": {a: done[:, i].astype(np.float32) for i, a in enumerate(AGENTS)},
-        }
-
-    def numbers(self, streams: list[int]) -> np.ndarray:
-        """The numbers of the next steps of ``streams`` (one step each, in order)."""
-        seen: dict[int, int] = {}
-        out = []
-        for stream in streams:
-            step = self.counters.get(stream, 0) + seen.get(stream, 0)
-            seen[stream] = seen.get(stream, 0) + 1
-            out.append(stream * STREAM_STRIDE + step)
-        return np.array(out, dtype=np.int64)
-
-    def _record(self, streams: list[int], ends: np.ndarray) -> None:
-        for stream, number, end in zip(streams, self.numbers(streams), ends):
-            self.slot_value[self.naive.cursor] = number
-            self.naive.write(stream, bool(end))
-            self.counters[stream] = self.counters.get(stream, 0) + 1
-            self.count += 1
-
-    def _flags(self, steps: int, p_done: float, p_trunc: float) -> tuple[np.ndarray, np.ndarray]:
-        done = self.rng.random((steps, len(AGENTS))) < p_done
-        done[self.rng.random(steps) < p_done] = True  # sometimes every agent at once
-        truncated = self.rng.random(steps) < p_trunc
-        return done, truncated
-
-    def add(self, stream: int = 0, p_done: float = 0.2, p_trunc: float = 0.05) -> None:
-        done, truncated = self._flags(1, p_done, p_trunc)
-        fields = self._fields(self.numbers([stream]), done)
-        step = {f: {a: x[0] for a, x in per.items()} for f, per in fields.items()}
-        cut: object = bool(truncated[0])
-        if cut and self.rng.random() < 0.5:  # per agent form: one agent's flag is enough
-            cut = {AGENTS[1]: True}
-        self.buf.add(**step, stream=stream, truncated=cut)
-        self._record([stream], done.all(axis=1) | truncated)
-
-    def extend(self, steps: int, stream: int = 0, p_done: float = 0.1, p_trunc: float = 0.05):
-        done, truncated = self._flags(steps, p_done, p_trunc)
-        fields = self._fields(self.numbers([stream] * steps), done)
-        cut: object = truncated if truncated.any() else False
-        if truncated.any() and self.rng.random() < 0.5:
-            cut = {AGENTS[0]: truncated, AGENTS[1]: np.zeros(steps, bool)}
-        self.buf.extend(**fields, stream=stream, truncated=cut)
-        self._record([stream] * steps, done.all(axis=1) | truncated)
-
-    def add_envs(self, n_envs: int, first: int = 0, p_done: float = 0.2, p_trunc: float = 0.05):
-        done, truncated = self._flags(n_envs, p_done, p_trunc)
-        fields = self._fields(self.numbers(list(range(first, first + n_envs))), done)
-        self.buf.add_envs(**fields, first_stream=first, truncated=truncated)
-        self._record(list(range(first, first + n_envs)), done.all(axis=1) | truncated)
-
-    def random_ops(self, n_ops: int, n_streams: int = 3) -> None:
-        for _ in range(n_ops):
-            op = self.rng.integers(3)
-            if op == 0:
-                self.add(int(self.rng.integers(n_streams)))
-            elif op == 1:
-                self.extend(int(self.rng.integers(1, 12)), int(self.rng.integers(n_streams)))
-            else:
-                self.add_envs(int(self.rng.integers(1, n_streams + 1)))
-
-
 def make(capacity: int = 40, config=CONFIGS[0], **sampler_args) -> MultiAgentReplayBuffer:
-    layout, batch_layout, next_obs = config
-    sampler = Sequence(**{"length": 4, "burn_in": 2, **sampler_args})
-    return MultiAgentReplayBuffer(
-        SPECS,
-        capacity,
-        layout=layout,
-        batch_layout=batch_layout,
-        next_obs=next_obs,
-        sampler=sampler,
-        seed=1,
-    )
+    return make_buffer(Sequence(**{"length": 4, "burn_in": 2, **sampler_args}), capacity, config)
 
 
-def check_index(driver: Driver, before: int, after: int) -> None:
+def check_index(driver: StreamDriver, before: int, after: int) -> None:
     """The slot matrix of every stored slot equals the model's."""
     buf, naive = driver.buf, driver.naive
     assert buf.episodes is not None
@@ -140,7 +40,7 @@ def check_index(driver: Driver, before: int, after: int) -> None:
     np.testing.assert_array_equal(got, expected)
 
 
-def check_batch(driver: Driver, batch: SequenceBatch, length: int, burn_in: int) -> None:
+def check_batch(driver: StreamDriver, batch: SequenceBatch, length: int, burn_in: int) -> None:
     """Slots, mask and data of a sampled batch against the model and the written numbers."""
     n = len(batch)
     steps = burn_in + length
@@ -151,16 +51,10 @@ def check_batch(driver: Driver, batch: SequenceBatch, length: int, burn_in: int)
     np.testing.assert_array_equal(batch.mask, expected >= 0)
     np.testing.assert_array_equal(batch.slots[:, burn_in], batch.indices)
     np.testing.assert_array_equal(batch.generations, driver.buf.write_generation[batch.indices])
-    value = np.where(batch.mask, driver.slot_value[np.maximum(batch.slots, 0)], 0.0)
-    for i, agent in enumerate(AGENTS):
+    for agent in AGENTS:
         assert batch.obs[agent].shape == (n, steps, 3)
         assert batch.action[agent].shape == (n, steps, 2)
-        np.testing.assert_array_equal(batch.reward[agent], value)
-        np.testing.assert_array_equal(batch.obs[agent][..., 0], np.where(batch.mask, value + i, 0))
-        np.testing.assert_array_equal(
-            batch.next_obs[agent][..., 1], np.where(batch.mask, value + 1 + i, 0)
-        )
-        assert not batch.done[agent][~batch.mask].any()
+    driver.check_values(batch)
 
 
 # ------------------------------------------------------------------ the episode index
@@ -171,7 +65,7 @@ def check_batch(driver: Driver, batch: SequenceBatch, length: int, burn_in: int)
 def test_index_matches_list_of_episodes(capacity: int, seed: int) -> None:
     """Random add / extend / add_envs on several streams, wrapping the ring many times (and
     while not yet full): every stored slot's sequence equals the model's."""
-    driver = Driver(make(capacity, length=3, burn_in=2), seed)
+    driver = StreamDriver(make(capacity, length=3, burn_in=2), seed)
     for _ in range(12):
         driver.random_ops(6)
         check_index(driver, 4, 5)
@@ -179,7 +73,7 @@ def test_index_matches_list_of_episodes(capacity: int, seed: int) -> None:
 
 def test_interleaved_streams_never_mix() -> None:
     """Two streams written alternately step by step: every sequence stays in one stream."""
-    driver = Driver(make(64, length=6, burn_in=3), 3)
+    driver = StreamDriver(make(64, length=6, burn_in=3), 3)
     for _ in range(100):
         driver.add(0, p_done=0.05, p_trunc=0)
         driver.add(1, p_done=0.05, p_trunc=0)
@@ -194,14 +88,11 @@ def test_interleaved_streams_never_mix() -> None:
 
 def test_truncation_and_termination_end_episodes() -> None:
     buf = make(50, length=3, burn_in=0)
-    driver = Driver(buf)
+    driver = StreamDriver(buf)
 
     def step(done: list[bool], truncated: object = False) -> None:
-        fields = driver._fields(driver.numbers([0]), np.array([done]))
-        buf.add(
-            **{f: {a: x[0] for a, x in per.items()} for f, per in fields.items()},
-            truncated=truncated,
-        )
+        fields = driver.fields(driver.numbers([0]), np.array([done]))
+        buf.add(**StreamDriver.one_step(fields), truncated=truncated)
         driver.counters[0] = driver.counters.get(0, 0) + 1
 
     step([True, False])  # one agent done: the episode goes on
@@ -217,7 +108,7 @@ def test_truncation_and_termination_end_episodes() -> None:
 
 def test_extend_longer_than_capacity_counts_skipped_steps() -> None:
     """Only the last ``capacity`` steps are stored, numbered as if added one by one."""
-    driver = Driver(make(10, length=3, burn_in=1), 5)
+    driver = StreamDriver(make(10, length=3, burn_in=1), 5)
     driver.extend(4)
     driver.extend(27)
     check_index(driver, 3, 3)
@@ -227,7 +118,7 @@ def test_extend_longer_than_capacity_counts_skipped_steps() -> None:
 
 
 def test_add_envs_with_more_envs_than_capacity() -> None:
-    driver = Driver(make(5, length=2, burn_in=1), 7)
+    driver = StreamDriver(make(5, length=2, burn_in=1), 7)
     for _ in range(6):
         driver.add_envs(8)
         check_index(driver, 2, 2)
@@ -242,7 +133,7 @@ def test_batches_match_the_model(config, pad: bool) -> None:
     """Exact slots, masks, burn-in positions and zero-filled data, every layout and next_obs
     mode, while filling and after wrapping."""
     buf = make(60, config, length=5, burn_in=3, pad=pad)
-    driver = Driver(buf, 11)
+    driver = StreamDriver(buf, 11)
     for size_steps in (25, 200):
         while driver.count < size_steps:
             driver.random_ops(1, n_streams=2)
@@ -253,7 +144,7 @@ def test_batches_match_the_model(config, pad: bool) -> None:
 
 
 def test_pad_false_starts_are_exactly_the_valid_ones() -> None:
-    driver = Driver(make(50, length=4, burn_in=0, pad=False), 2)
+    driver = StreamDriver(make(50, length=4, burn_in=0, pad=False), 2)
     for _ in range(20):
         driver.random_ops(4)
         sampler = driver.buf.sampler
@@ -264,7 +155,7 @@ def test_pad_false_starts_are_exactly_the_valid_ones() -> None:
 
 
 def test_pad_false_without_long_episodes_is_refused() -> None:
-    driver = Driver(make(50, length=4, burn_in=0, pad=False))
+    driver = StreamDriver(make(50, length=4, burn_in=0, pad=False))
     for _ in range(3):
         driver.add(p_done=1.0)
     with pytest.raises(ValueError, match="pad=False has no sequence start"):
@@ -272,7 +163,7 @@ def test_pad_false_without_long_episodes_is_refused() -> None:
 
 
 def test_uniform_starts_are_uniform_over_stored_slots() -> None:
-    driver = Driver(make(30, length=4, burn_in=1), 4)
+    driver = StreamDriver(make(30, length=4, burn_in=1), 4)
     driver.random_ops(10)
     while driver.buf.size < 30:
         driver.add()
@@ -283,7 +174,7 @@ def test_uniform_starts_are_uniform_over_stored_slots() -> None:
 
 
 def test_pad_false_starts_are_uniform_over_valid_starts() -> None:
-    driver = Driver(make(60, length=3, burn_in=0, pad=False), 6)
+    driver = StreamDriver(make(60, length=3, burn_in=0, pad=False), 6)
     for _ in range(12):
         driver.extend(8, p_done=0.15, p_trunc=0)
     valid = driver.naive.valid_starts(3)
@@ -294,27 +185,17 @@ def test_pad_false_starts_are_uniform_over_valid_starts() -> None:
     assert chisquare(counts[valid]).pvalue > 1e-3
 
 
-def test_sample_for_trainers_and_iter_trainers() -> None:
-    driver = Driver(make(80, length=4, burn_in=2), 9)
+def test_sample_for_trainers_draws_valid_sequences_for_each_trainer() -> None:
+    """Each trainer's batch of a round holds sequences the model agrees with (the rounds
+    themselves, and ``iter_trainers``, are tested in tests/buffer/test_reading.py)."""
+    driver = StreamDriver(make(80, length=4, burn_in=2), 9)
     driver.random_ops(20)
-    batches = driver.buf.sample_for_trainers(16)
-    assert len(batches) == 2 and batches[0].trainer == 0 and batches[1].trainer == 1
-    assert not np.array_equal(batches[0].indices, batches[1].indices)
-    for batch in batches:
+    for batch in driver.buf.sample_for_trainers(16):
         check_batch(driver, batch, 4, 2)
-    # the same draws, streamed, from the same rng state
-    other = make(80, length=4, burn_in=2)
-    other.load_state_dict(driver.buf.state_dict())
-    driver.buf.rng = np.random.default_rng(5)
-    other.rng = np.random.default_rng(5)
-    first = driver.buf.sample_for_trainers(16)
-    for a, b in zip(first, other.iter_trainers(16)):
-        np.testing.assert_array_equal(a.slots, b.slots)
-        np.testing.assert_array_equal(a.reward["agent_0"], b.reward["agent_0"])
 
 
 def test_out_reuses_the_block() -> None:
-    driver = Driver(make(80, length=4, burn_in=2), 9)
+    driver = StreamDriver(make(80, length=4, burn_in=2), 9)
     driver.random_ops(20)
     first = driver.buf.sample(16)
     state = driver.buf.rng.bit_generator.state
@@ -328,13 +209,13 @@ def test_out_reuses_the_block() -> None:
     with pytest.raises(ValueError, match="out holds a block"):
         driver.buf.sample(8, out=first)
     plain = MultiAgentReplayBuffer(SPECS, 80)
-    Driver(plain).extend(30)
+    StreamDriver(plain).extend(30)
     with pytest.raises(TypeError, match="SequenceBatch"):
         driver.buf.sample(16, out=plain.sample(16))
 
 
 def test_concat_is_per_step() -> None:
-    driver = Driver(make(40, length=3, burn_in=1), 1)
+    driver = StreamDriver(make(40, length=3, burn_in=1), 1)
     driver.extend(30)
     batch = driver.buf.sample(8)
     joined = batch.concat("obs", "action")
@@ -397,10 +278,10 @@ def test_reshape_covers_every_per_row_array() -> None:
 # ------------------------------------------------------------------ prioritized sequences
 
 
-def prioritized(capacity: int = 40, **args) -> tuple[Driver, Sequence]:
+def prioritized(capacity: int = 40, **args) -> tuple[StreamDriver, Sequence]:
     buf = make(capacity, prioritized=True, **{"length": 4, "burn_in": 1, **args})
     assert isinstance(buf.sampler, Sequence)
-    return Driver(buf, 8), buf.sampler
+    return StreamDriver(buf, 8), buf.sampler
 
 
 def test_new_starts_get_the_running_max() -> None:
@@ -503,7 +384,7 @@ def test_bad_td_errors() -> None:
     with pytest.raises(TypeError, match="real numeric"):
         driver.buf.update_priorities(batch.indices, np.array(["a"] * 4))
     uniform = make(20)
-    Driver(uniform).extend(10)
+    StreamDriver(uniform).extend(10)
     with pytest.raises(TypeError, match="keeps no priorities"):
         uniform.update_priorities(
             np.arange(2), np.ones(2), generations=uniform.write_generation[np.arange(2)]
@@ -519,17 +400,12 @@ def test_bad_td_errors() -> None:
 )
 @pytest.mark.parametrize("how", ["state_dict", "file"])
 def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
-    driver = Driver(make(30, **args), 12)
+    driver = StreamDriver(make(30, **args), 12)
     driver.random_ops(25)
     if driver.buf.sampler.weighted:
         batch = driver.buf.sample(8, trainer=1)
         driver.buf.update_priorities(batch.indices, np.arange(8.0), trainer=1)
-    if how == "file":
-        driver.buf.save(tmp_path / "b.npz")
-        other = MultiAgentReplayBuffer.load(tmp_path / "b.npz")
-    else:
-        other = make(30, **args)
-        other.load_state_dict(driver.buf.state_dict())
+    other = reloaded(driver.buf, how, tmp_path, lambda: make(30, **args))
     assert other.episodes is not None and driver.buf.episodes is not None
     assert other.episodes.open == driver.buf.episodes.open
     for t in (0, 1):
@@ -539,7 +415,7 @@ def test_round_trip_samples_the_same(args: dict, how: str, tmp_path) -> None:
         if a.weights is not None:
             np.testing.assert_array_equal(a.weights, b.weights)
     # open episodes continue in both alike
-    twin = Driver(other)
+    twin = StreamDriver(other)
     twin.rng, twin.count, twin.naive = driver.rng, driver.count, driver.naive
     twin.counters = dict(driver.counters)
     state = driver.rng.bit_generator.state
@@ -591,7 +467,7 @@ def test_states_without_an_index_are_rebuilt_from_done_flags_and_links() -> None
 
 
 def test_bad_episode_states_change_nothing() -> None:
-    driver = Driver(make(30), 3)
+    driver = StreamDriver(make(30), 3)
     driver.random_ops(10)
     state = driver.buf.state_dict()
     before = driver.buf.state_dict()
@@ -610,10 +486,10 @@ def test_bad_episode_states_change_nothing() -> None:
 
 
 def test_rejected_writes_leave_the_index_unchanged() -> None:
-    driver = Driver(make(30), 3)
+    driver = StreamDriver(make(30), 3)
     driver.random_ops(10)
     before = driver.buf.state_dict()["episodes"]
-    fields = driver._fields(np.arange(4.0), np.zeros((4, 2), bool))
+    fields = driver.fields(np.arange(4.0), np.zeros((4, 2), bool))
     fields["reward"]["agent_0"][2] = np.nan
     with pytest.raises(ValueError):
         driver.buf.extend(**fields, truncated=np.array([0, 1, 0, 1], bool))
@@ -669,8 +545,8 @@ def test_sequences_longer_than_the_buffer_are_refused() -> None:
 )
 def test_bad_truncated(call: str, truncated: object, error: type, match: str) -> None:
     buf = make(30)
-    driver = Driver(buf)
-    fields = driver._fields(np.arange(4.0), np.zeros((4, 2), bool))
+    driver = StreamDriver(buf)
+    fields = driver.fields(np.arange(4.0), np.zeros((4, 2), bool))
     if call == "add":
         fields = {f: {a: x[0] for a, x in per.items()} for f, per in fields.items()}
     with pytest.raises(error, match=match):
@@ -683,8 +559,8 @@ def test_truncated_forms_for_every_sampler() -> None:
     (n_agents, T) arrays count any agent."""
     for sampler in (None, Sequence(length=2)):
         buf = MultiAgentReplayBuffer(SPECS, 30, sampler=sampler)
-        driver = Driver(buf)
-        fields = driver._fields(np.arange(4.0), np.zeros((4, 2), bool))
+        driver = StreamDriver(buf)
+        fields = driver.fields(np.arange(4.0), np.zeros((4, 2), bool))
         buf.add_envs(**fields, truncated=True)
         buf.extend(**fields, truncated=np.array([[0, 1, 0, 0], [0, 0, 0, 1]]))
         buf.extend(**fields, truncated=[False, False, True, False])
@@ -698,7 +574,7 @@ def test_memory_mapped_buffers_sample_the_same_sequences(tmp_path) -> None:
     mapped = MultiAgentReplayBuffer(
         SPECS, 40, sampler=Sequence(length=4, burn_in=1), seed=1, path=tmp_path / "m"
     )
-    driver = Driver(mapped, 2)
+    driver = StreamDriver(mapped, 2)
     driver.random_ops(20)
     check_batch(driver, mapped.sample(16), 4, 1)
     mapped.close()
@@ -706,7 +582,7 @@ def test_memory_mapped_buffers_sample_the_same_sequences(tmp_path) -> None:
 
 def test_to_torch_carries_the_mask() -> None:
     torch = pytest.importorskip("torch")
-    driver = Driver(make(30))
+    driver = StreamDriver(make(30))
     driver.extend(20)
     batch = driver.buf.sample(4).to_torch()
     assert batch.mask.dtype == torch.bool and tuple(batch.mask.shape) == (4, 6)
@@ -735,7 +611,7 @@ def test_sharded_buffer_refuses_whole_episodes() -> None:
 
 
 def test_explicit_gather_stays_a_plain_batch() -> None:
-    driver = Driver(make(30))
+    driver = StreamDriver(make(30))
     driver.extend(20)
     batch = driver.buf.gather(np.arange(5))
     assert type(batch) is Batch and batch.obs["agent_0"].shape == (5, 3)
@@ -745,7 +621,7 @@ def test_explicit_gather_stays_a_plain_batch() -> None:
     "args", [{}, {"pad": False}, {"prioritized": True}, {"prioritized": True, "pad": False}]
 )
 def test_replace_false_draws_distinct_starts(args: dict) -> None:
-    driver = Driver(make(40, length=3, burn_in=1, replace=False, **args), 8)
+    driver = StreamDriver(make(40, length=3, burn_in=1, replace=False, **args), 8)
     while driver.buf.size < 40:
         driver.random_ops(3)
     sampler = driver.buf.sampler
@@ -764,7 +640,7 @@ def test_replace_false_draws_distinct_starts(args: dict) -> None:
 
 
 def test_replace_false_is_uniform_over_stored_slots() -> None:
-    driver = Driver(make(30, length=4, burn_in=1, replace=False), 4)
+    driver = StreamDriver(make(30, length=4, burn_in=1, replace=False), 4)
     driver.random_ops(10)
     counts = np.zeros(30)
     for _ in range(400):
@@ -788,7 +664,7 @@ def test_replace_false_is_uniform_over_stored_slots() -> None:
 )
 def test_crafted_episode_indexes_are_refused(mutate: str) -> None:
     """The episode index of a state is checked as a whole before anything changes."""
-    driver = Driver(make(30))
+    driver = StreamDriver(make(30))
     driver.extend(25)
     state = driver.buf.state_dict()
     episodes = {k: np.array(v, copy=True) for k, v in state["episodes"].items()}
