@@ -68,6 +68,8 @@ class GlobalDraw:
         self.by_totals = isinstance(sampler, (Prioritized, SequenceSampler))
 
     def check_batch(self, batch_size: Any) -> int:
+        """``batch_size`` as the sampler takes it (a ``Neighbor``'s: a multiple of its run
+        length)."""
         batch_size = self.sampler.check_batch_size(batch_size)
         if isinstance(self.sampler, Neighbor) and batch_size % self.sampler.run_length:
             raise ValueError(
