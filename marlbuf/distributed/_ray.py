@@ -48,7 +48,7 @@ _FINGERPRINTED = (
     "samplers",
     "prioritized.py",
     "storage.py",
-    "staging.py",
+    "staging",
     "spec.py",
     "distributed/_shard.py",
 )

@@ -29,216 +29,24 @@ from marlbuf.distributed._ray import (
     get_all,
     worker_env,
 )
-from marlbuf.distributed._shard import ShardActor, sequence_steps, shard_config, unpack
+from marlbuf.distributed._shard import ShardActor, shard_config
+from marlbuf.distributed.checkpoint import read_manifest, shard_file, write_manifest
+from marlbuf.distributed.checks import (
+    check_capacity,
+    check_learner_options,
+    check_n_shards,
+    check_sampler,
+)
+from marlbuf.distributed.draws import GlobalDraw, Round
 from marlbuf.distributed.limiter import RateLimiter
-from marlbuf.samplers import Neighbor, Prioritized, PrioritizedNeighbor, Sampler, Uniform
+from marlbuf.distributed.writers import ShardWriter, check_next_obs, split_envs
+from marlbuf.samplers import Sampler
 from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import AgentSpec, FieldSpec
 from marlbuf.staging import RowCodec
-from marlbuf.stores.capabilities import refusal
 from marlbuf.writer import NextObsLinks
 
-MANIFEST_FORMAT = "marlbuf-sharded"
-MANIFEST_VERSION = 1
-MANIFEST = "manifest.json"
-
 _RemoteShard = ray.remote(num_cpus=0, max_restarts=0)(ShardActor)
-
-#: the samplers whose draw the learner splits across shards exactly (docs/distributed.md);
-#: their exact classes, since a subclass may draw by another rule
-SHARDED_SAMPLERS: tuple[type[Sampler], ...] = (
-    Uniform,
-    Neighbor,
-    Prioritized,
-    PrioritizedNeighbor,
-    SequenceSampler,
-)
-
-
-def _shard_file(index: int) -> str:
-    return f"shard-{index}.npz"
-
-
-def _steps(kind: str, fields: Sequence[Any]) -> int:
-    """Transitions in one write (for the rate limiter): 1 for ``add``, else the leading axis
-    of the first agent's reward."""
-    if kind == "add":
-        return 1
-    reward = fields[2]
-    first = next(iter(reward.values())) if isinstance(reward, Mapping) else reward[0]
-    return int(np.shape(first)[0])
-
-
-class ShardWriter:
-    """A writer bound to one shard: what a rollout actor holds (picklable, cheap to send).
-
-    Made for one environment stream (:meth:`ShardedReplayBuffer.writer`); its writes belong to
-    that stream unless ``stream=`` names another stream of the same shard. The methods take
-    what :meth:`MultiAgentReplayBuffer.add`/``extend``/``add_envs`` take (``truncated=``,
-    extra and global fields and ``alive=`` as keyword arguments).
-
-    Writes are asynchronous: ``add``/``extend``/``add_envs`` return once the call is queued;
-    at most ``max_inflight`` calls are outstanding (the oldest is awaited first). An invalid
-    write raises its ``ValueError``/``TypeError`` at a later call or at :meth:`flush`, and
-    writes nothing (the shard's buffer validates before it stores).
-
-    Streams of one shard are the ids ``s`` with ``s % n_shards == shard``; the shard's buffer
-    keeps stream ``s`` as its own stream ``s // n_shards`` (consecutive on each shard).
-
-    ``next_obs`` (the sharded buffer's option) is checked here, at the call: writes leave
-    ``next_obs`` out exactly when it is ``"none"``.
-    """
-
-    def __init__(
-        self,
-        actor: Any,
-        shard: int,
-        timeout: float,
-        limiter: RateLimiter | None,
-        max_inflight: int = 8,
-        stream: int | None = None,
-        n_shards: int = 1,
-        next_obs: str = "auto",
-    ) -> None:
-        self.actor = actor
-        self.next_obs = next_obs
-        self.shard = int(shard)
-        self.timeout = float(timeout)
-        self.limiter = limiter
-        self.max_inflight = int(max_inflight)
-        self.n_shards = int(n_shards)
-        #: the environment stream this writer was made for (its writes' default)
-        self.stream = self.shard if stream is None else int(stream)
-        self._pending: deque[Any] = deque()
-        self.size = 0  # shard size after the last acknowledged write
-        self.total_writes = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_pending"] = deque()  # outstanding calls belong to the sending process
-        return state
-
-    def __repr__(self) -> str:
-        return (
-            f"ShardWriter(shard={self.shard}, stream={self.stream}, pending={len(self._pending)})"
-        )
-
-    def _local(self, stream: Any, name: str) -> int:
-        """The shard's own id of environment stream ``stream`` (``None``: this writer's)."""
-        if stream is None:
-            stream = self.stream
-        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or stream < 0:
-            raise TypeError(f"{name} must be a non-negative int; got {name}={stream!r}")
-        if int(stream) % self.n_shards != self.shard:
-            raise ValueError(
-                f"{name}={stream} lives on shard {int(stream) % self.n_shards} "
-                f"({name} % n_shards={self.n_shards}), not on this writer's shard {self.shard}; "
-                f"ask the ShardedReplayBuffer for writer({stream}), or write through it"
-            )
-        return int(stream) // self.n_shards
-
-    def add(
-        self,
-        obs: Any,
-        action: Any,
-        reward: Any,
-        next_obs: Any = None,
-        done: Any = None,
-        stream: int | None = None,
-        truncated: Any = False,
-        **fields: Any,
-    ) -> None:
-        """One timestep of ``stream`` (default: this writer's), as
-        :meth:`MultiAgentReplayBuffer.add`."""
-        _check_next_obs(self.next_obs, next_obs, done, "add")
-        options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
-        self._send("add", (obs, action, reward, next_obs, done), options)
-
-    def extend(
-        self,
-        obs: Any,
-        action: Any,
-        reward: Any,
-        next_obs: Any = None,
-        done: Any = None,
-        stream: int | None = None,
-        truncated: Any = False,
-        **fields: Any,
-    ) -> None:
-        """``T`` consecutive timesteps of ``stream`` (default: this writer's), as
-        :meth:`MultiAgentReplayBuffer.extend`."""
-        _check_next_obs(self.next_obs, next_obs, done, "extend")
-        options = {"stream": self._local(stream, "stream"), "truncated": truncated, **fields}
-        self._send("extend", (obs, action, reward, next_obs, done), options)
-
-    def add_envs(
-        self,
-        obs: Any,
-        action: Any,
-        reward: Any,
-        next_obs: Any = None,
-        done: Any = None,
-        first_stream: int | None = None,
-        truncated: Any = False,
-        **fields: Any,
-    ) -> None:
-        """One step of ``E`` environments, as :meth:`MultiAgentReplayBuffer.add_envs`.
-
-        Environment ``e`` is stream ``first_stream + e * n_shards`` (``first_stream`` defaults
-        to this writer's stream): the streams of this shard, in order.
-        """
-        _check_next_obs(self.next_obs, next_obs, done, "add_envs")
-        local = self._local(first_stream, "first_stream")
-        options = {"first_stream": local, "truncated": truncated, **fields}
-        self._send("add_envs", (obs, action, reward, next_obs, done), options)
-
-    def _send(self, kind: str, fields: tuple[Any, ...], options: dict[str, Any]) -> None:
-        if self.limiter is not None:
-            self.limiter.await_insert(_steps(kind, fields))
-        self._pending.append(self.actor.write.remote(kind, fields, options))
-        while len(self._pending) > self.max_inflight:
-            self._ack(self._pending.popleft())
-
-    def _ack(self, ref: Any) -> None:
-        size, writes = get(
-            ref,
-            self.timeout,
-            "a write",
-            self.shard,
-            "ask the ShardedReplayBuffer for a new writer after restart_shard()",
-        )
-        self.size, self.total_writes = max(self.size, size), max(self.total_writes, writes)
-
-    def flush(self) -> tuple[int, int]:
-        """Wait until every queued write is stored; returns the shard's (size, total_writes).
-        Raises the first failed write's error."""
-        try:
-            while self._pending:
-                self._ack(self._pending.popleft())
-        finally:
-            self._pending.clear()
-        return self.size, self.total_writes
-
-
-class _Round:
-    """What the learner thread needs to assemble one sampled round."""
-
-    def __init__(
-        self,
-        batch_size: int,
-        trainers: tuple[int, ...],
-        quotas: np.ndarray,
-        scale: np.ndarray | None,
-        betas: list[float],
-        refs: list[tuple[int, Any]],
-    ) -> None:
-        self.batch_size = batch_size
-        self.trainers = trainers
-        self.quotas = quotas  # (K, T) rows per shard per trainer position
-        self.scale = scale  # (K, T) share of trainer t's draws that went to shard k
-        self.betas = betas
-        self.refs = refs
-
 
 #: what sampling from a closed :class:`ShardedReplayBuffer` says
 _CLOSED = (
@@ -264,8 +72,9 @@ class ShardedReplayBuffer:
         As for ``MultiAgentReplayBuffer`` (every shard and every assembled batch use them).
     sampler : Sampler, default ``Uniform()``
         ``Uniform``, ``Neighbor``, ``Prioritized``, ``PrioritizedNeighbor`` or ``Sequence``
-        (see :data:`SHARDED_SAMPLERS`; batches of a ``Sequence`` sampler are
-        :class:`marlbuf.batch.SequenceBatch` objects); each shard gets its own instance.
+        (see :data:`marlbuf.distributed.checks.SHARDED_SAMPLERS`; batches of a ``Sequence``
+        sampler are :class:`marlbuf.batch.SequenceBatch` objects); each shard gets its own
+        instance.
         Global rules per sampler are in ``docs/distributed.md``; why other samplers are
         refused is in :data:`marlbuf.stores.capabilities.CAPABILITIES`.
     seed : int, numpy Generator or None
@@ -319,41 +128,9 @@ class ShardedReplayBuffer:
         parallel_gather: bool = False,
         _load: tuple[Path, Mapping[str, Any]] | None = None,
     ) -> None:
-        if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
-            raise TypeError(f"n_shards must be an int; got n_shards={n_shards!r}")
-        if n_shards < 1:
-            raise ValueError(f"n_shards must be >= 1; got n_shards={n_shards}")
-        if sampler is None:
-            sampler = Uniform()
-        if not isinstance(sampler, Sampler):
-            raise TypeError(
-                "sampler must be a marlbuf.samplers.Sampler (e.g. Uniform(), Prioritized()); "
-                f"got sampler={sampler!r}"
-            )
-        if sampler.needs_episodes and not isinstance(sampler, SequenceSampler):
-            raise TypeError(
-                f"the sharded buffer does not sample whole episodes (sampler={sampler!r}): "
-                "Episodes draws distinct episodes padded to the batch's longest, a property of "
-                "the whole batch that per-shard draws do not have; use Sequence(length=..., "
-                "pad=True) on the sharded buffer, or one MultiAgentReplayBuffer for Episodes"
-            )
-        if isinstance(sampler, SequenceSampler) and sampler.prioritized and not sampler.replace:
-            raise ValueError(
-                f"sampler={sampler!r}: prioritized sequences without replacement are drawn one "
-                "after another in proportion to the priorities left, a draw the learner cannot "
-                "split across shards exactly; use replace=True (independent draws) on the "
-                "sharded buffer, or one MultiAgentReplayBuffer"
-            )
-        if type(sampler) not in SHARDED_SAMPLERS:
-            raise ValueError(
-                refusal("custom Sampler subclasses", "sharded", f"sampler={sampler!r}")
-            )
-        if not isinstance(prefetch, bool):
-            raise TypeError(f"prefetch must be a bool; got prefetch={prefetch!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"timeout must be a number of seconds > 0; got timeout={timeout!r}")
-        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
-            raise TypeError(f"rate_limiter must be a RateLimiter; got {rate_limiter!r}")
+        n_shards = check_n_shards(n_shards)
+        sampler = check_sampler(sampler)
+        check_learner_options(prefetch, timeout, rate_limiter)
         # the shards' configuration checks the arguments as every shard's constructor will
         config, _ = BufferConfig.from_arguments(
             specs,
@@ -368,12 +145,11 @@ class ShardedReplayBuffer:
             alive,
             parallel_gather,
         )
-        self.shard_capacity = _check_capacity(shard_capacity)
+        self.shard_capacity = check_capacity(shard_capacity)
         self._shard_config = config = replace(config, capacity=self.shard_capacity)
         self.specs = config.specs
         self.n_shards = int(n_shards)
         self.n_trainers = config.n_trainers
-        self._n_agents = len(self.specs)
         # a capacity-1 store of the shards' row format knows the batch formats (block shapes,
         # views, a pool of recycled batch memory); it holds no data
         codec = RowCodec(config.specs, config.global_fields, config.alive)
@@ -387,11 +163,6 @@ class ShardedReplayBuffer:
         self._storage.parallel_gather = bool(parallel_gather)
         self.sampler = sampler
         self.weighted = sampler.weighted
-        #: steps per sequence of a Sequence sampler (quotas count sequences), else 0
-        self._steps = sequence_steps(sampler)
-        #: whether a batch is split by per-shard totals read each round (prioritized samplers'
-        #: sum p^alpha, sequence samplers' start totals), else by the shards' sizes
-        self._by_totals = isinstance(sampler, (Prioritized, SequenceSampler))
         self.prefetch = prefetch
         self.timeout = float(timeout)
         self.rate_limiter = rate_limiter
@@ -403,6 +174,7 @@ class ShardedReplayBuffer:
             "parallel_gather": bool(parallel_gather),
         }
         self.rng = make_rng(seed)
+        self._global_draw = GlobalDraw(sampler, self.rng, self.shard_capacity, self._storage)
         root = np.random.SeedSequence(int(self.rng.integers(2**63)))
         self._shard_seeds = [int(s.generate_state(1)[0]) for s in root.spawn(self.n_shards)]
         self._batches_drawn = np.zeros(self.n_trainers, dtype=np.int64)
@@ -422,7 +194,7 @@ class ShardedReplayBuffer:
         self._next: tuple[tuple[int, tuple[int, ...]], Future[list[Batch]]] | None = None
         self._closed = False
         for k in range(self.n_shards):
-            load_path = None if _load is None else str(_load[0] / _shard_file(k))
+            load_path = None if _load is None else str(_load[0] / shard_file(k))
             self._actors.append(self._start(k, load_path))
         try:
             infos = get_all(
@@ -613,66 +385,29 @@ class ShardedReplayBuffer:
         consecutive streams (``s, s + n_shards, s + 2 n_shards, ...``), which consecutive
         stream ids always give.
         """
-        _check_next_obs(self._config["next_obs"], next_obs, done, "add_envs")
-        values = (obs, action, reward, next_obs, done)
-        count = _steps("add_envs", values)
-        if streams is not None and first_stream is not None:
-            raise ValueError(
-                f"pass streams= or first_stream=, not both; got streams={streams!r}, "
-                f"first_stream={first_stream!r}"
-            )
-        if streams is None:
-            first = 0 if first_stream is None else first_stream
-            if isinstance(first, bool) or not isinstance(first, (int, np.integer)) or first < 0:
-                raise TypeError(f"first_stream must be a non-negative int; got {first_stream!r}")
-            stream_ids = int(first) + np.arange(count)
-        else:
-            stream_ids = np.asarray(streams)
-        if stream_ids.shape != (count,) or stream_ids.dtype.kind not in "iu":
-            raise ValueError(
-                f"streams must hold one int per environment ({count}); got {streams!r}"
-            )
-        if (stream_ids < 0).any():
-            raise ValueError(f"streams must be ints >= 0; got {streams!r}")
-        shards = stream_ids % self.n_shards
-        parts = []
-        for k in np.unique(shards):
-            sel = np.flatnonzero(shards == k)
-            local = stream_ids[sel] // self.n_shards
-            if (np.diff(local) != 1).any():
-                raise ValueError(
-                    f"the environments of shard {k} have streams {stream_ids[sel].tolist()}, not "
-                    f"consecutive streams of that shard (s, s + {self.n_shards}, ...): number "
-                    "the environments consecutively (first_stream=) or write each with add("
-                    "..., stream=s)"
-                )
-            parts.append((int(k), sel))
-        for k, sel in parts:
-            whole = len(parts) == 1  # one shard takes every environment: sent as given
-            o, a, r, n, d = (
-                v if whole or v is None else _select(v, sel, self._n_agents) for v in values
-            )
-            self._local_writer(k).add_envs(
+        check_next_obs(self._config["next_obs"], next_obs, done, "add_envs")
+        parts = split_envs(
+            (obs, action, reward, next_obs, done),
+            streams,
+            first_stream,
+            truncated,
+            fields,
+            self.n_shards,
+            len(self.specs),
+            self._shard_config.global_fields,
+        )
+        for part in parts:
+            o, a, r, n, d = part.values
+            self._local_writer(part.shard).add_envs(
                 o,
                 a,
                 r,
                 n,
                 d,
-                first_stream=int(stream_ids[sel[0]]),
-                truncated=truncated if whole else _select_flags(truncated, sel),
-                **(fields if whole else self._select_fields(fields, sel)),
+                first_stream=part.first_stream,
+                truncated=part.truncated,
+                **part.fields,
             )
-
-    def _select_fields(self, fields: Mapping[str, Any], sel: np.ndarray) -> dict[str, Any]:
-        """Environments ``sel`` of ``add_envs``'s keyword fields: a global field is one array
-        with the environment axis first; extras and ``alive`` are per agent."""
-        out = {}
-        for name, value in fields.items():
-            if name in self._shard_config.global_fields:
-                out[name] = np.asarray(value)[sel]
-            else:
-                out[name] = _select(value, sel, self._n_agents)
-        return out
 
     def flush(self) -> None:
         """Wait for every write and priority update sent through this object; raise the first
@@ -689,7 +424,7 @@ class ShardedReplayBuffer:
         if self._closed:  # its shard actors are gone: restarting one would not help
             raise RuntimeError(_CLOSED)
         trainer = self._shard_config.check_trainer(trainer)
-        batch_size = self._check_batch(batch_size)
+        batch_size = self._global_draw.check_batch(batch_size)
         return self._draw(batch_size, (trainer,))[0]
 
     def sample_for_trainers(self, batch_size: int, n_trainers: int | None = None) -> list[Batch]:
@@ -701,7 +436,7 @@ class ShardedReplayBuffer:
         the same size is requested at once and assembled in the background.
         """
         n = self._shard_config.check_n_trainers(n_trainers)
-        batch_size = self._check_batch(batch_size)
+        batch_size = self._global_draw.check_batch(batch_size)
         key = (batch_size, tuple(range(n)))
         pending, self._next = self._next, None
         if pending is not None and pending[0] != key:
@@ -717,15 +452,6 @@ class ShardedReplayBuffer:
         """The round of :meth:`sample_for_trainers`, one batch at a time."""
         yield from self.sample_for_trainers(batch_size, n_trainers)
 
-    def _check_batch(self, batch_size: Any) -> int:
-        batch_size = self.sampler.check_batch_size(batch_size)
-        if isinstance(self.sampler, Neighbor) and batch_size % self.sampler.run_length:
-            raise ValueError(
-                f"run_length={self.sampler.run_length} must divide batch_size={batch_size}; "
-                f"choose a batch size that is a multiple of {self.sampler.run_length}"
-            )
-        return batch_size
-
     def _submit(self, key: tuple[int, tuple[int, ...]]) -> Future[list[Batch]]:
         if self._closed:
             raise RuntimeError(_CLOSED)
@@ -738,19 +464,17 @@ class ShardedReplayBuffer:
             self.rate_limiter.await_sample(batch_size)
         plan = self._issue(batch_size, trainers)
         packed = get_all(plan.refs, self.timeout, "sample_round", self._hint)
-        return self._assemble(plan, packed)
+        return self._global_draw.assemble(plan, packed, self._note)
 
-    def _issue(self, batch_size: int, trainers: tuple[int, ...]) -> _Round:
+    def _issue(self, batch_size: int, trainers: tuple[int, ...]) -> Round:
         """Draw the per-shard quotas and send every shard its sampling call (under the lock,
         so that rounds and priority updates reach the shards in a consistent order)."""
         with self._lock:
             self._settle_updates(block=False)
-            n_t = len(trainers)
-            quotas = np.zeros((self.n_shards, n_t), dtype=np.int64)
             scale: np.ndarray | None = None
             betas: list[float] = []
             snapshot = self._sizes.tolist()
-            if self._by_totals:
+            if self._global_draw.by_totals:
                 stats = get_all(
                     [(k, a.stats.remote()) for k, a in enumerate(self._actors)],
                     self.timeout,
@@ -760,26 +484,14 @@ class ShardedReplayBuffer:
                 for k, s in enumerate(stats):
                     self._note(k, int(s[0]), int(s[1]))
                 totals = np.array([s[2:] for s in stats])[:, list(trainers)]  # (K, T)
-                scale = np.zeros((self.n_shards, n_t), dtype=np.float64)
-                for i, t in enumerate(trainers):
-                    column = totals[:, i]
-                    whole = column.sum()
-                    if not whole > 0:
-                        raise ValueError(self._nothing_to_draw(batch_size, t))
-                    scale[:, i] = column / whole
-                    quotas[:, i] = self._split(batch_size, column)
-                    if self.weighted:
-                        # the sampler's own schedule at the learner's count of t's batches
-                        assert isinstance(self.sampler, (Prioritized, SequenceSampler))
-                        betas.append(self.sampler.beta_at(int(self._batches_drawn[t])))
-                        self._batches_drawn[t] += 1
+                quotas, scale, betas = self._global_draw.split_by_totals(
+                    batch_size, trainers, totals, self._batches_drawn
+                )
             else:
                 sizes = self._sizes.copy()
-                if sizes.sum() == 0 or not self._enough(batch_size, sizes):
+                if sizes.sum() == 0 or not self._global_draw.enough(batch_size, sizes):
                     sizes = self.refresh()
-                self._check_enough(batch_size, sizes)
-                for i in range(n_t):
-                    quotas[:, i] = self._quotas(batch_size, sizes)
+                quotas = self._global_draw.split_by_sizes(batch_size, len(trainers), sizes)
                 snapshot = sizes.tolist()
             max_priority = self._max_priority.copy() if self.weighted else None
             refs = []
@@ -789,154 +501,7 @@ class ShardedReplayBuffer:
                         trainers, quotas[k].tolist(), snapshot[k], max_priority
                     )
                     refs.append((k, ref))
-            return _Round(batch_size, trainers, quotas, scale, betas, refs)
-
-    def _nothing_to_draw(self, batch_size: int, trainer: int) -> str:
-        """Why trainer ``trainer``'s totals are all 0."""
-        sampler = self.sampler
-        if isinstance(sampler, SequenceSampler) and not sampler.pad and not sampler.prioritized:
-            return (
-                f"no shard holds an episode with length={sampler.length} steps yet, so "
-                "pad=False has no sequence start; add more data, use shorter sequences or "
-                f"pad=True (batch_size={batch_size})"
-            )
-        return (
-            f"no shard has data (or every priority of trainer {trainer} is 0): add "
-            f"transitions before sampling (batch_size={batch_size})"
-        )
-
-    def _split(self, batch_size: int, totals: np.ndarray) -> np.ndarray:
-        """Rows (sequences) per shard for one trainer from the shards' totals: independent
-        draws, or distinct uniform starts (``Sequence(replace=False)``: the totals count the
-        starts) split as ``B`` of all starts without replacement."""
-        sampler = self.sampler
-        if isinstance(sampler, SequenceSampler) and not sampler.replace:
-            counts = np.rint(totals).astype(np.int64)
-            if batch_size > counts.sum():
-                raise ValueError(
-                    f"batch_size={batch_size} distinct sequences (replace=False) but the shards "
-                    f"hold {int(counts.sum())} starts ({counts.tolist()}); add more data, sample "
-                    "fewer, or use replace=True"
-                )
-            return self.rng.multivariate_hypergeometric(counts, batch_size)
-        return self.rng.multinomial(batch_size, totals / totals.sum())
-
-    def _valid_starts(self, sizes: np.ndarray) -> np.ndarray:
-        """Per shard, what the sampler draws from: slots, or a Neighbor's run starts."""
-        if isinstance(self.sampler, Neighbor):
-            n = self.sampler.run_length
-            starts = np.where(sizes >= self.shard_capacity, sizes, sizes - n + 1)
-            return np.maximum(starts, 0)
-        return sizes
-
-    def _enough(self, batch_size: int, sizes: np.ndarray) -> bool:
-        if isinstance(self.sampler, Neighbor):
-            return bool(self._valid_starts(sizes).sum() >= batch_size // self.sampler.run_length)
-        if isinstance(self.sampler, Uniform) and not self.sampler.replace:
-            return bool(sizes.sum() >= batch_size)  # as one buffer: distinct stored rows
-        return bool(sizes.sum() > 0)
-
-    def _check_enough(self, batch_size: int, sizes: np.ndarray) -> None:
-        if sizes.sum() == 0:
-            raise ValueError(
-                f"the sharded buffer is empty: add transitions before sampling "
-                f"(batch_size={batch_size})"
-            )
-        if not self._enough(batch_size, sizes):
-            raise ValueError(
-                f"batch_size={batch_size} needs more stored transitions than the shards hold "
-                f"({sizes.tolist()}) for {self.sampler!r}; add more data or sample a smaller "
-                "batch"
-            )
-
-    def _quotas(self, batch_size: int, sizes: np.ndarray) -> np.ndarray:
-        """Rows per shard for one trainer: the global draw split exactly (see the docs)."""
-        if isinstance(self.sampler, Neighbor):
-            refs = self.rng.multivariate_hypergeometric(
-                self._valid_starts(sizes), batch_size // self.sampler.run_length
-            )
-            return refs * self.sampler.run_length
-        if isinstance(self.sampler, Uniform) and not self.sampler.replace:
-            return self.rng.multivariate_hypergeometric(sizes, batch_size)
-        return self.rng.multinomial(batch_size, sizes / sizes.sum())
-
-    def _assemble(self, plan: _Round, packed: list[np.ndarray]) -> list[Batch]:
-        """Copy every shard's part into the round's block and build the batches (sequence
-        batches of ``B * L`` rows for a sequence sampler)."""
-        storage = self._storage
-        batch_size, trainers, steps = plan.batch_size, plan.trainers, self._steps
-        n_t = len(trainers)
-        parts: dict[int, list[Any]] = {}
-        for (k, _), array in zip(plan.refs, packed):
-            header, per_trainer = unpack(storage, array, plan.quotas[k], self.weighted, steps)
-            self._note(k, int(header[0]), int(header[1]))
-            parts[k] = per_trainer
-        rows = storage.layout == "interleaved" and storage.batch_layout == "rows"
-        per_item = steps or 1  # gathered rows per batch row (sequence)
-        n_rows = batch_size * per_item
-        dtype, shape = storage.block_spec(n_rows)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if rows:
-            round_block = storage.pool.acquire(n_t * nbytes).view(dtype).reshape(n_t, *shape)
-            blocks = [round_block[i] for i in range(n_t)]
-        else:
-            blocks = [storage.pool.acquire(nbytes).view(dtype).reshape(shape) for _ in trainers]
-        batches: list[Batch] = []
-        for i, t in enumerate(trainers):
-            block = blocks[i]
-            fields = storage.views(block, n_rows)
-            indices = np.empty(batch_size, dtype=np.int64)
-            generations = np.empty(batch_size, dtype=np.int64)
-            probs = np.empty(batch_size, dtype=np.float64) if self.weighted else None
-            mask = np.empty((batch_size, steps), dtype=bool) if steps else None
-            slots = np.empty((batch_size, steps), dtype=np.int64) if steps else None
-            at = 0
-            for k in sorted(parts):
-                part = parts[k][i]
-                if part is None:
-                    continue
-                n = part.slots.shape[0]
-                lo, hi = at * per_item, (at + n) * per_item
-                if rows:
-                    np.copyto(block[lo:hi], part.block)
-                else:  # every field: the five, extras, globals and alive
-                    for name, parts_of in storage.views(part.block, hi - lo).items():
-                        for key, values in parts_of.items():
-                            np.copyto(fields[name][key][lo:hi], values)
-                indices[at : at + n] = part.slots + k * self.shard_capacity
-                generations[at : at + n] = part.gens
-                if probs is not None:
-                    assert plan.scale is not None and part.probs is not None
-                    probs[at : at + n] = part.probs * plan.scale[k, i]
-                if mask is not None and slots is not None:
-                    mask[at : at + n] = part.mask
-                    # global ids of the steps' slots; -1 (masked) stays -1
-                    slots[at : at + n] = np.where(
-                        part.mask, part.steps + k * self.shard_capacity, -1
-                    )
-                at += n
-            if at != batch_size:  # a shard answered a different quota: never expected
-                raise RuntimeError(f"assembled {at} rows for trainer {t}; expected {batch_size}")
-            weights = None
-            if probs is not None:
-                # w_i = (N P(i))^-beta / max_b (N P(b))^-beta = (min_b P(b) / P(i))^beta
-                weights = ((probs.min() / probs) ** plan.betas[i]).astype(np.float32)
-            # the batch of a gather of these rows (with extras, globals and alive), its indices
-            # carrying their generations as a single buffer's do
-            drawn = DrawnIndices.of(indices, generations)
-            if mask is None or slots is None:
-                batches.append(storage.make_batch(fields, block, drawn, generations, weights, t))
-                continue
-            # the shards zeroed the masked steps already (zeroed=True: nothing to redo)
-            flat_slots = slots.reshape(-1)
-            flat = storage.make_batch(fields, block, flat_slots, flat_slots, None, t)
-            assert isinstance(self.sampler, SequenceSampler)
-            batches.append(
-                storage.make_sequences(
-                    flat, mask, self.sampler.burn_in, slots, drawn, generations, weights, t, True
-                )
-            )
-        return batches
+            return Round(batch_size, trainers, quotas, scale, betas, refs)
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(
@@ -1052,7 +617,7 @@ class ShardedReplayBuffer:
         self.flush()
         with self._lock:
             calls = [
-                (k, a.save.remote(str(folder / _shard_file(k)))) for k, a in enumerate(self._actors)
+                (k, a.save.remote(str(folder / shard_file(k)))) for k, a in enumerate(self._actors)
             ]
             results = get_all(
                 calls,
@@ -1062,25 +627,13 @@ class ShardedReplayBuffer:
             )
             for k, (size, writes) in enumerate(results):
                 self._note(k, size, writes)
-            manifest = {
-                "format": MANIFEST_FORMAT,
-                "version": MANIFEST_VERSION,
-                "n_shards": self.n_shards,
-                "config": self._config,
-                "shards": [
-                    {"file": _shard_file(k), "size": int(s), "total_writes": int(w)}
-                    for k, (s, w) in enumerate(results)
-                ],
-                "driver": {
-                    "rng": self.rng.bit_generator.state,
-                    "shard_seeds": self._shard_seeds,
-                    "batches_drawn": self._batches_drawn.tolist(),
-                    "max_priority": self._max_priority.tolist(),
-                },
+            driver = {
+                "rng": self.rng.bit_generator.state,
+                "shard_seeds": self._shard_seeds,
+                "batches_drawn": self._batches_drawn.tolist(),
+                "max_priority": self._max_priority.tolist(),
             }
-        tmp = folder / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, folder / MANIFEST)
+        write_manifest(folder, self._config, results, driver)
         self._checkpoint = folder
         return folder
 
@@ -1104,7 +657,7 @@ class ShardedReplayBuffer:
         ``"none"`` drops the next observations, and a folder saved with ``"none"`` loads only
         as ``"none"``)."""
         folder = Path(folder).resolve()
-        manifest = _read_manifest(folder)
+        manifest = read_manifest(folder)
         config = dict(manifest["config"])
         if next_obs is not None:
             config["next_obs"] = next_obs
@@ -1151,7 +704,7 @@ class ShardedReplayBuffer:
                     f"no checkpoint to restart shard {k} from: call buffer.save(folder) first, "
                     "or pass from_checkpoint=False to restart it empty"
                 )
-            load_path = str(self._checkpoint / _shard_file(k))
+            load_path = str(self._checkpoint / shard_file(k))
         pending, self._next = self._next, None
         if pending is not None:  # outside the lock: the prefetch thread needs it to finish
             _discard(pending[1])
@@ -1199,48 +752,6 @@ class ShardedReplayBuffer:
         )
 
 
-def _check_next_obs(mode: str, next_obs: Any, done: Any, call: str) -> None:
-    """A write's ``next_obs`` and ``done`` checked at the call against the sharded buffer's
-    ``next_obs`` option ``mode`` (the shards would refuse it too, but only later)."""
-    if done is None:
-        raise TypeError(
-            f"{call}() missing the required argument done"
-            + (" (next_obs='none': pass done by keyword)" if mode == "none" else "")
-        )
-    if mode == "none" and next_obs is not None:
-        raise ValueError(
-            f"{call}() got next_obs, but this sharded buffer stores no next observations "
-            f"(next_obs='none'): leave next_obs out ({call}(obs, action, reward, done=done)), "
-            "or build it with next_obs='auto', 'once' or 'stored' to keep them"
-        )
-    if mode != "none" and next_obs is None:
-        raise ValueError(
-            f"{call}() got no next_obs, but this sharded buffer keeps next observations "
-            f"(next_obs={mode!r}): pass next_obs=..., or build it with next_obs='none' (a "
-            "sharded buffer takes that format at construction, never from a first write)"
-        )
-
-
-def _select(field: Any, sel: np.ndarray, n_agents: int) -> Any:
-    """Environments ``sel`` of one per-agent add_envs field: a dict keyed by agent, a sequence
-    in agent order, or one stacked array of shape ``(E, n_agents, ...)`` (an array whose first
-    axis is ``n_agents`` is read in agent order, as the buffer reads it)."""
-    if isinstance(field, Mapping):
-        return {a: np.asarray(v)[sel] for a, v in field.items()}
-    if isinstance(field, np.ndarray) and field.ndim >= 2 and field.shape[0] != n_agents:
-        return field[sel]
-    return [np.asarray(v)[sel] for v in field]
-
-
-def _select_flags(truncated: Any, sel: np.ndarray) -> Any:
-    """Environments ``sel`` of add_envs's ``truncated``: a bool for all stays, an array of
-    shape (E,) or per agent (a dict, or a sequence of (E,) arrays) is cut along E."""
-    if isinstance(truncated, Mapping):
-        return {a: np.asarray(v)[..., sel] for a, v in truncated.items()}
-    flags = np.asarray(truncated)
-    return truncated if flags.ndim == 0 else flags[..., sel]
-
-
 def _host(values: Any) -> np.ndarray:
     """``values`` as a host array (a torch tensor on any device is copied; a
     :class:`marlbuf.batch.DrawnIndices` becomes a plain array)."""
@@ -1256,32 +767,6 @@ def _discard(future: Future[Any]) -> None:
         future.result()
     except Exception:
         pass
-
-
-def _check_capacity(capacity: Any) -> int:
-    if isinstance(capacity, (float, np.floating)) and float(capacity).is_integer():
-        capacity = int(capacity)
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"shard_capacity must be an int; got shard_capacity={capacity!r}")
-    if capacity < 1:
-        raise ValueError(f"shard_capacity must be >= 1; got shard_capacity={capacity}")
-    return int(capacity)
-
-
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"no sharded buffer in {folder} (missing {MANIFEST})")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-        raise ValueError(
-            f"{path} is not a marlbuf sharded-buffer manifest of version {MANIFEST_VERSION}; got "
-            f"format={manifest.get('format')!r} version={manifest.get('version')!r}"
-        )
-    missing = [s["file"] for s in manifest["shards"] if not (folder / s["file"]).is_file()]
-    if missing:
-        raise FileNotFoundError(f"sharded buffer {folder} lacks shard files {missing}")
-    return dict(manifest)
 
 
 __all__ = ["ShardWriter", "ShardedReplayBuffer"]

@@ -11,9 +11,11 @@
 See ``docs/offline.md``. TensorStore is imported only when a vault is opened.
 """
 
-from marlbuf.offline.convert import DEFAULT_KEYS, read_vault, write_vault
+from marlbuf.offline.plan import DEFAULT_KEYS
+from marlbuf.offline.read import read_vault
 from marlbuf.offline.record import record
 from marlbuf.offline.vault import VaultError, VaultInfo, VaultWriter, vault_info
+from marlbuf.offline.write import write_vault
 
 __all__ = [
     "DEFAULT_KEYS",

@@ -30,14 +30,8 @@ from typing import Any
 import numpy as np
 
 from marlbuf.buffer import MultiAgentReplayBuffer
-from marlbuf.offline.convert import (
-    ENTRY_FORMAT,
-    ENTRY_VERSION,
-    NEXT_OBS,
-    NEXT_OBS_AT,
-    Progress,
-    buffer_leaves,
-)
+from marlbuf.offline.plan import ENTRY_FORMAT, ENTRY_VERSION, NEXT_OBS, NEXT_OBS_AT, buffer_leaves
+from marlbuf.offline.progress import Progress
 from marlbuf.offline.vault import LeafSpec, VaultWriter
 from marlbuf.spec import AgentSpec, FieldSpec, specs_from_env
 

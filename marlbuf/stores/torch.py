@@ -25,13 +25,15 @@ What the store owns:
   reads ``concat`` spans never pays for the per-agent views). ``indices`` and ``generations``
   stay on the host (they go back to ``update_priorities``); ``weights`` are on the device.
 
-torch is imported by this module only; ``import marlbuf`` does not need it.
+The store's tensors (dtypes, devices, row views) are in :mod:`marlbuf.stores.torch_rows`, its
+batches in :mod:`marlbuf.stores.torch_batches`; this module re-exports their public names.
+torch is imported by these modules and :mod:`marlbuf.stores.torch_priority` only, and only once
+a buffer asks for a device: ``import marlbuf`` does not need it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,11 +49,19 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from marlbuf import _config
 from marlbuf._kernels import scatter_lean
 from marlbuf._kernels.plan import COPY8, COPY32, COPY64, HALF_TO_FLOAT
-from marlbuf.batch import Batch, DrawnIndices, NotGathered
+from marlbuf.batch import NotGathered
 from marlbuf.memory import check_fits_in_memory
-from marlbuf.rows import RowGeometry, RowViews
-from marlbuf.spec import ALIVE, FIELDS, GLOBAL
+from marlbuf.rows import RowViews
 from marlbuf.stores.base import FieldSelection, Storage, StoreOptions, build_plan, ring_ranges
+from marlbuf.stores.torch_batches import (
+    DeviceBatch,
+    DeviceSequenceBatch,
+    Round,
+    round_of,
+    round_rows,
+    stack_span,
+)
+from marlbuf.stores.torch_rows import RowLayout, check_device, torch_dtype
 
 Tensor = torch.Tensor
 
@@ -62,198 +72,6 @@ _UNIT_DTYPES = {
     COPY8: (torch.uint8, torch.uint8),
     HALF_TO_FLOAT: (torch.float16, torch.float32),
 }
-
-
-def torch_dtype(dtype: np.dtype) -> torch.dtype:
-    """The torch dtype of a NumPy dtype (``float32`` -> ``torch.float32``)."""
-    try:
-        return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-    except TypeError as exc:
-        raise TypeError(
-            f"the torch store cannot hold dtype {np.dtype(dtype)} (torch has no such dtype); "
-            "declare another dtype in the AgentSpec or use device=None"
-        ) from exc
-
-
-def check_device(device: Any) -> torch.device:
-    """``device`` as a ``torch.device`` of type ``cpu`` or ``cuda`` (with an index), or a clear
-    error: a ``TypeError`` for a non-string, a ``ValueError`` for an unknown or absent device."""
-    if isinstance(device, torch.device):
-        dev = device
-    elif isinstance(device, str):
-        try:
-            dev = torch.device(device)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"device must be 'cpu', 'cuda' or 'cuda:k'; got device={device!r}"
-            ) from exc
-    else:
-        raise TypeError(
-            f"device must be a string such as 'cuda' or 'cpu' (or a torch.device), or None for "
-            f"the NumPy buffer; got device={device!r}"
-        )
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"the torch store runs on 'cpu' and 'cuda' devices; got device={str(dev)!r}"
-        )
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device={str(dev)!r} was requested but torch.cuda.is_available() is False on "
-                "this machine; use device='cpu' (the same code on the host) or device=None "
-                "(the NumPy buffer)"
-            )
-        index = torch.cuda.current_device() if dev.index is None else dev.index
-        if not 0 <= index < torch.cuda.device_count():
-            raise ValueError(
-                f"device={str(dev)!r} does not exist: this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)"
-            )
-        dev = torch.device("cuda", index)
-    return dev
-
-
-# --------------------------------------------------------------------------------- row views
-class RowLayout:
-    """The interleaved row format as torch views: built once per buffer, shared by its batches.
-
-    Parameters
-    ----------
-    codec : RowGeometry
-        The buffer's row format (offsets of every (field, agent) in a row).
-    lean : bool, default False
-        Describe the codec's lean rows (observations stored once: no ``next_obs`` section)
-        instead of its dense rows.
-    """
-
-    def __init__(self, codec: RowGeometry | FieldSelection, lean: bool = False) -> None:
-        self.codec = codec
-        self.agents = list(codec.agents)
-        self.row_bytes = codec.lean_row_bytes if lean else codec.row_bytes
-        self.row_words = self.row_bytes // 8
-        # (field, agent, element offset in its dtype, element count, shape, torch dtype)
-        self.slots: list[tuple[str, str, int, int, tuple[int, ...], torch.dtype]] = []
-        for s in codec.lean_slots if lean else codec.slots:
-            dt = torch_dtype(s.dtype)
-            itemsize = s.dtype.itemsize
-            self.slots.append(
-                (s.field, s.agent, s.offset // itemsize, s.nbytes // itemsize, s.shape, dt)
-            )
-        self._by_field: dict[str, list[tuple[str, str, int, int, tuple[int, ...], torch.dtype]]]
-        self._by_field = {f: [s for s in self.slots if s[0] == f] for f in codec.field_names}
-        self._spans: dict[tuple[str, ...], tuple[int, int, torch.dtype] | None] = {}
-        self._carvings: dict[int, tuple[list[tuple[str, str, int, int, Any, torch.dtype]], int]]
-        self._carvings = {}
-
-    def views(self, rows: Tensor) -> dict[str, dict[str, Tensor]]:
-        """Per field, per agent, views of ``rows`` (shape (n, row_words), int64): shape
-        ``(n, *shape)``, the spec's dtype, row stride = the whole row."""
-        n = rows.shape[0]
-        typed: dict[torch.dtype, Tensor] = {}
-        out: dict[str, dict[str, Tensor]] = {f: {} for f in self.codec.field_names}
-        for field_name, agent, start, count, shape, dt in self.slots:
-            base = typed.get(dt)
-            if base is None:
-                base = typed[dt] = rows.view(dt)
-            out[field_name][agent] = base[:, start : start + count].view(n, *shape)
-        return out
-
-    def span(self, fields: tuple[str, ...]) -> tuple[int, int, torch.dtype] | None:
-        """``(element offset, element count, dtype)`` of ``fields`` (every agent, in order) when
-        they sit side by side in a row with one dtype, else ``None``."""
-        if fields not in self._spans:
-            parts = [s for f in fields for s in self._by_field[f]]
-            dt = parts[0][5]
-            start = parts[0][2]
-            expected = start
-            ok = True
-            for _, _, offset, count, _, dtype in parts:
-                if dtype != dt or offset != expected:
-                    ok = False
-                    break
-                expected += count
-            self._spans[fields] = (start, expected - start, dt) if ok else None
-        return self._spans[fields]
-
-    def field_block(self, rows: Tensor, field_name: str, first: int, stop: int) -> Tensor | None:
-        """Agents ``first .. stop - 1`` of one field as one view ``(..., G, *shape)`` of
-        ``rows`` (shape (..., row_words), int64), when they share shape and dtype (then they
-        are adjacent in the row); else ``None``."""
-        parts = self._by_field[field_name][first:stop]
-        _, _, start, count, shape, dt = parts[0]
-        if any(p[4] != shape or p[5] != dt for p in parts):
-            return None
-        typed = rows.view(dt)[..., start : start + count * len(parts)]
-        return typed.view(*rows.shape[:-1], len(parts), *shape)
-
-    # -------------------------------------------------------------- per-agent batches
-    def carving(self, n: int) -> tuple[list[tuple[str, str, int, int, Any, torch.dtype]], int]:
-        """Per-agent arrays of an ``n``-row batch inside one byte block, as the NumPy buffer
-        carves it: ``(field, agent, byte offset, element count, shape, dtype)``, each on a cache
-        line, and the block's size in bytes."""
-        if n not in self._carvings:
-            align = _config.ROW_ALIGN_BYTES
-            layout, offset = [], 0
-            for field_name in self.codec.field_names:
-                for _, agent, _, count, shape, dt in self._by_field[field_name]:
-                    nbytes = n * count * _itemsize(dt)
-                    layout.append((field_name, agent, offset, count, shape, dt))
-                    offset += -(-nbytes // align) * align
-            self._carvings = {n: (layout, offset)}  # one batch size at a time, as NumPy
-        return self._carvings[n]
-
-    def carve(self, block: Tensor, n: int) -> dict[str, dict[str, Tensor]]:
-        """Per-agent C-contiguous views of a byte ``block`` carved for ``n`` rows."""
-        layout, _ = self.carving(n)
-        out: dict[str, dict[str, Tensor]] = {f: {} for f in self.codec.field_names}
-        for field_name, agent, offset, count, shape, dt in layout:
-            part = block[offset : offset + n * count * _itemsize(dt)]
-            out[field_name][agent] = part.view(dt).view(n, *shape)
-        return out
-
-    def fill_per_agent(self, rows: Tensor, block: Tensor) -> None:
-        """Copy ``rows`` (shape (n, row_words), int64) into the per-agent ``block`` (bytes):
-        one strided copy per run of agents of one field with equal shape and dtype."""
-        n = rows.shape[0]
-        layout, _ = self.carving(n)
-        where = {(f, a): (offset, count) for f, a, offset, count, _, _ in layout}
-        for field_name in self.codec.field_names:
-            parts = self._by_field[field_name]
-            first = 0
-            while first < len(parts):
-                stop = first + 1
-                while (
-                    stop < len(parts)
-                    and parts[stop][4:] == parts[first][4:]
-                    and parts[stop][2] == parts[stop - 1][2] + parts[stop - 1][3]
-                ):
-                    stop += 1
-                _, agent, start, count, _, dt = parts[first]
-                size = _itemsize(dt)
-                offset, _ = where[(field_name, agent)]
-                stride = -(-(n * count * size) // _config.ROW_ALIGN_BYTES)
-                stride = stride * _config.ROW_ALIGN_BYTES // size  # next agent's array
-                typed = block.view(dt)
-                dst = typed.as_strided(
-                    (stop - first, n, count),
-                    (stride, count, 1),
-                    typed.storage_offset() + offset // size,
-                )
-                src = rows.view(dt)[:, start : start + count * (stop - first)]
-                dst.copy_(src.view(n, stop - first, count).transpose(0, 1))
-                first = stop
-
-
-def _not_gathered(codec: RowGeometry | FieldSelection, name: str) -> NotGathered:
-    """What stands for the field ``name`` that batches of rows ``codec`` do not hold (left
-    out by ``fields=``, or not stored: ``next_obs`` of ``next_obs="none"``)."""
-    if isinstance(codec, FieldSelection):
-        return codec.not_gathered(name)
-    return NotGathered(name, codec.field_names)
-
-
-def _itemsize(dt: torch.dtype) -> int:
-    return torch.empty(0, dtype=dt).element_size()
 
 
 # --------------------------------------------------------------------------------- uploads
@@ -327,364 +145,6 @@ class _Uploader:
 
     #: 2-D arrays (side rows) go the same way
     rows_to_device = to_device
-
-
-# --------------------------------------------------------------------------------- batches
-@dataclass
-class _Round:
-    """One MADDPG round gathered as one block: trainer ``t``'s rows are ``rows[t]``.
-
-    Attributes
-    ----------
-    rows : Tensor, shape (T, B, row_words), int64
-    indices, generations : ndarray, shape (T, B), int64 (host)
-    weights : Tensor, shape (T, B), float32, or None
-    """
-
-    rows: Tensor
-    indices: np.ndarray
-    generations: np.ndarray
-    weights: Tensor | None
-
-
-class DeviceBatch:
-    """One mini-batch of a buffer on a torch store: the structure of
-    :class:`marlbuf.batch.Batch`, as torch tensors on the buffer's device.
-
-    Attributes
-    ----------
-    obs, next_obs : dict[str, Tensor]
-        Per agent, shape ``(B, *obs_shape)``, the spec's dtype (float16 as float32 unless
-        ``batch_dtype="storage"``). A buffer built with ``next_obs="none"`` has no next
-        observations: reading ``next_obs`` raises a ``ValueError`` naming that mode.
-    action : dict[str, Tensor]
-        Per agent, shape ``(B, *action_shape)``.
-    reward, done : dict[str, Tensor]
-        Per agent, shape ``(B,)``.
-    extras : dict[str, dict[str, Tensor]]
-        Per-agent extra fields: name -> agent -> ``(B, *shape)``.
-    globals : dict[str, Tensor]
-        Global fields: name -> ``(B, *shape)``.
-    alive : dict[str, Tensor] or None
-        Per agent, ``(B,)`` bool (buffers built with ``alive=True``).
-    indices : DrawnIndices, shape (B,), int64, on the host
-        The slots the rows came from, with their write generations at the draw (pass them
-        back to ``update_priorities``).
-    generations : ndarray, shape (B,), int64, on the host
-        Write generation of each slot when it was sampled.
-    weights : Tensor, shape (B,), float32, or None
-        Max-normalised importance weights (prioritized samplers), on the device.
-    trainer : int or None
-        The trainer the batch was drawn for.
-    block : Tensor
-        The memory every field views: ``(B, row_words)`` int64 rows with
-        ``batch_layout="rows"`` (per-agent tensors are strided views, ``concat`` of adjacent
-        fields is a zero-copy view), a byte block of C-contiguous per-agent arrays with
-        ``batch_layout="per_agent"``.
-
-    The per-field dicts are built on first access (a learner that reads ``concat`` spans never
-    pays for the per-agent views). The memory is never reused while a tensor of it is alive.
-    A batch gathered with ``fields=`` holds the chosen fields only (``layout`` describes their
-    rows); reading a left-out one raises a ``ValueError`` naming ``fields=``.
-    ``action_index`` gives the integer actions of discrete agents as int64 tensors (see
-    :attr:`marlbuf.batch.Batch.action_index`).
-    """
-
-    def __init__(
-        self,
-        layout: RowLayout,
-        block: Tensor,
-        per_agent: bool,
-        indices: np.ndarray,
-        generations: np.ndarray,
-        weights: Tensor | None,
-        trainer: int | None,
-        round_: _Round | None = None,
-        position: int = 0,
-        discrete_agents: tuple[str, ...] = (),
-    ) -> None:
-        self.layout = layout
-        self.discrete_agents = discrete_agents
-        self.block = block
-        self.per_agent = per_agent
-        self.indices = indices
-        self.generations = generations
-        self.weights = weights
-        self.trainer = trainer
-        self.round = round_  # set when the batch is slice ``position`` of one gathered round
-        self.position = position
-        self._fields: dict[str, dict[str, Tensor]] | None = None
-
-    def _rows(self) -> int:
-        """Gathered rows in the block (``B``; ``B * L`` for sequences)."""
-        return int(self.indices.shape[0])
-
-    def _shaped(self, views: dict[str, dict[str, Tensor]]) -> dict[str, dict[str, Tensor]]:
-        return views
-
-    def _views(self) -> dict[str, dict[str, Tensor]]:
-        if self._fields is None:
-            n = self._rows()
-            raw = (
-                self.layout.carve(self.block, n)
-                if self.per_agent
-                else self.layout.views(self.block)
-            )
-            self._fields = self._shaped(raw)
-        return self._fields
-
-    def _part(self, name: str) -> dict[str, Tensor]:
-        """The per-agent views of field ``name``, or the error of a field left out by
-        ``fields=``."""
-        part = self._views().get(name)
-        if part is None:
-            _not_gathered(self.layout.codec, name).refuse()
-        return part  # type: ignore[return-value]
-
-    @property
-    def obs(self) -> dict[str, Tensor]:
-        return self._part("obs")
-
-    @property
-    def action(self) -> dict[str, Tensor]:
-        return self._part("action")
-
-    @property
-    def reward(self) -> dict[str, Tensor]:
-        return self._part("reward")
-
-    @property
-    def next_obs(self) -> dict[str, Tensor]:
-        return self._part("next_obs")
-
-    @property
-    def done(self) -> dict[str, Tensor]:
-        return self._part("done")
-
-    @property
-    def action_index(self) -> dict[str, Tensor]:
-        """Per discrete agent, its integer action (int64, shape ``(B,)`` or ``(B, L)``, on the
-        device): the argmax of the gathered one-hot (0 on masked steps)."""
-        action = self.action if self.discrete_agents else {}
-        return {a: action[a].argmax(dim=-1) for a in self.discrete_agents}
-
-    @property
-    def extras(self) -> dict[str, dict[str, Tensor]]:
-        views = self._views()
-        return {name: views[name] for name in self.layout.codec.extra_names}
-
-    @property
-    def globals(self) -> dict[str, Tensor]:
-        views = self._views()
-        return {name: views[name][GLOBAL] for name in self.layout.codec.global_fields}
-
-    @property
-    def alive(self) -> dict[str, Tensor] | None:
-        if self.layout.codec.alive:
-            return self._views()[ALIVE]
-        if ALIVE in getattr(self.layout.codec, "left_out", ()):
-            _not_gathered(self.layout.codec, ALIVE).refuse()
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        # extra and global fields as attributes (batch.hidden, batch.state), as on Batch
-        if name.startswith("_") or name in ("layout", "block"):
-            raise AttributeError(name)
-        codec = self.layout.codec
-        if name in codec.extra_names:
-            return self.extras[name]
-        if name in codec.global_fields:
-            return self.globals[name]
-        if name in getattr(codec, "left_out", ()):
-            raise AttributeError(
-                f"{name!r} was not gathered: this batch was sampled with "
-                f"fields={codec.field_names}; add {name!r} to fields="
-            )
-        raise AttributeError(
-            f"{type(self).__name__!r} object has no attribute {name!r} (extra fields: "
-            f"{list(codec.extra_names)}, global fields: {list(codec.global_fields)})"
-        )
-
-    @property
-    def device(self) -> torch.device:
-        return self.block.device
-
-    def __len__(self) -> int:
-        return int(self.indices.shape[0])
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(rows={len(self)}, agents={len(self.layout.agents)}, "
-            f"device={str(self.device)!r}, trainer={self.trainer})"
-        )
-
-    @property
-    def agents(self) -> list[str]:
-        """Agent names, in spec order."""
-        return list(self.layout.agents)
-
-    def field(self, name: str) -> dict[str, Tensor]:
-        """The per-agent dict of one field (``"obs"``, ``"action"``, ..., an extra field's
-        name, or ``"alive"``)."""
-        codec = self.layout.codec
-        if name in getattr(codec, "left_out", ()):
-            _not_gathered(codec, name).refuse()
-        names = (*FIELDS, *codec.extra_names) + ((ALIVE,) if codec.alive else ())
-        if name not in names:
-            raise ValueError(f"name must be one of {names}; got name={name!r}")
-        return self._part(name)
-
-    def as_lists(self) -> tuple[list[Tensor], ...]:
-        """``(obs_n, act_n, rew_n, next_obs_n, done_n)``: lists of per-agent tensors in agent
-        order (the same tensors, no copy)."""
-        return tuple(list(self._part(name).values()) for name in FIELDS)
-
-    def concat(self, *fields: str) -> Tensor:
-        """All agents' ``fields``, flattened and concatenated: shape ``(B, total_dim)``.
-
-        With ``batch_layout="rows"`` and fields that sit side by side in the row with one dtype
-        (``concat("obs", "action")``, the centralized critic's input), a zero-copy view of the
-        gathered rows; otherwise a new tensor.
-        """
-        if not fields:
-            raise ValueError("concat needs at least one field name, e.g. concat('obs')")
-        for name in fields:
-            self.field(name)  # a clear error for an unknown name
-        span = None if self.per_agent else self.layout.span(tuple(fields))
-        if span is not None:
-            start, count, dt = span
-            return self._lead(self.block.view(dt)[:, start : start + count])
-        parts = [x.reshape(*self._lead_shape(), -1) for n in fields for x in self.field(n).values()]
-        return torch.cat(parts, dim=-1)
-
-    def _lead(self, rows: Tensor) -> Tensor:
-        return rows
-
-    def _lead_shape(self) -> tuple[int, ...]:
-        return (len(self),)
-
-    def to_numpy(self) -> Batch:
-        """A host copy as a NumPy :class:`marlbuf.batch.Batch` (copies every field; for checks
-        and debugging, not for the training loop)."""
-
-        def host(x: Tensor) -> np.ndarray:
-            return x.detach().cpu().numpy().copy()
-
-        codec = self.layout.codec
-        chosen = codec.field_names if hasattr(codec, "left_out") else None
-        alive_left_out = ALIVE in getattr(codec, "left_out", ())
-        alive = None if alive_left_out else self.alive
-        fields: dict[str, Any] = {
-            name: {a: host(x) for a, x in self.field(name).items()}
-            if chosen is None or name in chosen
-            else _not_gathered(codec, name)
-            for name in FIELDS
-        }
-        return Batch(
-            obs=fields["obs"],
-            action=fields["action"],
-            reward=fields["reward"],
-            next_obs=fields["next_obs"],
-            done=fields["done"],
-            indices=DrawnIndices.of(np.array(self.indices), np.array(self.generations)),
-            generations=np.array(self.generations),
-            weights=None if self.weights is None else host(self.weights),
-            trainer=self.trainer,
-            extras={n: {a: host(x) for a, x in d.items()} for n, d in self.extras.items()},
-            globals={n: host(x) for n, x in self.globals.items()},
-            alive=_not_gathered(codec, ALIVE)  # type: ignore[arg-type]
-            if alive_left_out
-            else (None if alive is None else {a: host(x) for a, x in alive.items()}),
-            gathered_fields=chosen,
-            discrete_agents=self.discrete_agents,
-        )
-
-
-class DeviceSequenceBatch(DeviceBatch):
-    """``B`` sequences of ``L`` steps on a torch store (:class:`marlbuf.samplers.Sequence`):
-    :class:`marlbuf.batch.SequenceBatch` as torch tensors.
-
-    Every per-step tensor has the leading axes ``(B, L)``; masked steps are zero in every
-    field (the gather reads them from the table's row of zeros). ``mask`` is a ``(B, L)`` bool
-    tensor on the device; ``slots`` ``(B, L)`` int64 and ``indices`` ``(B,)`` (the training
-    starts, for ``update_priorities``) stay on the host.
-    """
-
-    def __init__(
-        self,
-        flat: DeviceBatch,
-        mask: np.ndarray,
-        burn_in: int,
-        slots: np.ndarray,
-        indices: np.ndarray,
-        generations: np.ndarray,
-        weights: Tensor | None,
-        trainer: int | None,
-        device_mask: Tensor,
-    ) -> None:
-        super().__init__(
-            flat.layout,
-            flat.block,
-            flat.per_agent,
-            indices,
-            generations,
-            weights,
-            trainer,
-            discrete_agents=flat.discrete_agents,
-        )
-        self.mask = device_mask
-        self.burn_in = int(burn_in)
-        self.slots = slots
-        self._steps = int(mask.shape[1])
-
-    def _rows(self) -> int:
-        return len(self) * self._steps
-
-    def _lead_shape(self) -> tuple[int, ...]:
-        return (len(self), self._steps)
-
-    def _lead(self, rows: Tensor) -> Tensor:
-        return rows.reshape(len(self), self._steps, -1)
-
-    def _shaped(self, views: dict[str, dict[str, Tensor]]) -> dict[str, dict[str, Tensor]]:
-        n, steps = len(self), self._steps
-        return {
-            name: {a: x.reshape(n, steps, *x.shape[1:]) for a, x in per.items()}
-            for name, per in views.items()
-        }
-
-
-def stack_span(batches: Sequence[DeviceBatch], *fields: str) -> Tensor:
-    """``torch.stack([b.concat(*fields) for b in batches])``, shape ``(T, B, width)``: a view
-    of the gathered rows when the batches are one round of ``sample_for_trainers`` in trainer
-    order (no copy), else a stacked copy."""
-    rows = round_rows(batches)
-    if rows is not None:
-        span = batches[0].layout.span(tuple(fields))
-        if span is not None:
-            start, count, dt = span
-            return rows.view(dt)[..., start : start + count]
-    return torch.stack([b.concat(*fields) for b in batches])
-
-
-def round_rows(batches: Sequence[DeviceBatch]) -> Tensor | None:
-    """The ``(T, B, row_words)`` rows of the round the batches make up, when they are exactly
-    one round of ``sample_for_trainers`` (batch ``t`` at position ``t``) in ``rows`` layout;
-    else ``None``."""
-    whole = round_of(batches)
-    if whole is None or batches[0].per_agent:
-        return None
-    return whole.rows
-
-
-def round_of(batches: Sequence[DeviceBatch]) -> _Round | None:
-    """The :class:`_Round` the batches make up (see :func:`round_rows`), or ``None``."""
-    first = getattr(batches[0], "round", None)
-    if first is None or first.indices.shape[0] != len(batches):
-        return None
-    if all(b.round is first and b.position == t for t, b in enumerate(batches)):
-        return first
-    return None
 
 
 # --------------------------------------------------------------------------------- the store
@@ -1053,7 +513,7 @@ class TorchStorage(Storage):
             )
         self.gather_rows(np.concatenate(draws), rows.view(k * n, self.row_words))
         stacked = None if weights[0] is None else self.weights_to_device(np.stack(weights))  # type: ignore[arg-type]
-        whole = _Round(rows, np.stack(draws), np.stack(generations), stacked)
+        whole = Round(rows, np.stack(draws), np.stack(generations), stacked)
         return [
             DeviceBatch(
                 self.row_layout,
@@ -1095,3 +555,16 @@ class TorchStorage(Storage):
         host = view.detach().cpu().numpy().copy()
         host.flags.writeable = False
         return host
+
+
+__all__ = [
+    "DeviceBatch",
+    "DeviceSequenceBatch",
+    "RowLayout",
+    "TorchStorage",
+    "check_device",
+    "round_of",
+    "round_rows",
+    "stack_span",
+    "torch_dtype",
+]

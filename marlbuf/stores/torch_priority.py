@@ -28,7 +28,7 @@ where its TD errors are, without copying them to the host and without waiting fo
   :func:`marlbuf._kernels.per_sample` operation by operation, so the same tree and the same
   uniforms give the same slots.
 
-torch is imported by this module (and :mod:`marlbuf.stores.torch`) only.
+torch is imported by this module and the torch store's (:mod:`marlbuf.stores.torch`) only.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from marlbuf._kernels.sumtree import (
     TD_OVERFLOW,
 )
 from marlbuf.prioritized import checked_tree_state, finite_float, raise_td_error
-from marlbuf.stores.torch import check_device
+from marlbuf.stores.torch_rows import check_device
 
 Tensor = torch.Tensor
 #: what the methods accept as indices and values: host arrays, sequences or tensors (on any
