@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf.buffer import make_rng
+from marlbuf.config import make_rng
 from marlbuf.envs._fast import FastMPE
 from marlbuf.spec import AgentSpec
 from marlbuf.workloads import predator_prey_sizes

@@ -1,54 +1,43 @@
-"""The multi-agent replay buffer: writer (ring + write generations), storage, sampler."""
+"""The multi-agent replay buffer: the one front over its parts.
+
+:class:`MultiAgentReplayBuffer` checks arguments and hands each call to the part that owns it:
+the commit engine (:mod:`marlbuf.writer`), the reader (:mod:`marlbuf.reading`), the state
+(:mod:`marlbuf.state`); :mod:`marlbuf.build` builds the parts from a checked configuration.
+"""
 
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import numpy as np
 
-from marlbuf import _config, mapped, persistence
+from marlbuf import mapped
 from marlbuf.batch import Batch, EpisodeBatch
+from marlbuf.build import build_parts, check_device_options
 from marlbuf.config import BufferConfig, check_n_trainers, check_trainer
-from marlbuf.convert import convert_state, staged_rows
-from marlbuf.memory import MemoryEstimate, estimate
-from marlbuf.options import check_capacity, check_header
-from marlbuf.reading import Reader
+from marlbuf.reading import Reader, update_each_trainer
 from marlbuf.samplers import Sampler
-from marlbuf.spec import (
-    ALIVE,
-    AgentSpec,
-    FieldSpec,
-)
-from marlbuf.staging import RowCodec
-from marlbuf.storage import available_memory_bytes
-from marlbuf.stores import make_store
+from marlbuf.spec import AgentSpec, FieldSpec
+from marlbuf.state import BufferState, load_file, open_folder
 from marlbuf.stores.base import Storage
-from marlbuf.stores.capabilities import refusal
-from marlbuf.writer import EpisodeIndex, NextObsLinks, RingWriter
+from marlbuf.writer import EpisodeIndex, NextObsLinks
 from marlbuf.writer.commit import (
     NextObsDroppedWarning,
     NextObsWarning,
     SlowWriteWarning,
     StreamBreakWarning,
-    WritePath,
 )
 from marlbuf.writer.inputs import MAX_STREAM, check_stream, check_truncated
 
 
-def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    """A ``Generator`` from a seed, an existing generator, or fresh entropy (``None``)."""
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
-        return np.random.default_rng(seed)
-    raise TypeError(f"seed must be an int, a numpy Generator or None; got seed={seed!r}")
-
-
 class MultiAgentReplayBuffer:
-    """A ring buffer of joint multi-agent transitions with pluggable layout and sampler.
+    """A ring buffer of joint multi-agent transitions with pluggable layout, sampler and store.
+
+    The front of the library: it checks arguments and hands each call to the part that owns it
+    (writer, reader, store, sampler, state; ``docs/architecture.md``). Storage formats and
+    memory: ``docs/guides/storage.md``.
 
     Parameters
     ----------
@@ -67,82 +56,56 @@ class MultiAgentReplayBuffer:
     n_trainers : int, optional
         Trainers that sample with their own index array (and, for prioritized samplers, their
         own priority tree). Defaults to the number of agents, as in MADDPG.
-    next_obs : {"auto", "once", "stored", "none"}, default "auto"
-        ``"auto"``: ``"stored"`` where a lean row would take as many bytes as a dense one
-        (interleaved rows are padded to cache lines: tiny observations), else ``"once"``,
-        unless the buffer's first write is an ``extend`` of
-        consecutive steps in which most ``next_obs`` differ from the following step's ``obs``
-        (independent transitions: a dataset, shuffled transitions, or environments written in
-        turn): the buffer then stores them ``"stored"`` (it is still empty, so nothing is
-        converted; :attr:`next_obs` tells which format was chosen; a memory-mapped buffer, or
-        one where the dense rows would not fit in memory, keeps ``"once"``). A first write
-        without ``next_obs`` makes it ``"none"``, with a warning (:class:`NextObsDroppedWarning`;
-        not a memory-mapped buffer, whose files are laid out at construction: build it with
-        ``next_obs="none"``); later writes must then leave it out too.
-        ``"once"``: observations are stored once; a transition's ``next_obs`` is read from the
-        ``obs`` of the next step of the same stream, and where they differ (termination,
-        truncation, reset, the newest step) from a side table, detected by comparing values at
-        write time (no episode flags needed; exact in every case, see
-        :class:`marlbuf.writer.NextObsLinks`). About half the memory for MPE-style rows; batches
-        are the same, bit for bit. ``"stored"``: ``next_obs`` is a field of every row. With
-        ``"once"`` (chosen or automatic), a buffer in which most stored steps end up in the side
-        table warns once (:class:`NextObsWarning`), naming ``stream=``, ``add_envs`` and
-        ``next_obs="stored"``. ``"none"``: no next observations at all, for learners that
-        never read them (episode learners such as QMIX and VDN read the next step's ``obs`` of
-        a :class:`~marlbuf.samplers.Sequence` or :class:`~marlbuf.samplers.Episodes` batch):
-        rows are the lean rows of ``"once"`` without links or side table, writes leave
-        ``next_obs`` out, and batches hold none (``batch.next_obs`` raises a ``ValueError``
-        naming ``next_obs="none"``, as a field left out by ``fields=`` does). Without
-        ``next_obs`` a stream break cannot be seen: a step begins a new episode only after a
-        done or truncated step (or on another stream).
-    batch_dtype : {"float32", "storage"}, default "float32"
-        Half-precision storage (``AgentSpec(obs_dtype=np.float16)``, per agent and field)
-        halves the bytes stored and read; by default the gather kernel converts such fields to
-        float32 in the same pass, so trainers see float32 batches. ``"storage"`` delivers them
-        in storage precision (convert on the device).
+    parallel_gather : bool, default False
+        Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
+        It needs an idle core (keep torch at one thread) and is a runtime setting, not saved.
     batch_layout : {"rows", "per_agent"}, default "rows"
-        How gathered batches are laid out. ``"rows"`` (interleaved layout): every per-agent
-        array is a strided view into the gathered rows (row stride = the joint row), and
-        ``batch.concat("obs", "action")`` (the centralized critic's input) is zero-copy.
-        ``"per_agent"``: every per-agent array is C-contiguous, written so by the gather kernel
-        in the same pass; best for per-agent networks (``.view()`` works, no strided matmul).
-        ``agent_major`` storage always gathers per agent.
+        ``"rows"`` (interleaved layout): per-agent arrays are strided views into the gathered
+        rows, and ``batch.concat("obs", "action")`` (the centralized critic's input) is
+        zero-copy. ``"per_agent"``: C-contiguous per-agent arrays, written so by the gather in
+        the same pass (per-agent networks). ``agent_major`` storage always gathers per agent.
+    next_obs : {"auto", "once", "stored", "none"}, default "auto"
+        ``"once"``: observations are stored once; a transition's ``next_obs`` is the ``obs`` of
+        the next step of the same stream, or where they differ (termination, truncation,
+        reset, the newest step) a side table, found by comparing values at write time (exact
+        in every case, see :class:`marlbuf.writer.NextObsLinks`): about half the memory for
+        MPE-style rows, the same batches bit for bit. ``"stored"``: ``next_obs`` is a field of
+        every row. ``"none"``: no next observations, for learners that never read them (episode
+        learners read the next step's ``obs`` of a sequence or episode batch): writes leave
+        ``next_obs`` out and ``batch.next_obs`` raises a ``ValueError`` naming it. ``"auto"``:
+        ``"stored"`` for tiny observations or a first ``extend`` of independent transitions,
+        ``"none"`` for a first write without ``next_obs`` (:class:`NextObsDroppedWarning`),
+        else ``"once"`` (:attr:`next_obs` tells which; the rules are in the storage guide). A
+        ``"once"`` buffer in which most steps end up in the side table warns once
+        (:class:`NextObsWarning`, naming ``stream=``, ``add_envs`` and ``"stored"``).
+    batch_dtype : {"float32", "storage"}, default "float32"
+        Half-precision fields (``AgentSpec(obs_dtype=np.float16)``) are converted to float32
+        by the gather, in the same pass; ``"storage"`` delivers them in storage precision
+        (convert on the device).
     path : str or path-like, optional
         Keep the storage arrays in memory-mapped files in this folder (a new or empty one; its
-        parent must exist), so that the capacity is bounded by disk, not RAM; the metadata
-        (write generations, next-observation links, priorities) stays in RAM. Every write is
+        parent must exist), so that the capacity is bounded by disk, not RAM. Every write is
         logged before it is applied, so the folder reopens (:meth:`open`) consistently even if
         the process is killed; :meth:`flush` writes everything to disk and :meth:`close` (or a
         ``with`` block) also releases the folder. See :mod:`marlbuf.mapped`.
     durable : bool, default False
-        With ``path``: make every ``add``/``extend`` durable on disk (``fdatasync``) before it
-        returns, so that a machine crash or power loss also reopens consistently with it.
-        Without it, writes survive the process dying but only :meth:`flush` protects them from
-        the machine stopping.
-    parallel_gather : bool, default False
-        Opt-in: gathers of at least ``_config.PARALLEL_GATHER_MIN_BYTES`` use Numba's threads.
-        Measured 1.4x on the 24-agent round of a quiet 2-core machine; it needs an idle core
-        (keep torch at one thread) and is a runtime setting, not saved with the buffer.
+        With ``path``: every ``add``/``extend`` is on disk (``fdatasync``) before it returns,
+        so that a machine crash also reopens with it; otherwise only :meth:`flush` does that.
     global_fields : mapping of str to FieldSpec, optional
-        Fields stored once per step for all agents (e.g. a SMAC-style global ``state``:
-        ``{"state": FieldSpec((48,))}``), in the same rows. Writes take each as a keyword
-        argument holding one array of its shape (with the leading axis of ``extend`` /
-        ``add_envs``); batches hold them in ``batch.globals[name]``, shape ``(B, *shape)``.
-        Per-agent extra fields are declared in the specs (``AgentSpec(extras=...)``).
+        Fields stored once per step for all agents (``{"state": FieldSpec((48,))}``). Writes
+        take each as a keyword argument (with the leading axis of ``extend``/``add_envs``);
+        batches hold them in ``batch.globals[name]``, shape ``(B, *shape)``. Per-agent extra
+        fields are declared in the specs (``AgentSpec(extras=...)``).
     alive : bool, default False
-        Store an alive flag per agent per step (one byte each; ``batch.alive[agent]``, shape
-        ``(B,)``, bool). An agent missing from a step's ``obs`` is then stored **absent**
-        (zero-filled where not given, alive False) instead of being an error, and writes accept
-        ``alive={agent: bool}`` to set the flags explicitly.
+        Store an alive flag per agent per step (``batch.alive[agent]``, shape ``(B,)``, bool).
+        An agent missing from a step's ``obs`` is then stored absent (zero-filled where not
+        given, alive False), and writes accept ``alive={agent: bool}``.
     device : str or torch.device, optional
-        ``None`` (default): the rows live in NumPy arrays (in RAM, or mapped files with
-        ``path=``). ``"cuda"``, ``"cuda:k"`` or ``"cpu"``: they live in one torch tensor on
-        that device (:class:`marlbuf.stores.torch.TorchStorage`; needs PyTorch), gathered there
-        with ``index_select``, and batches are :class:`marlbuf.stores.torch.DeviceBatch`
-        objects of tensors on that device. Everything else (checks, writer, samplers,
-        priorities, sequences, extras, state files) is this buffer's own, so the same seed
-        gives the same batches on every store. Interleaved layout only, not with ``path=``
-        (see :data:`marlbuf.stores.capabilities.CAPABILITIES`). See ``docs/device.md``.
+        ``None`` (default): NumPy arrays (in RAM, or mapped files with ``path=``). ``"cuda"``,
+        ``"cuda:k"`` or ``"cpu"``: one torch tensor on that device (needs PyTorch), gathered
+        there into :class:`marlbuf.stores.torch.DeviceBatch` objects; the same seed gives the
+        same batches on every store. Interleaved layout only, not with ``path=`` (see
+        :data:`marlbuf.stores.capabilities.CAPABILITIES` and ``docs/device.md``).
 
     Examples
     --------
@@ -183,8 +146,7 @@ class MultiAgentReplayBuffer:
         alive: bool = False,
         device: Any = None,
     ) -> None:
-        #: the torch device of the rows (``None``: NumPy arrays)
-        device = _check_device_options(device, layout, path is not None, parallel_gather)
+        device = check_device_options(device, layout, path is not None, parallel_gather)
         config, sampler = BufferConfig.from_arguments(
             specs,
             capacity,
@@ -213,105 +175,33 @@ class MultiAgentReplayBuffer:
     ) -> None:
         """Build the buffer of a checked ``config`` (:meth:`BufferConfig.from_arguments`):
         a new memory-mapped folder at ``path``, or over the claimed folder ``files`` of
-        :meth:`open` (whose state it then loads)."""
-        self.specs = config.specs
-        in_files = path is not None or files is not None  # storage arrays on disk, not in RAM
-        self.device = device
-        next_obs = config.next_obs
-        #: whether the format is still to be chosen by the first write (``next_obs="auto"``)
-        auto = choose_format = next_obs == "auto" and not in_files
-        next_obs = "once" if next_obs == "auto" else next_obs
+        :meth:`open` (whose state it then loads). The parts come from
+        :func:`marlbuf.build.build_parts`; the front holds them together."""
+        parts = build_parts(
+            config,
+            sampler,
+            seed,
+            parallel_gather,
+            device,
+            lambda: self.sampler,
+            path=path,
+            durable=durable,
+            files=files,
+        )
+        self.specs, self.capacity = config.specs, config.capacity
+        self.n_trainers = config.n_trainers
         #: fields stored once per step for all agents (``global_fields=``), and whether each
         #: step records which agents are alive (``alive=``)
         self.global_fields, self.alive = config.global_fields, config.alive
-        self.capacity = config.capacity
-        self.n_trainers = config.n_trainers
-        layout = config.layout
-        # sizes first: nothing that depends on a declared shape is allocated before the whole
-        # buffer is known to fit (the staging row of add() is one dense row)
-        row_options: dict[str, Any] = {"global_fields": self.global_fields, "alive": self.alive}
-        staging_row = estimate(self.specs, 1, "interleaved", "stored", **row_options)
-        if choose_format and config.initial_next_obs() == "stored":
-            # rows so small that padding to a cache line eats what storing observations once
-            # saves: the dense format costs no more memory and gathers without links
-            choose_format = False
-            next_obs = "stored"
-        needed = estimate(
-            self.specs,
-            self.capacity,
-            layout,
-            next_obs,
-            prioritized=sampler.weighted,
-            n_trainers=self.n_trainers,
-            episodes=sampler.needs_episodes,
-            **row_options,
-        )
-        _check_memory(
-            mapped.resident(needed) if in_files or self.device is not None else needed,
-            self.specs,
-            layout,
-            next_obs,
-            self.global_fields,
-            self.alive,
-            working=staging_row.table_row_bytes,
-        )
-        # validation + staging of add/extend
-        self._codec = RowCodec(self.specs, self.global_fields, self.alive)
-        # checked against capacity first (a Neighbor run longer than the ring is refused here)
-        sampler.bind(self.capacity, self.n_trainers)
+        #: the torch device of the rows (``None``: NumPy arrays)
+        self.device = device
         self.sampler = sampler
-        links = NextObsLinks(self.capacity, self._codec.obs_bytes) if next_obs == "once" else None
+        self._codec, self.writer, self.rng = parts.codec, parts.writer, parts.rng
+        self.episodes = parts.episodes
+        #: the commit engine: the store, links, episode index and format policy of writes
+        self._writes = parts.writes
         #: the files of a memory-mapped buffer (``path=``), once it is live
         self._mapped = None
-        store = files
-        if path is not None:
-            make_rng(seed)  # checked before the folder is claimed
-            store = mapped.MappedStore.create(path, durable, needed)
-        elif files is None and durable is not False:
-            raise ValueError(
-                f"durable={durable!r} applies to memory-mapped buffers only: pass path= as well"
-            )
-        try:
-            storage: Storage = build_storage(
-                config,
-                self._codec,
-                next_obs,
-                links,
-                None if store is None else store.allocate,
-                self.device,
-            )
-        except BaseException:
-            if store is not None:
-                store.abandon()  # a new folder is removed again; an existing one is released
-            raise
-        storage.parallel_gather = bool(parallel_gather)
-        sampler.place_priorities(self.device)  # prioritized: trees on the device if asked
-        self.rng = make_rng(seed)
-        self.writer = RingWriter(self.capacity)
-        if sampler.needs_episodes:
-            # staged rows carry obs and next_obs: the index compares them for stream breaks
-            # (not without next observations, whose staged rows carry obs in their place)
-            self.episodes = EpisodeIndex(
-                self.capacity,
-                self._codec.obs_bytes if next_obs != "none" else 0,
-                self._codec.next_obs_start,
-            )
-            sampler.attach_episodes(self.episodes)
-        on_write = None if type(sampler).on_write is Sampler.on_write else sampler.on_write
-        #: the commit engine: the store, links, episode index and format policy of writes
-        self._writes = WritePath(
-            self._codec,
-            self.writer,
-            storage,
-            links,
-            self.episodes,
-            next_obs,
-            on_write,
-            self._new_store,
-            self._dense_fits,
-            auto=auto,
-            choose_format=choose_format,
-        )
         # sampling, gathers and priority feedback (the storage and sampler read through hooks:
         # a buffer whose first write decides its next_obs format replaces its store)
         self._reader = Reader(
@@ -326,22 +216,27 @@ class MultiAgentReplayBuffer:
             self.global_fields,
             self._codec.field_names,
         )
+        #: state_dict, load_state_dict, save and load
+        self._states = BufferState(
+            config, self._writes, lambda: self.sampler, self.rng, self._reader, lambda: self._mapped
+        )
+        store = parts.files
         if store is not None:
             store.bind(
                 self.config,
                 mapped.BufferHooks(
                     commit=self._writes.replay,
-                    state=lambda: self._state(copy=False, errors=False),
-                    load=lambda state: self._load_state(state, adopt=True, table_ahead=True),
-                    replayed=self._replayed,
+                    state=lambda: self._states.snapshot(copy=False, errors=False),
+                    load=lambda state: self._states.load(state, adopt=True, table_ahead=True),
+                    replayed=self._states.replayed,
                     attach=self._attach_store,
                     total_writes=lambda: self.writer.total_writes,
                     row_words=self._codec.row_words,
                     lock=self.writer.lock,
                 ),
             )
-        if path is not None and store is not None:
-            store.start(self.config)  # first checkpoint, then the manifest: a complete folder
+            if path is not None:
+                store.start(self.config)  # first checkpoint, then the manifest: a complete folder
 
     # ----------------------------------------------------------------------------- basics
     @property
@@ -389,19 +284,7 @@ class MultiAgentReplayBuffer:
     def config(self) -> BufferConfig:
         """The buffer's configuration as it is now (:class:`marlbuf.config.BufferConfig`: the
         format chosen by the first write of a ``next_obs="auto"`` buffer once it is chosen)."""
-        return BufferConfig(
-            specs=self.specs,
-            capacity=self.capacity,
-            layout=self.layout,
-            next_obs=self.next_obs,
-            sampler_type=type(self.sampler).__name__,
-            sampler_config=self.sampler.config(),
-            n_trainers=self.n_trainers,
-            global_fields=self.global_fields,
-            alive=self.alive,
-            batch_layout=self.batch_layout,
-            batch_dtype=self.storage.batch_dtype,
-        )
+        return self._states.config()
 
     def __len__(self) -> int:
         return self.writer.size
@@ -562,45 +445,6 @@ class MultiAgentReplayBuffer:
             values = writes.codec.arrange(values, fields, "add_envs")
         writes.add_envs(values, check_stream(first_stream), truncated)
 
-    def _new_store(self, next_obs: str) -> Storage:
-        """A new, empty store of the current one's layout and options whose rows keep next
-        observations (``"stored"``) or not (``"none"``), without links (the commit engine's
-        hook when ``next_obs="auto"`` chooses the format)."""
-        storage = self.storage
-        store = make_store(
-            storage.layout,
-            self._codec,
-            self.capacity,
-            storage.pool.max_blocks,
-            storage.batch_layout,
-            None,
-            storage.batch_dtype,
-            device=self.device,
-            stores_next_obs=next_obs != "none",
-        )
-        store.parallel_gather = storage.parallel_gather
-        return store
-
-    def _dense_fits(self) -> bool:
-        """Whether this buffer's dense rows (``next_obs="stored"``) fit in the memory available
-        (besides what the current store holds)."""
-        storage = self.storage
-        needed = estimate(
-            self.specs,
-            self.capacity,
-            storage.layout,
-            "stored",
-            prioritized=self.sampler.weighted,
-            n_trainers=self.n_trainers,
-            episodes=self.sampler.needs_episodes,
-            global_fields=self.global_fields,
-            alive=self.alive,
-        )
-        available = available_memory_bytes()
-        return available is None or needed.total_bytes <= _config.MEMORY_WARN_FRACTION * (
-            available + storage.nbytes
-        )
-
     # ----------------------------------------------------------------------------- sampling
     def sample(
         self,
@@ -716,35 +560,16 @@ class MultiAgentReplayBuffer:
         out: Batch | None = None,
         fields: tuple[str, ...] | None = None,
     ) -> Batch:
-        """One batch drawn by the buffer's sampler from slots ``[0, size)`` only, as
-        :meth:`sample` would draw it if the buffer held just those (under the buffer's lock).
-
-        This is one shard's part of a draw over several buffers
-        (:class:`marlbuf.distributed.ShardedReplayBuffer`): the learner split the batch by
-        the sizes it counted, and a shard that received writes since draws from those slots
-        only, so the global draw is exact for the counted state. The sampler is asked through
-        :meth:`marlbuf.samplers.Sampler.sample_share` (``Uniform(replace=True)`` may draw more
-        rows than ``size``, as it may in :meth:`sample`).
-
-        Parameters
-        ----------
-        batch_size : int
-            Rows in the batch (checked by the sampler, as :meth:`sample`).
-        size : int
-            Slots to draw from, in ``[1, len(self)]``. Samplers that draw from state kept per
-            slot (priority trees, the episode index) draw from every stored slot, so for them
-            ``size`` must be ``len(self)``.
-        trainer : int, default 0
-            Whose sampler state to use.
-        out : Batch, optional
-            As in :meth:`sample`.
-        fields : tuple of str, optional
-            As in :meth:`sample`.
-
-        Returns
-        -------
-        Batch
-            As :meth:`sample` returns (a sequence batch for sequence samplers).
+        """One batch drawn by the buffer's sampler from slots ``[0, size)`` only (``size`` in
+        ``[1, len(self)]``), as :meth:`sample` would draw it if the buffer held just those:
+        one shard's part of a draw over several buffers (the learner of
+        :class:`marlbuf.distributed.ShardedReplayBuffer` splits the batch by the sizes it
+        counted, so the global draw is exact for the counted state; ``docs/distributed.md``).
+        The sampler is asked through
+        :meth:`marlbuf.samplers.Sampler.sample_share`. Samplers that draw from state kept per
+        slot (priority trees, the episode index) draw from every stored slot, so for them
+        ``size`` must be ``len(self)``. ``batch_size``, ``trainer``, ``out`` and ``fields`` are
+        those of :meth:`sample`, and so is the batch returned.
         """
         return self._reader.sample_prefix(batch_size, size, trainer, out, fields)
 
@@ -926,72 +751,7 @@ class MultiAgentReplayBuffer:
         writer starts again, and the last of ``persistence.SNAPSHOT_ATTEMPTS`` attempts holds
         the lock throughout.
         """
-        for _ in range(persistence.SNAPSHOT_ATTEMPTS - 1):
-            with self.writer.lock:
-                state = self._state(copy=False, live=True)
-            try:
-                state["storage"] = {k: rows.copy() for k, rows in state["storage"].items()}
-                return state
-            except persistence.SnapshotMoved:
-                continue  # a writer overtook the copy: again, from a new state
-        with self.writer.lock:
-            return self._state(copy=True)
-
-    def _state(self, copy: bool, live: bool = False, errors: bool = True) -> dict[str, Any]:
-        """:meth:`state_dict` (call under ``writer.lock``); with ``copy=False`` the buffer's own
-        arrays are views of the live memory (what a checkpoint writes from, so that it copies
-        nothing). With ``live=True`` everything but the storage rows is copied, and each storage
-        array is a :class:`marlbuf.persistence.LiveRows` whose rows are copied later, a chunk
-        at a time under the lock, as long as their write generations are still those of this
-        state (else :class:`~marlbuf.persistence.SnapshotMoved`): what :meth:`save` writes."""
-        if errors:
-            self.apply_deferred_updates()  # the state holds every priority update made so far
-        else:
-            self._reader.settle_deferred()
-        filled = self.size  # slots [0, size) hold data while filling; all of them once full
-        copy = copy or live
-
-        def part(array: np.ndarray) -> np.ndarray:
-            return array[:filled].copy() if copy else array[:filled]
-
-        ring = self.writer.state_dict(copy=copy)
-        storage: dict[str, Any] = {}
-        for key, array in self.storage.arrays().items():
-            if live:
-                reader = self._live_reader(array, ring["write_generation"])
-                storage[key] = persistence.LiveRows((filled, *array.shape[1:]), array.dtype, reader)
-            else:
-                storage[key] = part(array)
-        header = self.config.to_dict(batch_options=False)
-        header["sampler"]["state"] = self.sampler.state_dict()
-        return {
-            "format": _config.SAVE_FORMAT,
-            "version": _config.SAVE_VERSION,
-            **header,
-            **ring,
-            "rng": self.rng.bit_generator.state,  # a new dict on every read
-            "storage": storage,
-            "links": {} if self.links is None else self.links.state_dict(copy=copy),
-            "episodes": {}
-            if self.episodes is None
-            else self.episodes.state_dict(filled, copy=copy),
-        }
-
-    def _live_reader(self, array: np.ndarray, generations: np.ndarray) -> Any:
-        """``LiveRows.read`` for storage ``array`` of a snapshot whose filled slots had write
-        ``generations``: rows ``[start, stop)`` copied under the lock while their slots still
-        hold those generations (a slot's bytes change only with its generation)."""
-        lock, current = self.writer.lock, self.writer.write_generation
-
-        def read(start: int, stop: int) -> np.ndarray:
-            with lock:
-                if not np.array_equal(current[start:stop], generations[start:stop]):
-                    raise persistence.SnapshotMoved(
-                        f"slots [{start}, {stop}) were overwritten before they were saved"
-                    )
-                return np.array(array[start:stop], order="C", copy=True)
-
-        return read
+        return self._states.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output into this buffer (same specs, capacity, layout).
@@ -1001,171 +761,7 @@ class MultiAgentReplayBuffer:
         links and side rows, priorities only for written slots, RNG state). A rejected state
         (``ValueError`` naming the field) leaves the buffer as it was.
         """
-        self._load_state(state, adopt=False)
-
-    def _load_state(self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False) -> None:
-        """:meth:`load_state_dict`; ``adopt``: keep the state's arrays (nobody else holds
-        them); ``table_ahead``: the storage holds the state's rows already, and may hold newer
-        ones (a memory-mapped checkpoint before its log is replayed), so the parts are
-        cross-checked against the rows after the replay (:meth:`_replayed`)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(
-                f"a buffer state is a mapping (what state_dict() returns); got {state!r:.80}"
-            )
-        try:
-            self._load_header_checked(state, adopt, table_ahead)
-        except (KeyError, TypeError, AttributeError, IndexError) as exc:
-            # a field of the wrong type or missing: the checks below index freely
-            raise ValueError(
-                f"state_dict is not a complete marlbuf buffer state ({type(exc).__name__}: "
-                f"{exc}); pass what state_dict() returned or a file written by save()"
-            ) from exc
-
-    def _load_header_checked(
-        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
-    ) -> None:
-        """:meth:`_load_state`: the header compared with this buffer's configuration."""
-        check_header(state)
-        saved = BufferConfig.from_dict(state)
-        # next_obs="auto" not yet decided by a write: the state's format decides (a buffer that
-        # chose "stored" or "none" from its first write loads into a new default buffer)
-        saved_format = saved.next_obs
-        writes = self._writes
-        deciding = writes.deciding and self.writer.total_writes == 0
-        adopt_dense = deciding and writes.choose_format and saved_format == "stored"
-        adopt_none = deciding and self.next_obs != "none" and saved_format == "none"
-        mismatch = [
-            (k, mine, theirs)
-            for k, mine, theirs in (
-                ("specs", self.specs, saved.specs),
-                ("capacity", self.capacity, saved.capacity),
-                ("global_fields", self.global_fields, saved.global_fields),
-                ("alive", self.alive, saved.alive),
-                ("n_trainers", self.n_trainers, saved.n_trainers),
-            )
-            if mine != theirs
-        ]
-        if mismatch:
-            key, mine, theirs = mismatch[0]
-            raise ValueError(
-                f"state_dict does not fit this buffer: {key} is {mine!r} here, {theirs!r} in "
-                "the state; build the buffer with MultiAgentReplayBuffer.load instead"
-            )
-        if not (adopt_dense or adopt_none):  # another layout or format is converted first
-            converted = convert_state(state, self._codec, self.layout, self.next_obs)
-            self._load_checked(converted, adopt, table_ahead)
-            if writes.deciding and self.writer.total_writes:
-                writes.decided()  # steps are stored: the format stays
-            return
-        with self.writer.write_lock, self.writer.lock:
-            before = writes.format_state()
-            if adopt_none:
-                writes.drop_next_obs()
-            else:
-                writes.choose_format = False
-                writes.store_next_obs()
-            try:
-                converted = convert_state(state, self._codec, self.layout, self.next_obs)
-                self._load_checked(converted, adopt)
-            except BaseException:  # a rejected state leaves the buffer as it was
-                writes.restore_format(before)
-                raise
-            writes.decided()
-
-    def _load_checked(
-        self, state: Mapping[str, Any], adopt: bool, table_ahead: bool = False
-    ) -> None:
-        """:meth:`_load_state` once the state's format matches this buffer's: every field
-        checked against the others before anything changes."""
-        # every part checks its own part of the state first: a rejected state changes nothing
-        size, generations = self.writer.check_loaded(state)
-        if self.links is not None:
-            self.links.check_loaded(state["links"], size, generations)
-        self.sampler.check_loaded(state["sampler"]["state"], size)
-        self.storage.check_saved(state["storage"], size)
-        episodes_state = state.get("episodes") or {}
-        stored_next = None if table_ahead else self._stored_next(state)
-        if self.episodes is not None and episodes_state:
-            self.episodes.check_loaded(episodes_state, size, generations, stored_next)
-        try:
-            scratch = type(self.rng.bit_generator)()
-            scratch.state = state["rng"]
-        except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as exc:
-            raise ValueError(
-                f"state_dict has an unusable rng state ({type(exc).__name__}: {exc}); expected "
-                f"the state of a {type(self.rng.bit_generator).__name__} bit generator, as "
-                "state_dict() writes it"
-            ) from exc
-        sampler_before = self.sampler.state_dict()
-        self.sampler.load_state_dict(state["sampler"]["state"])  # raises before it changes
-        with self.writer.lock:
-            if self._mapped is not None:  # the files are unusable until the new checkpoint
-                self._mapped.begin_replace()
-            try:
-                self.storage.restore(state["storage"], size)  # skips what load() read in place
-            except BaseException:
-                self.sampler.load_state_dict(sampler_before)
-                raise
-            self.writer.load_state_dict(state)
-            if self.links is not None:
-                self.links.load_state_dict(state["links"], adopt=adopt)
-            if self.episodes is not None:
-                if episodes_state:
-                    self.episodes.load_state_dict(episodes_state, size, generations, stored_next)
-                else:  # saved without an index: rebuilt from done flags and next_obs links
-                    self.episodes.reconstruct(
-                        size,
-                        self._stored_ends(size),
-                        None if self.links is None else self.links.next_slot,
-                    )
-                self.sampler.rebuild(size)
-            self._reader.forget()  # draws and updates meant for the state this one replaces
-            self.rng.bit_generator.state = state["rng"]
-            if self._mapped is not None:
-                self._mapped.checkpoint(sync=True)
-
-    def _replayed(self) -> None:
-        """A memory-mapped checkpoint was loaded and its log replayed: the table now holds
-        exactly the loaded state's rows, so the episode index's record of each open stream's
-        last next_obs is checked against them (or, for a checkpoint of an earlier version
-        without one, taken from them)."""
-        if self.episodes is None or not self.episodes.obs_bytes:
-            return
-        size = self.size
-        live = {
-            "layout": self.layout,
-            "next_obs": self.next_obs,
-            "storage": self.storage.arrays(),
-            "links": {} if self.links is None else self.links.state_dict(copy=False),
-        }
-        self.episodes.settle_stream_next(
-            size, self.writer.write_generation[:size], self._stored_next(live)
-        )
-
-    def _stored_next(self, state: Mapping[str, Any]) -> Any:
-        """The episode index's ``stored_next`` for ``state`` (in this buffer's format): the
-        next_obs section of filled slots as the writer staged it, and whether the stream-break
-        check compares it (:class:`marlbuf.writer.StoredNext`)."""
-        codec = self._codec
-        start, width = codec.next_obs_start, codec.obs_bytes
-
-        def read(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            rows = staged_rows(state, codec, slots)
-            quiet, _ = self._writes.break_flags(rows)
-            return rows.view(np.uint8)[:, start : start + width], quiet
-
-        return read
-
-    def _stored_ends(self, size: int) -> np.ndarray:
-        """Per filled slot (shape (size,), bool), whether every (alive) agent's stored done is
-        set."""
-        every = np.ones(size, dtype=bool)
-        for agent in self.specs:
-            done = np.asarray(self.storage.read_field("done", agent, size) != 0)
-            if self.alive:
-                done = done | ~np.asarray(self.storage.read_field(ALIVE, agent, size))
-            every &= done.reshape(size, -1).all(axis=1)
-        return every
+        self._states.load(state, adopt=False)
 
     def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> None:
         """Write the buffer to ``path``, an ``.npz`` archive (no pickled code).
@@ -1187,16 +783,7 @@ class MultiAgentReplayBuffer:
         ``persistence.SNAPSHOT_ATTEMPTS - 1`` such attempts, the last holds the lock for the whole
         write.
         """
-        for _ in range(persistence.SNAPSHOT_ATTEMPTS - 1):
-            with self.writer.lock:
-                state = self._state(copy=False, live=True)
-            try:
-                persistence.write_state(state, path, overwrite=overwrite)
-                return
-            except persistence.SnapshotMoved:
-                continue  # a writer overtook the stream: again, from a new state
-        with self.writer.lock:
-            persistence.write_state(self._state(copy=False), path, overwrite=overwrite)
+        self._states.save(path, overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], device: Any = None) -> MultiAgentReplayBuffer:
@@ -1214,20 +801,7 @@ class MultiAgentReplayBuffer:
         """
         built: list[MultiAgentReplayBuffer] = []
 
-        def check(header: dict[str, Any], shapes: Mapping[str, Any]) -> None:
-            # the file's JSON part and declared array shapes, before anything is allocated
-            check_header(header)
-            saved = BufferConfig.from_dict(header)
-            persistence.check_declared_shapes(
-                shapes,
-                check_capacity(saved.capacity),
-                saved.n_trainers,
-                saved.sampler().weighted,
-            )
-
-        def build(header: dict[str, Any]) -> dict[str, np.ndarray]:
-            # called with the file's JSON part, before any array is read
-            saved = BufferConfig.from_dict(header)
+        def build(saved: BufferConfig) -> BufferState:
             buf = cls(
                 saved.specs,
                 capacity=int(saved.capacity),
@@ -1241,20 +815,10 @@ class MultiAgentReplayBuffer:
                 device=device,
             )
             built.append(buf)
-            return persistence.storage_destinations(
-                buf.config, buf.storage.arrays(), buf.begin_replace, header
-            )
+            return buf._states
 
-        try:
-            state = persistence.read_state(path, build, check)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(
-                f"{os.fspath(path)!r} has an invalid header ({type(exc).__name__}: {exc}); it "
-                "is not a buffer file this marlbuf can build a buffer from"
-            ) from exc
-        buf = built[0]
-        buf._load_state(state, adopt=True)  # storage already in place; fresh arrays adopted
-        return buf
+        load_file(path, build)
+        return built[0]
 
     # ----------------------------------------------------------------------------- mapped files
     @classmethod
@@ -1290,27 +854,15 @@ class MultiAgentReplayBuffer:
         ``MemoryError`` for a manifest whose buffer does not fit, and ``BlockingIOError`` while
         another buffer object has it open for writing.
         """
-        store = mapped.MappedStore.open(path, durable, mode)
-        manifest_path = str(store.folder / mapped.MANIFEST)
-        try:
-            assert store.manifest is not None
-            try:
-                saved = BufferConfig.from_dict(store.manifest, strict=True)
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                raise ValueError(
-                    f"{manifest_path!r} is corrupt (missing or invalid {exc})"
-                ) from exc
+
+        def build(
+            config: BufferConfig, sampler: Sampler, files: mapped.MappedStore
+        ) -> tuple[MultiAgentReplayBuffer, Mapping[str, np.ndarray]]:
             buffer = cls.__new__(cls)
-            try:
-                config, sampler = saved.checked(parallel_gather)
-                buffer._build(config, sampler, None, parallel_gather, None, files=store)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{manifest_path!r} describes no valid buffer: {exc}") from exc
-            mapped.recover(store, buffer.storage.arrays())
-        except BaseException:
-            store.release()
-            raise
-        return buffer
+            buffer._build(config, sampler, None, parallel_gather, None, files=files)
+            return buffer, buffer.storage.arrays()
+
+        return open_folder(path, durable, mode, parallel_gather, build)
 
     def _attach_store(self, store: mapped.MappedStore | None) -> None:
         """Make the memory-mapped ``store`` live: from now on writes are logged there."""
@@ -1358,128 +910,10 @@ class MultiAgentReplayBuffer:
         self.close()
 
 
-def update_each_trainer(
-    update: Callable[..., None], indices: Any, td_errors: Any, generations: Any, sync: bool
-) -> None:
-    """``update(indices[t], td_errors[t], trainer=t, generations=generations[t], sync=sync)``
-    for every trainer ``t`` of a round (``update_priorities_for_trainers`` of any buffer),
-    after checking that the three hold one entry per trainer."""
-    n = len(indices)
-    if len(td_errors) != n or (generations is not None and len(generations) != n):
-        raise ValueError(
-            f"indices, td_errors and generations must hold one entry per trainer; got "
-            f"{n}, {len(td_errors)} and "
-            f"{'None' if generations is None else len(generations)}"
-        )
-    for t in range(n):
-        update(
-            indices[t],
-            td_errors[t],
-            trainer=t,
-            generations=None if generations is None else generations[t],
-            sync=sync,
-        )
-
-
-def build_storage(
-    config: BufferConfig,
-    codec: RowCodec,
-    next_obs: str,
-    links: NextObsLinks | None,
-    allocate: Any = None,
-    device: Any = None,
-) -> Storage:
-    """The store of a buffer of ``config`` whose rows are in format ``next_obs`` (never
-    ``"auto"``), with the next-observation ``links`` of format ``"once"``: its arrays from
-    ``allocate`` (a mapped folder's files; ``None``: NumPy), on ``device`` (``None``: host).
-    A sharded buffer's learner builds one of capacity 1 to assemble its batches."""
-    return make_store(
-        config.layout,
-        codec,
-        config.capacity,
-        # enough recycled batch blocks for two rounds of every trainer (one being consumed
-        # while the next is gathered)
-        2 * config.n_trainers + 2,
-        config.batch_layout,
-        links,
-        config.batch_dtype,
-        allocate,
-        device,
-        stores_next_obs=next_obs != "none",
-    )
-
-
-def _check_device_options(device: Any, layout: str, in_files: bool, parallel_gather: Any) -> Any:
-    """``device`` checked against the options a torch store cannot take (the reasons are
-    :data:`marlbuf.stores.capabilities.CAPABILITIES`'); ``None`` stays ``None``."""
-    if device is None:
-        return None
-    for feature, used in (
-        ("layout='agent_major'", layout == "agent_major"),
-        ("path=", in_files),
-        ("parallel_gather=True", parallel_gather is True),
-    ):
-        if used:
-            raise ValueError(refusal(feature, "torch", f"device={str(device)!r}"))
-    from marlbuf.stores.torch import check_device
-
-    return check_device(device)
-
-
-def _check_memory(
-    needed: MemoryEstimate,
-    specs: Mapping[str, AgentSpec],
-    layout: str,
-    next_obs: str,
-    global_fields: Mapping[str, FieldSpec] | None = None,
-    alive: bool = False,
-    working: int = 0,
-) -> None:
-    """Refuse (``MemoryError``, naming the largest declared fields, listing every storage
-    format that would fit, with its size, and the largest capacity that fits) or warn
-    (:class:`marlbuf.memory.MemoryWarning`, a ``UserWarning``) before allocating a buffer that
-    will not fit in the memory the OS and the process's limits leave available. ``next_obs`` is
-    the format ``needed`` was estimated for; ``working`` the bytes the buffer allocates besides
-    (its staging row)."""
-    from marlbuf.memory import MemoryWarning, advice, largest_fields
-
-    available = available_memory_bytes()
-    if available is None:
-        return
-    gib = 1024**3
-    total = needed.total_bytes + working
-    if total > available:
-        raise MemoryError(
-            f"this buffer (next_obs={next_obs!r}, capacity={needed.capacity:,}) needs {needed} "
-            f"(rows of {largest_fields(specs, global_fields)}) but only "
-            f"{available / gib:.2f} GiB is available; "
-            + advice(
-                needed,
-                available,
-                specs,
-                layout,
-                global_fields=global_fields,
-                alive=alive,
-                next_obs=next_obs,
-            )
-            + " (marlbuf.memory.format_options lists every format's size)"
-        )
-    if total > _config.MEMORY_WARN_FRACTION * available:
-        warnings.warn(
-            f"this buffer needs {needed} of the {available / gib:.2f} GiB available; the "
-            "machine may start swapping (marlbuf.memory.format_options lists smaller formats)",
-            MemoryWarning,
-            stacklevel=3,
-        )
-
-
 __all__ = [
     "MultiAgentReplayBuffer",
     "NextObsDroppedWarning",
     "NextObsWarning",
     "SlowWriteWarning",
     "StreamBreakWarning",
-    "build_storage",
-    "make_rng",
-    "update_each_trainer",
 ]

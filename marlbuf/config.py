@@ -5,6 +5,7 @@ folder's manifest and a sharded buffer's shards are built from.
 (:meth:`BufferConfig.from_dict`) here and nowhere else; the constructor's arguments are
 checked here too (:meth:`BufferConfig.from_arguments`), so a module that needs a buffer's
 settings (the mapped folder, persistence, the sharded buffer) takes a config, never the buffer.
+:func:`make_rng` makes a buffer's generator from its ``seed=``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ LAYOUTS = ("interleaved", "agent_major")
 NEXT_OBS_MODES = ("once", "stored", "none")
 #: what ``next_obs=`` accepts: a format, or ``"auto"`` (the format chosen from the first write)
 NEXT_OBS_CHOICES = ("auto", *NEXT_OBS_MODES)
+
+
+def make_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
+    """A ``Generator`` from a seed, an existing generator, or fresh entropy (``None``)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
+        return np.random.default_rng(seed)
+    raise TypeError(f"seed must be an int, a numpy Generator or None; got seed={seed!r}")
 
 
 def check_trainer(trainer: Any, n_trainers: int) -> int:
@@ -261,4 +271,5 @@ __all__ = [
     "BufferConfig",
     "check_n_trainers",
     "check_trainer",
+    "make_rng",
 ]

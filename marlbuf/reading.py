@@ -668,3 +668,26 @@ class Reader:
             raise ValueError(_CHANGED_IN_PLACE)
         judge_update(idx, _NO_SLOTS, remapped, current, stale)
         return remapped, stale
+
+
+def update_each_trainer(
+    update: Callable[..., None], indices: Any, td_errors: Any, generations: Any, sync: bool
+) -> None:
+    """``update(indices[t], td_errors[t], trainer=t, generations=generations[t], sync=sync)``
+    for every trainer ``t`` of a round (``update_priorities_for_trainers`` of any buffer),
+    after checking that the three hold one entry per trainer."""
+    n = len(indices)
+    if len(td_errors) != n or (generations is not None and len(generations) != n):
+        raise ValueError(
+            f"indices, td_errors and generations must hold one entry per trainer; got "
+            f"{n}, {len(td_errors)} and "
+            f"{'None' if generations is None else len(generations)}"
+        )
+    for t in range(n):
+        update(
+            indices[t],
+            td_errors[t],
+            trainer=t,
+            generations=None if generations is None else generations[t],
+            sync=sync,
+        )

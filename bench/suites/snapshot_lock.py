@@ -60,8 +60,8 @@ def measure(rounds: int = 40, capacity: int = 20_000, batch: int = 1024) -> dict
             buf.save(path)
 
         def unlocked() -> None:
-            buf._state(copy=True)  # the same copies, without the lock
-            persistence.write_state(buf._state(copy=False), path)
+            buf._states.snapshot(copy=True)  # the same copies, without the lock
+            persistence.write_state(buf._states.snapshot(copy=False), path)
 
         def background(work: Callable[[], None] | None) -> tuple[threading.Event, Any]:
             stop = threading.Event()

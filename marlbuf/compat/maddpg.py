@@ -53,9 +53,10 @@ from typing import Any
 import numpy as np
 
 from marlbuf.batch import Batch
-from marlbuf.buffer import MultiAgentReplayBuffer, make_rng
+from marlbuf.buffer import MultiAgentReplayBuffer
 from marlbuf.compat import NotEnoughDataError
 from marlbuf.compat._common import check_n_agents, check_shape_list, check_size
+from marlbuf.config import make_rng
 from marlbuf.samplers import Sampler, Uniform, ascending_uniform
 from marlbuf.spec import FIELDS, AgentSpec
 from marlbuf.stores.host import LAYOUTS

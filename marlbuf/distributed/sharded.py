@@ -20,8 +20,8 @@ import numpy as np
 import ray
 
 from marlbuf.batch import Batch, DrawnIndices
-from marlbuf.buffer import build_storage, make_rng, update_each_trainer
-from marlbuf.config import BufferConfig
+from marlbuf.build import build_storage
+from marlbuf.config import BufferConfig, make_rng
 from marlbuf.distributed._ray import (
     DEFAULT_TIMEOUT_S,
     code_fingerprint,
@@ -40,6 +40,7 @@ from marlbuf.distributed.checks import (
 from marlbuf.distributed.draws import GlobalDraw, Round
 from marlbuf.distributed.limiter import RateLimiter
 from marlbuf.distributed.writers import ShardWriter, check_next_obs, split_envs
+from marlbuf.reading import update_each_trainer
 from marlbuf.samplers import Sampler
 from marlbuf.samplers import Sequence as SequenceSampler
 from marlbuf.spec import AgentSpec, FieldSpec

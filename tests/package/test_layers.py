@@ -30,10 +30,7 @@ BUFFER_CLASS = "MultiAgentReplayBuffer"
 CLIENTS = ("marlbuf", "marlbuf.compat", "marlbuf.offline", "marlbuf.distributed._shard")
 #: TEMPORARY: modules that still take (or hold) the buffer object, each with what it does;
 #: every entry is to go, and the test fails once one is no longer needed, so the list shrinks
-TAKES_THE_BUFFER_FOR_NOW = {
-    "marlbuf.distributed.sharded": "imports build_storage, make_rng and update_each_trainer from "
-    "the front's module (helpers that belong below it)",
-}
+TAKES_THE_BUFFER_FOR_NOW: dict[str, str] = {}
 #: TEMPORARY: core modules that still import a layer above the core, each with why
 IMPORTS_ABOVE_FOR_NOW: dict[str, str] = {}
 #: TEMPORARY: annotation-only imports of the front that close a cycle, the same modules

@@ -163,7 +163,9 @@ def test_a_save_that_keeps_being_overtaken_holds_the_writers_off(tmp_path, monke
 
         return moved
 
-    monkeypatch.setattr(MultiAgentReplayBuffer, "_live_reader", overtaken)
+    from marlbuf.state import BufferState
+
+    monkeypatch.setattr(BufferState, "_live_reader", overtaken)
     buf.save(tmp_path / "s.npz")
     assert len(attempts) == persistence.SNAPSHOT_ATTEMPTS - 1
     assert not list(tmp_path.glob("*.tmp"))  # the abandoned attempts left nothing

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from marlbuf import AgentSpec, MultiAgentReplayBuffer, buffer, memory_cli
+from marlbuf import AgentSpec, MultiAgentReplayBuffer, build, memory_cli
 from marlbuf.memory import MemoryWarning, estimate, format_options, largest_capacity
 
 SPECS = {f"agent_{i}": AgentSpec(obs_shape=(144,), action_shape=(5,)) for i in range(24)}
@@ -16,7 +16,7 @@ CAPACITY = 2_000_000
 
 
 def _available(monkeypatch: pytest.MonkeyPatch, nbytes: float) -> None:
-    monkeypatch.setattr(buffer, "available_memory_bytes", lambda: int(nbytes))
+    monkeypatch.setattr(build, "available_memory_bytes", lambda: int(nbytes))
 
 
 def test_memory_error_lists_every_format_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:

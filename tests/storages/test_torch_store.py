@@ -1361,16 +1361,16 @@ def test_side_table_outgrows_its_reserve(mixed_specs, device, sampler):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_stored_once_states_load_natively_both_ways(mixed_specs, device, tmp_path, monkeypatch):
-    from marlbuf import buffer as buffer_module
+    from marlbuf import state as state_module
 
-    convert_state = buffer_module.convert_state
+    convert_state = state_module.convert_state
 
     def native_only(state, codec, layout, next_obs):
         source = (state["layout"], state.get("next_obs", "stored"))
         assert source == (layout, next_obs), "a state in the buffer's own format was converted"
         return convert_state(state, codec, layout, next_obs)
 
-    monkeypatch.setattr(buffer_module, "convert_state", native_only)
+    monkeypatch.setattr(state_module, "convert_state", native_only)
     streams = Streams(mixed_specs, np.random.default_rng(5))
     first, more = stacked(streams.steps(0, 30)), stacked(streams.steps(0, 7))
     kw: dict[str, Any] = {"seed": 0, "sampler": PrioritizedNeighbor(), "next_obs": "once"}

@@ -707,11 +707,11 @@ def test_memory_command_shows_the_format(capsys: pytest.CaptureFixture[str]) -> 
 def test_memory_error_of_a_none_buffer_lists_formats_without_next_obs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from marlbuf import buffer
+    from marlbuf import build
 
     specs = {f"agent_{i}": AgentSpec(obs_shape=(144,), action_shape=(5,)) for i in range(24)}
     needed = estimate(specs, 2_000_000, next_obs="none")
-    monkeypatch.setattr(buffer, "available_memory_bytes", lambda: int(0.8 * needed.total_bytes))
+    monkeypatch.setattr(build, "available_memory_bytes", lambda: int(0.8 * needed.total_bytes))
     with pytest.raises(MemoryError) as info:
         MultiAgentReplayBuffer(specs, 2_000_000, next_obs="none")
     message = str(info.value)
