@@ -6,10 +6,11 @@ configuration, the commit engine with the ring, store, links and episode index i
 sampler, the generator, the reader, the memory-mapped folder), never the buffer itself. Each
 part checks its own part of a loaded state (``RingWriter.check_loaded``,
 ``NextObsLinks.check_loaded``, ``EpisodeIndex.check_loaded``, ``Sampler.check_loaded``, the
-store); this module compares the header with the buffer, converts a state of another layout or ``next_obs``
-format (:func:`marlbuf.convert.convert_state`), and loads nothing until every part has accepted
-its own. :func:`load_file` and :func:`open_folder` are the state side of the front's ``load``
-and ``open``: the front builds the buffer, they read and check what it is built from.
+store); this module compares the header with the buffer, converts a state of another layout
+or ``next_obs`` format (:func:`marlbuf.convert.convert_state`), and loads nothing until every
+part has accepted its own. :func:`load_file` and :func:`open_folder` are the state side of the
+front's ``load`` and ``open``: the front builds the buffer, they read and check what it is
+built from.
 """
 
 from __future__ import annotations
