@@ -38,6 +38,7 @@ from marlbuf.bench.tools.common import (
     time_interleaved,
 )
 from marlbuf.memory import estimate
+from marlbuf.reading import Reader
 from marlbuf.samplers import Neighbor, Sampler, Uniform
 from marlbuf.storage import BlockPool
 from marlbuf.workloads import PAPER_WORKLOADS, Workload, episode_steps
@@ -123,7 +124,13 @@ def _share_storage(
     """A second handle on ``buf``'s storage with another sampler (read-only use: the copies'
     write cursors would diverge on writes). Saves one full copy of the data per sampler. Each
     handle gets its own batch memory pool, as a buffer of its own would have: cases sharing one
-    pool would evict each other's recycled blocks and pay page faults for it."""
+    pool would evict each other's recycled blocks and pay page faults for it.
+
+    The handle is assembled from the front's parts (the buffer has no public constructor over
+    another buffer's rows): its own commit engine holding a copy of the store (for the pool),
+    its own sampler and generator, and a reader of its own that reads them; a shallow copy
+    alone would keep reading through the original's reader, with the original's sampler.
+    """
     other = copy.copy(buf)
     # the store is the commit engine's: the handle gets an engine of its own holding the copy
     other._writes = copy.copy(buf._writes)
@@ -132,6 +139,18 @@ def _share_storage(
     other.sampler = sampler
     sampler.bind(buf.capacity, buf.n_trainers)
     other.rng = np.random.default_rng(seed)
+    other._reader = Reader(
+        lambda: other.storage,
+        buf.writer,
+        lambda: other.sampler,
+        buf.episodes,
+        other.rng,
+        buf.n_trainers,
+        buf.device is not None,
+        tuple(buf.specs),
+        buf.global_fields,
+        buf._codec.field_names,
+    )
     return other
 
 

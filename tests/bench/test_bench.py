@@ -348,3 +348,29 @@ def test_padded_episode_windows_match_the_episodes():
     whole = buf.sample_episodes(3)
     assert whole["obs"].shape == (3, max_t + 1, n_agents, 1)
     assert (whole["filled"][:, :, 0].sum(axis=1) - 1 <= max_t).all()
+
+
+def test_shared_storage_handles_draw_with_their_own_sampler():
+    """The sampling, locality and guard suites time several samplers over one filled storage:
+    each handle must draw with its own sampler and generator, and leave the original's alone."""
+    from datagen import random_step_data
+
+    from marlbuf import AgentSpec, MultiAgentReplayBuffer
+    from marlbuf.bench.suites.sampling import _share_storage
+    from marlbuf.samplers import Neighbor, Uniform
+
+    specs = {"a": AgentSpec((4,), (2,)), "b": AgentSpec((3,), (2,))}
+    buf = MultiAgentReplayBuffer(specs, 256, seed=0)
+    buf.extend(**random_step_data(specs, 256, np.random.default_rng(0)))
+    handle = _share_storage(buf, Neighbor(8), seed=1)
+    runs = handle.sample(64).indices.reshape(8, 8)
+    # Neighbor(8): each run is 8 consecutive slots of the ring
+    assert np.all((np.diff(runs, axis=1) % 256) == 1)
+    assert isinstance(buf.sampler, Uniform) and isinstance(handle.sampler, Neighbor)
+    drawn = buf.sample(64).indices
+    assert not np.all((np.diff(drawn.reshape(8, 8), axis=1) % 256) == 1)
+    batch = handle.sample(16)
+    for agent in specs:  # the rows are the original's
+        np.testing.assert_array_equal(
+            batch.field("obs")[agent], buf.gather(batch.indices).field("obs")[agent]
+        )
