@@ -35,6 +35,8 @@ from marlbuf.stores.capabilities import refusal
 torch: Any
 try:
     import torch
+
+    from marlbuf.stores.torch import DeviceBatch, DeviceSequenceBatch
 except ImportError:  # the torch stores' cases are skipped
     torch = None
 
@@ -44,7 +46,8 @@ BATCH = 4
 #: sampler name -> a fresh sampler (one per buffer: samplers hold per-buffer state)
 SAMPLERS: dict[str, Callable[[], Sampler]] = {
     "uniform": Uniform,
-    "uniform-distinct": lambda: Uniform(replace=False, order="random"),
+    "uniform-random_order": lambda: Uniform(order="random"),
+    "uniform-distinct": lambda: Uniform(replace=False),
     "neighbor": lambda: Neighbor(2),
     "prioritized": lambda: Prioritized(alpha=0.7, priority="squared"),
     "prioritized_neighbor": lambda: PrioritizedNeighbor(thresholds=(0.5,), run_lengths=(1, 2)),
@@ -71,12 +74,13 @@ REFUSED = {
     "torch-cpu-mapped": ("path=", "torch", "device='cpu'"),
 }
 
-#: format name -> (next_obs, batch_dtype, float16 observations and actions)
-FORMATS: dict[str, tuple[str, str, bool]] = {
-    "stored": ("stored", "float32", False),
-    "once": ("once", "float32", False),
-    "none": ("none", "float32", False),
-    "once-float16": ("once", "storage", True),
+#: format name -> (next_obs, batch_dtype, float16 observations and actions, batch_layout)
+FORMATS: dict[str, tuple[str, str, bool, str]] = {
+    "stored": ("stored", "float32", False, "rows"),
+    "once": ("once", "float32", False, "rows"),
+    "none": ("none", "float32", False, "rows"),
+    "once-float16": ("once", "storage", True, "rows"),
+    "once-per_agent": ("once", "float32", False, "per_agent"),
 }
 
 STORE_PARAMS = [
@@ -167,6 +171,15 @@ def add(bufs: list[Any], data: dict[str, Any], stream: int) -> None:
             buf.add(**given, stream=stream)
 
 
+def add_envs(bufs: list[Any], data: dict[str, Any]) -> None:
+    """``steps()`` output written as one step of as many environments (streams 0, 1, ...),
+    each ending its episode (the streams continue with other steps)."""
+    data = {**data, "done": {a: np.ones_like(d) for a, d in data["done"].items()}}
+    for buf in bufs:
+        given = {k: v for k, v in data.items() if k != "next_obs" or buf.next_obs != "none"}
+        buf.add_envs(**given)
+
+
 def on_host(x: Any) -> np.ndarray:
     """A tensor (any device) as a host array; host arrays as they are."""
     if torch is not None and isinstance(x, torch.Tensor):
@@ -225,12 +238,13 @@ def test_sampler_store_and_format_through_the_protocol(
             pytest.skip("torch is not installed")
         if store == "torch-cuda" and not torch.cuda.is_available():
             pytest.skip("needs a CUDA device (torch.cuda.is_available())")
-    next_obs, batch_dtype, half = FORMATS[fmt]
+    next_obs, batch_dtype, half, batch_layout = FORMATS[fmt]
     specs = make_specs(half)
     kw: dict[str, Any] = {
         "global_fields": {"state": FieldSpec((3,))},
         "alive": True,
         "batch_dtype": batch_dtype,
+        "batch_layout": batch_layout,
         "seed": 11,
     }
 
@@ -252,9 +266,36 @@ def test_sampler_store_and_format_through_the_protocol(
     keep_next = next_obs != "none"
     write([ref, buf], steps(specs, 30, 0))
     add([ref, buf], steps(specs, 5, 1), stream=1)  # a second stream, one step at a time
+    add_envs([ref, buf], steps(specs, 3, 4))  # three streams, one step each
     write([ref, buf], steps(specs, 25, 2))  # wraps the ring
+    assert (len(buf), buf.cursor, buf.total_writes) == (len(ref), ref.cursor, ref.total_writes)
+    np.testing.assert_array_equal(buf.write_generation, ref.write_generation)
     for trainer in (0, 1):
-        assert_same_batch(ref.sample(BATCH, trainer), buf.sample(BATCH, trainer), keep_next)
+        got = buf.sample(BATCH, trainer)
+        assert_same_batch(ref.sample(BATCH, trainer), got, keep_next)
+        if buf.device is not None:  # tensors on the device, indices and generations on the host
+            kind = DeviceSequenceBatch if ref.sampler.batch_kind != "rows" else DeviceBatch
+            assert isinstance(got, kind) and got.device.type == buf.device.type
+            assert isinstance(got.indices, np.ndarray)
+    for want, got in zip(
+        ref.sample_for_trainers(BATCH), buf.sample_for_trainers(BATCH), strict=True
+    ):
+        assert_same_batch(want, got, keep_next)
+        if ref.sampler.batch_kind == "rows":
+            np.testing.assert_array_equal(got.generations, buf.write_generation[got.indices])
+    for want, got in zip(ref.iter_trainers(BATCH), buf.iter_trainers(BATCH), strict=True):
+        assert_same_batch(want, got, keep_next)
+    if not ref.sampler.weighted:
+        want, got = (b.sample_for_trainers(BATCH, shared_index=True) for b in (ref, buf))
+        assert all(x is got[0] for x in got)
+        assert_same_batch(want[0], got[0], keep_next)
+    slots = np.array([0, 7, len(ref) - 1, 7])
+    assert_same_batch(ref.gather(slots), buf.gather(slots), keep_next)
+    assert_same_batch(ref.latest(6), buf.latest(6), keep_next)
+    for field in ("obs", "action", "reward", "done") + (("next_obs",) if keep_next else ()):
+        for agent, value in ref.stored(field).items():
+            np.testing.assert_array_equal(on_host(buf.stored(field)[agent]), value)
+    assert buf.reward_stats() == ref.reward_stats()
 
     if ref.sampler.weighted:  # priorities fed back change the next draws alike
         want, got = ref.sample(BATCH, 1), buf.sample(BATCH, 1)
