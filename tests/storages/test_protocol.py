@@ -277,6 +277,10 @@ def test_sampler_store_and_format_through_the_protocol(
             kind = DeviceSequenceBatch if ref.sampler.batch_kind != "rows" else DeviceBatch
             assert isinstance(got, kind) and got.device.type == buf.device.type
             assert isinstance(got.indices, np.ndarray)
+            np.testing.assert_array_equal(got.indices.generations, got.generations)
+            if got.weights is not None:
+                assert isinstance(got.weights, torch.Tensor)
+                assert got.weights.device.type == buf.device.type
     for want, got in zip(
         ref.sample_for_trainers(BATCH), buf.sample_for_trainers(BATCH), strict=True
     ):
