@@ -5,9 +5,11 @@ The NumPy buffer is the reference. A device buffer is the same front (writer, li
 priorities, stale guard, state files) with its rows in a :class:`TorchStorage`: given the same
 seed and writes, both hold the same table bits and return the same batches, bit for bit, with
 the batch's fields (and weights) as tensors on the device and its indices and generations on
-the host; files move between the two. The samplers and the priority trees are the front's
-(tested in test_prioritized.py and test_locality_suite.py); test_stores.py checks every
-capability on every store.
+the host; files move between the two. What every store does alike is tested once over stores:
+test_protocol.py (every sampler and next_obs format), test_stores.py (every capability), and
+the tests that take the ``store`` fixture (test_buffer.py, test_half.py). This file keeps what
+is the torch store's own: device placement, tensors and their dtypes, pooled and pinned
+memory, tensor TD errors and deferred updates, CUDA waits, the device learner and suite.
 """
 
 from __future__ import annotations
@@ -1271,27 +1273,6 @@ def test_stored_once_states_load_natively_both_ways(mixed_specs, device, tmp_pat
         for buf in (dev, loaded):
             assert_same_draw(want, buf.sample(8, trainer=trainer), device)
         assert_same_batch(want, back.sample(8, trainer=trainer), mixed_specs)
-
-
-@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
-@pytest.mark.parametrize("source", ["once", "stored"])
-def test_states_of_the_other_mode_are_converted(mixed_specs, layout, source):
-    streams = Streams(mixed_specs, np.random.default_rng(6))
-    data = stacked(streams.steps(0, 23))
-    ref = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, layout=layout, next_obs=source)
-    ref.extend(**data)
-    other = "stored" if source == "once" else "once"
-    dev: Any = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, device="cpu", next_obs=other)
-    dev.load_state_dict(ref.state_dict())
-    assert (dev.cursor, dev.size, dev.total_writes) == (ref.cursor, ref.size, ref.total_writes)
-    assert_all_slots_equal(ref, dev, mixed_specs)
-    if other == "once":  # linked where consecutive, side rows at the episode ends
-        assert 0 < dev.links.side_rows_used < 16
-        more = stacked(streams.steps(0, 5))
-        ref.extend(**more)
-        dev.extend(**more)
-        assert_all_slots_equal(ref, dev, mixed_specs)
-        assert dev.links.side_rows_used < 16
 
 
 # --------------------------------------------------------------------------- half precision
