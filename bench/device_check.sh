@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The device check, one command on a machine with a CUDA GPU, offline, in one run:
 #   1. the torch store's tests (the CUDA tests and the CPU ones, under that machine's torch):
-#      tests/storages/test_torch_store.py, tests/storages/test_stores.py and the device priority tests
+#      tests/storages/test_torch_store.py, test_stores.py, test_protocol.py (every sampler and
+#      format on every store), the store-parametrised tests/storages/test_half.py and
+#      tests/buffer/test_buffer.py, and the device priority tests
 #      (tests/storages/test_torch_priority.py, tests/storages/test_device_priorities.py: whichever exist);
 #   2. `marlbuf bench device`: CN-24 and PP-24+8 rounds at B = 1024 on the GPU, prioritized
 #      sample + update of 8 trainers at capacities 1e5, 1e6, 1e7 (marlbuf's host and device
@@ -104,7 +106,8 @@ step() {
 }
 
 echo "== 1/4 torch store tests (CUDA and CPU)"
-tests=(tests/storages/test_torch_store.py tests/storages/test_stores.py)
+tests=(tests/storages/test_torch_store.py tests/storages/test_stores.py tests/storages/test_protocol.py
+  tests/storages/test_half.py tests/buffer/test_buffer.py)
 for extra in tests/storages/test_torch_priority.py tests/storages/test_device_priorities.py; do
   [ -f "$extra" ] && tests+=("$extra")
 done

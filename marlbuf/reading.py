@@ -246,7 +246,7 @@ class Reader:
                 )
             batch = self.sample(batch_size, 0, None if out is None else out[0], fields)
             return [batch] * n_trainers
-        if self.sampler.batch_kind != "sequences" and self.on_device:
+        if self.sampler.batch_kind == "rows" and self.on_device:
             return self._round(batch_size, n_trainers, None if out is None else blocks, select)
         return [
             self.sample(batch_size, t, None if out is None else out[t], fields)

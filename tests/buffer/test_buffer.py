@@ -8,9 +8,20 @@ import pytest
 from datagen import random_step_data, step_slice
 
 from marlbuf import FIELDS, AgentSpec, MultiAgentReplayBuffer
-from marlbuf.samplers import Neighbor, Uniform
+from marlbuf.samplers import Neighbor, PrioritizedNeighbor, Uniform
 
 LAYOUTS = ["interleaved", "agent_major"]
+
+
+def on_host(x):
+    """A tensor (a torch store's batch field) as a host array; arrays as they are."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def layouts(store):
+    """The layouts of a store (``store``: the fixture's constructor keywords): a torch store's
+    table is interleaved rows."""
+    return ["interleaved"] if store else LAYOUTS
 
 
 def fill(buf, data, steps, one_by_one=False):
@@ -96,25 +107,30 @@ def test_interleaved_alignment_and_zero_copy_concat():
     np.testing.assert_array_equal(joint, expected)
 
 
-def test_discrete_actions_stored_one_hot(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 10)
+def test_discrete_actions_stored_one_hot(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 10, **store)
     step = step_slice(random_step_data(mixed_specs, 1, np.random.default_rng(0)), 0)
     step["action"]["prey_0"] = 2
     buf.add(**step)
-    np.testing.assert_array_equal(buf.gather([0]).action["prey_0"][0], [0, 0, 1, 0])
+    np.testing.assert_array_equal(on_host(buf.gather([0]).action["prey_0"][0]), [0, 0, 1, 0])
     step["action"]["prey_0"] = 4
     with pytest.raises(ValueError, match=r"action\['prey_0'\].*outside \[0, 4\)"):
         buf.add(**step)
 
 
-def test_lists_in_agent_order_are_accepted(mixed_specs):
+def test_lists_in_agent_order_are_accepted(mixed_specs, store):
     rng = np.random.default_rng(3)
     step = step_slice(random_step_data(mixed_specs, 1, rng), 0)
-    a = MultiAgentReplayBuffer(mixed_specs, 4)
-    b = MultiAgentReplayBuffer(mixed_specs, 4)
+    a = MultiAgentReplayBuffer(mixed_specs, 4, **store)
+    b = MultiAgentReplayBuffer(mixed_specs, 4, **store)
     a.add(**step)
     b.add(**{f: [per[agent] for agent in mixed_specs] for f, per in step.items()})
-    np.testing.assert_array_equal(a.storage.table[:1], b.storage.table[:1])
+    np.testing.assert_array_equal(on_host(a.storage.table[:1]), on_host(b.storage.table[:1]))
+    envs = random_step_data(mixed_specs, 3, rng)  # one step of three environments
+    a.add_envs(**envs)
+    b.add_envs(**{f: [per[agent] for agent in mixed_specs] for f, per in envs.items()})
+    np.testing.assert_array_equal(on_host(a.storage.table[:4]), on_host(b.storage.table[:4]))
+    assert len(a) == 4
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -155,8 +171,8 @@ def test_out_reuses_arrays(mixed_specs):
 # ------------------------------------------------------------------------- samplers
 
 
-def test_neighbor_runs_while_filling_never_reach_unwritten_slots(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 1000, sampler=Neighbor(run_length=8), seed=0)
+def test_neighbor_runs_while_filling_never_reach_unwritten_slots(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 1000, sampler=Neighbor(run_length=8), seed=0, **store)
     buf.extend(**random_step_data(mixed_specs, 40, np.random.default_rng(0)))
     for _ in range(200):
         idx = buf.sample(16).indices
@@ -165,8 +181,8 @@ def test_neighbor_runs_while_filling_never_reach_unwritten_slots(mixed_specs):
         np.testing.assert_array_equal(np.diff(runs, axis=1), 1)  # contiguous runs
 
 
-def test_neighbor_wraps_once_full(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 20, sampler=Neighbor(run_length=5), seed=0)
+def test_neighbor_wraps_once_full(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 20, sampler=Neighbor(run_length=5), seed=0, **store)
     buf.extend(**random_step_data(mixed_specs, 27, np.random.default_rng(0)))
     seen_wrap = False
     for _ in range(300):
@@ -176,8 +192,8 @@ def test_neighbor_wraps_once_full(mixed_specs):
     assert seen_wrap
 
 
-def test_neighbor_needs_enough_data(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(run_length=8))
+def test_neighbor_needs_enough_data(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(run_length=8), **store)
     buf.extend(**random_step_data(mixed_specs, 10, np.random.default_rng(0)))
     buf.sample(8)  # refs in [0, 2]: one run fits
     with pytest.raises(ValueError, match=r"batch_size=32 needs distinct slots.*holds 10"):
@@ -232,11 +248,12 @@ def _one_step(specs):
         (lambda s: s["obs"].update(pred_0=np.array(["x"] * 16)), TypeError, "must be numeric"),
         (lambda s: s.update(done="yes"), TypeError, "dict keyed by agent"),
         (lambda s: s.update(reward=[1.0, 2.0]), ValueError, "one entry per agent"),
+        (lambda s: s["action"].update(prey_0=4), ValueError, r"outside \[0, 4\)"),
     ],
 )
-def test_bad_add_is_rejected_and_nothing_written(mixed_specs, mutate, exc, match):
-    for layout in LAYOUTS:
-        buf = MultiAgentReplayBuffer(mixed_specs, 4, layout=layout)
+def test_bad_add_is_rejected_and_nothing_written(mixed_specs, store, mutate, exc, match):
+    for layout in layouts(store):
+        buf = MultiAgentReplayBuffer(mixed_specs, 4, layout=layout, **store)
         buf.add(**_one_step(mixed_specs))
         before = {k: v.copy() for k, v in buf.storage.arrays().items()}
         step = _one_step(mixed_specs)
@@ -244,8 +261,9 @@ def test_bad_add_is_rejected_and_nothing_written(mixed_specs, mutate, exc, match
         with pytest.raises(exc, match=match):
             buf.add(**step)
         assert len(buf) == 1 and buf.cursor == 1 and buf.total_writes == 1
+        rows = None if store else 1  # a torch table starts zeroed: every row is unchanged
         for k, v in buf.storage.arrays().items():
-            np.testing.assert_array_equal(v[:1], before[k][:1])
+            np.testing.assert_array_equal(v[:rows], before[k][:rows])
 
 
 def test_float_to_int_storage_is_a_type_error():
@@ -261,8 +279,8 @@ def test_float_to_int_storage_is_a_type_error():
         )
 
 
-def test_bad_extend(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 8)
+def test_bad_extend(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 8, **store)
     data = random_step_data(mixed_specs, 5, np.random.default_rng(0))
     data["reward"]["pred_1"] = data["reward"]["pred_1"][:4]
     with pytest.raises(ValueError, match="same number of timesteps"):
@@ -274,6 +292,9 @@ def test_bad_extend(mixed_specs):
     assert len(buf) == 0
     with pytest.raises(ValueError, match="leading time axis"):
         buf.extend(**_one_step(mixed_specs))
+    assert len(buf) == 0 and buf.total_writes == 0
+    if store:  # a torch table starts zeroed (a host one is uninitialised): still all zeros
+        assert not any(np.asarray(v).any() for v in buf.storage.arrays().values())
 
 
 @pytest.mark.parametrize(
@@ -287,11 +308,18 @@ def test_bad_extend(mixed_specs):
         ({"capacity": 10, "seed": "x"}, TypeError, "seed must be"),
         ({"capacity": 10, "n_trainers": 0}, ValueError, "n_trainers must be >= 1"),
         ({"capacity": 10**15}, MemoryError, "needs .* GiB"),
+        ({"capacity": 10, "batch_layout": "x"}, ValueError, "batch_layout must be one of"),
+        ({"capacity": 10, "parallel_gather": "no"}, TypeError, "parallel_gather must be a bool"),
+        ({"capacity": 10, "sampler": Neighbor(64)}, ValueError, "longer than the buffer"),
+        ({"capacity": 10, "sampler": PrioritizedNeighbor(run_lengths=(1, 2, 40))}, ValueError,
+         "longest run"),
+        ({"capacity": 10, "next_obs": "dense"}, ValueError, "next_obs must be one of"),
+        ({"capacity": 10, "batch_dtype": "half"}, ValueError, "batch_dtype must be one of"),
     ],
-)
-def test_bad_constructor_arguments(mixed_specs, kwargs, exc, match):
+)  # fmt: skip
+def test_bad_constructor_arguments(mixed_specs, store, kwargs, exc, match):
     with pytest.raises(exc, match=match):
-        MultiAgentReplayBuffer(mixed_specs, **kwargs)
+        MultiAgentReplayBuffer(mixed_specs, **kwargs, **store)
 
 
 def test_bad_specs():
@@ -307,8 +335,8 @@ def test_bad_specs():
         AgentSpec(obs_shape=(3,), action_shape=(2,), obs_dtype=np.complex64)
 
 
-def test_bad_sample_arguments(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(8))
+def test_bad_sample_arguments(mixed_specs, store):
+    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(8), **store)
     with pytest.raises(ValueError, match="buffer is empty"):
         buf.sample(8)  # empty buffer
     buf.extend(**random_step_data(mixed_specs, 50, np.random.default_rng(0)))
@@ -324,6 +352,12 @@ def test_bad_sample_arguments(mixed_specs):
         buf.gather([0.5])
     with pytest.raises(TypeError, match="keeps no priorities"):
         buf.update_priorities([0], [1.0], generations=buf.write_generation[[0]])
+    with pytest.raises(ValueError, match=r"n must be in \[1, 50\]"):
+        buf.latest(51)
+    with pytest.raises(ValueError, match="field must be one of"):
+        buf.stored("obz")
+    with pytest.raises(ValueError, match=r"n_trainers must be in \[1, 3\]"):
+        buf.sample_for_trainers(8, n_trainers=4)
     with pytest.raises(ValueError, match="run_length must be a positive int"):
         Neighbor(0)
     uniform = MultiAgentReplayBuffer(mixed_specs, 10)

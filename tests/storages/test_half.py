@@ -17,6 +17,13 @@ HALF = {
     ),
     "r": AgentSpec(obs_shape=(4,), action_shape=(4,), n_discrete_actions=4),
 }
+
+
+def on_host(x):
+    """A tensor (a torch store's batch field) as a host array; arrays as they are."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
 WIDE = {
     "p": AgentSpec(obs_shape=(5,), action_shape=(3,)),
     "q": AgentSpec(obs_shape=(2, 3), action_shape=(2,)),
@@ -55,34 +62,48 @@ def _representable(data):
 @pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
 @pytest.mark.parametrize("next_obs", ["once", "stored"])
 @pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
-def test_half_storage_returns_float32_batches_exactly(layout, next_obs, batch_layout):
+def test_half_storage_returns_float32_batches_exactly(store, layout, next_obs, batch_layout):
+    if store and layout == "agent_major":
+        pytest.skip("a torch store's table is interleaved rows")
     data = _representable(random_step_data(WIDE, 40, np.random.default_rng(0)))
     kw = {"layout": layout, "next_obs": next_obs, "batch_layout": batch_layout, "seed": 2}
-    half = MultiAgentReplayBuffer(HALF, 32, **kw)
+    half = MultiAgentReplayBuffer(HALF, 32, **kw, **store)
     wide = MultiAgentReplayBuffer(WIDE, 32, **kw)
     half.extend(**data)
     wide.extend(**data)
-    x, y = half.sample(16), wide.sample(16)
-    np.testing.assert_array_equal(x.indices, y.indices)
-    for f in FIELDS:
-        for a in HALF:
-            assert x.field(f)[a].dtype == y.field(f)[a].dtype
-            assert x.field(f)[a].tobytes() == np.ascontiguousarray(y.field(f)[a]).tobytes(), (f, a)
-    assert half.storage.nbytes <= wide.storage.nbytes
+    for x, y in [
+        (half.sample(16), wide.sample(16)),
+        *zip(half.sample_for_trainers(8), wide.sample_for_trainers(8)),
+    ]:
+        np.testing.assert_array_equal(x.indices, y.indices)
+        for f in FIELDS:
+            for a in HALF:
+                value = on_host(x.field(f)[a])
+                assert value.dtype == y.field(f)[a].dtype
+                assert (
+                    np.ascontiguousarray(value).tobytes()
+                    == np.ascontiguousarray(y.field(f)[a]).tobytes()
+                ), (f, a)
+    same_store = MultiAgentReplayBuffer(WIDE, 32, **kw, **store)
+    assert half.storage.nbytes <= same_store.storage.nbytes
 
 
-def test_storage_precision_batches():
+def test_storage_precision_batches(store):
     data = _representable(random_step_data(WIDE, 20, np.random.default_rng(1)))
-    buf = MultiAgentReplayBuffer(HALF, 32, batch_dtype="storage", seed=0)
+    buf = MultiAgentReplayBuffer(HALF, 32, batch_dtype="storage", seed=0, **store)
     buf.extend(**data)
     batch = buf.gather(np.arange(20))
-    assert batch.obs["p"].dtype == np.float16 and batch.action["q"].dtype == np.float16
-    np.testing.assert_array_equal(batch.next_obs["q"].astype(np.float32), data["next_obs"]["q"])
+    obs, action, next_obs = (
+        on_host(batch.field(f)[a]) for f, a in (("obs", "p"), ("action", "q"), ("next_obs", "q"))
+    )
+    assert obs.dtype == np.float16 and action.dtype == np.float16
+    assert on_host(batch.obs["r"]).dtype == np.float32
+    np.testing.assert_array_equal(next_obs.astype(np.float32), data["next_obs"]["q"])
 
 
 @pytest.mark.parametrize("mode", ["add", "extend"])
-def test_values_beyond_half_range_are_rejected(mode):
-    buf = MultiAgentReplayBuffer(HALF, 8)
+def test_values_beyond_half_range_are_rejected(store, mode):
+    buf = MultiAgentReplayBuffer(HALF, 8, **store)
     data = random_step_data(WIDE, 2, np.random.default_rng(2))
     data["obs"]["q"][0, 1, 1] = 70000.0
     if mode == "add":
@@ -91,16 +112,21 @@ def test_values_beyond_half_range_are_rejected(mode):
         ValueError, match=r"obs\['q'\] holds 70000, outside the range of the stored float16"
     ):
         getattr(buf, mode)(**data)
-    assert len(buf) == 0
+    assert len(buf) == 0 and buf.total_writes == 0
+    if store:  # a torch table starts zeroed: nothing was written into it
+        assert not on_host(buf.storage.table).any()
 
 
-def test_half_nan_is_rejected_by_the_fast_path():
-    buf = MultiAgentReplayBuffer(HALF, 8)
+def test_half_nan_is_rejected_by_the_fast_path(store):
+    buf = MultiAgentReplayBuffer(HALF, 8, **store)
     data = random_step_data(WIDE, 1, np.random.default_rng(3))
     step = {f: {a: x[0] for a, x in per.items()} for f, per in data.items()}
     step["next_obs"]["p"] = np.array([0, 0, np.inf, 0, 0], dtype=np.float16)
     with pytest.raises(ValueError, match=r"next_obs\['p'\] contains NaN or inf"):
         buf.add(**step)
+    assert len(buf) == 0 and buf.total_writes == 0
+    if store:
+        assert not on_host(buf.storage.table).any()
 
 
 def test_half_rows_halve_the_observation_bytes():

@@ -5,9 +5,11 @@ The NumPy buffer is the reference. A device buffer is the same front (writer, li
 priorities, stale guard, state files) with its rows in a :class:`TorchStorage`: given the same
 seed and writes, both hold the same table bits and return the same batches, bit for bit, with
 the batch's fields (and weights) as tensors on the device and its indices and generations on
-the host; files move between the two. The samplers and the priority trees are the front's
-(tested in test_prioritized.py and test_locality_suite.py); test_stores.py checks every
-capability on every store.
+the host; files move between the two. What every store does alike is tested once over stores:
+test_protocol.py (every sampler and next_obs format), test_stores.py (every capability), and
+the tests that take the ``store`` fixture (test_buffer.py, test_half.py). This file keeps what
+is the torch store's own: device placement, tensors and their dtypes, pooled and pinned
+memory, tensor TD errors and deferred updates, CUDA waits, the device learner and suite.
 """
 
 from __future__ import annotations
@@ -196,20 +198,7 @@ def test_import_marlbuf_does_not_import_torch():
         ({"device": 3}, TypeError, "device must be a string"),
         ({"device": "cpu", "layout": "agent_major"}, ValueError,
          r"layout='agent_major' is not available with device='cpu' \(torch store\)"),
-        ({"device": "cpu", "layout": "rows"}, ValueError, "layout must be one of"),
-        ({"device": "cpu", "batch_layout": "x"}, ValueError, "batch_layout must be one of"),
         ({"device": "cpu", "parallel_gather": True}, ValueError, "leave parallel_gather=False"),
-        ({"device": "cpu", "parallel_gather": "no"}, TypeError, "parallel_gather must be a bool"),
-        ({"device": "cpu", "sampler": "uniform"}, TypeError, "sampler must be"),
-        ({"device": "cpu", "seed": "x"}, TypeError, "seed must be"),
-        ({"device": "cpu", "n_trainers": 0}, ValueError, "n_trainers must be >= 1"),
-        ({"device": "cpu", "capacity": 0}, ValueError, "capacity must be at least 1"),
-        ({"device": "cpu", "capacity": 10**15}, MemoryError, "needs .* GiB"),
-        ({"device": "cpu", "sampler": Neighbor(64)}, ValueError, "longer than the buffer"),
-        ({"device": "cpu", "sampler": PrioritizedNeighbor(run_lengths=(1, 2, 40))}, ValueError,
-         "longest run"),
-        ({"device": "cpu", "next_obs": "dense"}, ValueError, "next_obs must be one of"),
-        ({"device": "cpu", "batch_dtype": "half"}, ValueError, "batch_dtype must be one of"),
     ],
 )  # fmt: skip
 def test_bad_constructor_arguments(mixed_specs, kwargs, exc, match):
@@ -263,86 +252,7 @@ def test_same_table_and_gathers_as_numpy(mixed_specs, device, capacity, steps, o
         assert b.reward_stats()[agent] == pytest.approx((mean, std), rel=1e-12)
 
 
-def test_add_envs_lists_and_discrete_actions(mixed_specs):
-    a, b = pair(mixed_specs, 8)
-    step = step_slice(random_step_data(mixed_specs, 1, np.random.default_rng(0)), 0)
-    step["action"]["prey_0"] = 2
-    for buf in (a, b):
-        buf.add(**{f: [per[agent] for agent in mixed_specs] for f, per in step.items()})
-    np.testing.assert_array_equal(host(b.gather([0]).action["prey_0"][0]), [0, 0, 1, 0])
-    envs = random_step_data(mixed_specs, 3, np.random.default_rng(1))
-    for buf in (a, b):
-        buf.add_envs(**envs)
-    assert_same_batch(a.gather(np.arange(4)), b.gather(np.arange(4)), mixed_specs)
-
-
-def _one_step(specs):
-    return step_slice(random_step_data(specs, 1, np.random.default_rng(0)), 0)
-
-
-@pytest.mark.parametrize(
-    ("mutate", "exc", "match"),
-    [
-        (lambda s: s["obs"].pop("pred_0"), ValueError, r"missing \['pred_0'\]"),
-        (lambda s: s["obs"].update(pred_0=np.zeros(15)), ValueError, r"shape \(16,\); got \(15,\)"),
-        (lambda s: s["reward"].update(pred_0=np.nan), ValueError, "NaN or inf"),
-        (lambda s: s["obs"].update(pred_0=np.array(["x"] * 16)), TypeError, "must be numeric"),
-        (lambda s: s.update(done="yes"), TypeError, "dict keyed by agent"),
-        (lambda s: s["action"].update(prey_0=4), ValueError, r"outside \[0, 4\)"),
-    ],
-)
-def test_bad_add_is_rejected_and_nothing_written(mixed_specs, mutate, exc, match):
-    buf = MultiAgentReplayBuffer(mixed_specs, 4, device="cpu")
-    buf.add(**_one_step(mixed_specs))
-    before = dev_table(buf).clone()
-    step = _one_step(mixed_specs)
-    mutate(step)
-    with pytest.raises(exc, match=match):
-        buf.add(**step)
-    assert len(buf) == 1 and buf.cursor == 1 and buf.total_writes == 1
-    assert torch.equal(dev_table(buf), before)
-
-
-def test_bad_extend(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 8, device="cpu")
-    data = random_step_data(mixed_specs, 5, np.random.default_rng(0))
-    data["reward"]["pred_1"] = data["reward"]["pred_1"][:4]
-    with pytest.raises(ValueError, match="same number of timesteps"):
-        buf.extend(**data)
-    data = random_step_data(mixed_specs, 5, np.random.default_rng(0))
-    data["action"]["pred_0"][3, 1] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
-        buf.extend(**data)
-    with pytest.raises(ValueError, match="leading time axis"):
-        buf.extend(**_one_step(mixed_specs))
-    assert len(buf) == 0 and not dev_table(buf).any()
-
-
 # --------------------------------------------------------------------------- sampling
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("sampler", SAMPLERS)
-@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
-def test_rounds_and_streams_equal_the_numpy_buffers(mixed_specs, device, sampler, batch_layout):
-    """``sample``, ``sample_for_trainers`` (one gathered block) and ``iter_trainers`` on the
-    device draw what the NumPy buffer of the same seed draws and hold the same rows."""
-    data = random_step_data(mixed_specs, 30, np.random.default_rng(0))
-    for agent in mixed_specs:  # one episode of linked steps, with boundaries
-        data["obs"][agent][1:20] = data["next_obs"][agent][:19]
-    a, b = pair(mixed_specs, 24, device, sampler, next_obs="once", batch_layout=batch_layout)
-    a.extend(**data)
-    b.extend(**data)
-    want = [a.sample(16, trainer=1), *a.sample_for_trainers(16), *a.iter_trainers(16)]
-    got = [b.sample(16, trainer=1), *b.sample_for_trainers(16), *b.iter_trainers(16)]
-    for x, y in zip(want, got, strict=True):
-        assert len(y) == 16
-        assert_same_draw(x, y, device)
-        np.testing.assert_array_equal(y.generations, b.write_generation[y.indices])
-    if not a.sampler.weighted:
-        shared = b.sample_for_trainers(16, shared_index=True)
-        assert all(x is shared[0] for x in shared)
-        assert_same_draw(a.sample_for_trainers(16, shared_index=True)[0], shared[0], device)
-
-
 def test_sample_for_trainers_per_trainer_and_shared_index(mixed_specs):
     buf: Any = MultiAgentReplayBuffer(mixed_specs, 100, seed=0, device="cpu")
     buf.extend(**random_step_data(mixed_specs, 100, np.random.default_rng(0)))
@@ -385,6 +295,11 @@ def test_concat_is_a_zero_copy_view(mixed_specs):
     lists = b.as_lists()
     assert [len(x) for x in lists] == [3] * 5 and lists[2][0].shape == (4,)
     assert b.agents == list(mixed_specs) and lists[0][1] is b.obs["pred_1"]
+    half: Any = MultiAgentReplayBuffer(HALF, 10, device="cpu")  # float16 rows, float32 batches
+    half.extend(**random_step_data(HALF, 10, np.random.default_rng(0)))
+    widened = half.sample(4)
+    joint = widened.concat("obs")  # the widened obs side by side in the batch row: a view
+    assert joint.dtype == torch.float32 and joint.data_ptr() == widened.block.data_ptr()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -449,57 +364,16 @@ def test_held_batches_are_never_overwritten_and_memory_is_recycled(mixed_specs):
     assert buf.sample(16).block.data_ptr() != kept.data_ptr()
 
 
-def test_neighbor_runs(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 1000, sampler=Neighbor(8), seed=0, device="cpu")
-    buf.extend(**random_step_data(mixed_specs, 40, np.random.default_rng(0)))
-    for _ in range(100):
-        idx = host(buf.sample(16).indices)
-        assert idx.max() < 40
-        np.testing.assert_array_equal(np.diff(idx.reshape(-1, 8), axis=1), 1)
-    with pytest.raises(ValueError, match=r"batch_size=64 needs distinct slots.*holds 40"):
-        buf.sample(64)
-    with pytest.raises(ValueError, match=r"run_length=8 must divide batch_size=12"):
-        buf.sample(12)
-    wrap = MultiAgentReplayBuffer(mixed_specs, 20, sampler=Neighbor(5), seed=0, device="cpu")
-    ref = MultiAgentReplayBuffer(mixed_specs, 20, sampler=Neighbor(5), seed=0)
-    data = random_step_data(mixed_specs, 27, np.random.default_rng(0))
-    wrap.extend(**data)
-    ref.extend(**data)
-    seen_wrap = False
-    for _ in range(100):
-        batch = wrap.sample(10)
-        runs = host(batch.indices).reshape(-1, 5)
-        np.testing.assert_array_equal(np.diff(runs, axis=1) % 20, 1)
-        seen_wrap |= bool((runs[:, -1] < runs[:, 0]).any())
-        assert_same_draw(ref.sample(10), batch, "cpu")  # runs across the wrap: block gathers
-    assert seen_wrap
-
-
-def test_bad_sample_arguments(mixed_specs):
-    buf = MultiAgentReplayBuffer(mixed_specs, 100, sampler=Neighbor(8), device="cpu")
-    with pytest.raises(ValueError, match="buffer is empty"):
-        buf.sample(8)
+def test_gather_takes_index_tensors(mixed_specs):
+    """Indices as tensors are checked as arrays are (the other argument checks are the front's,
+    run on every store in test_buffer.py)."""
+    buf = MultiAgentReplayBuffer(mixed_specs, 100, device="cpu")
     buf.extend(**random_step_data(mixed_specs, 50, np.random.default_rng(0)))
-    with pytest.raises(ValueError, match="batch_size must be a positive int; got batch_size=0"):
-        buf.sample(0)
-    with pytest.raises(ValueError, match=r"trainer must be in \[0, 3\)"):
-        buf.sample(8, trainer=3)
-    with pytest.raises(ValueError, match=r"indices must lie in \[0, 50\)"):
-        buf.gather([0, 50])
+    np.testing.assert_array_equal(buf.gather(torch.tensor([3, 49])).indices, [3, 49])
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 50\)"):
         buf.gather(torch.tensor([0, 50]))
     with pytest.raises(TypeError, match="1-D integer array"):
-        buf.gather([0.5])
-    with pytest.raises(TypeError, match="1-D integer array"):
         buf.gather(torch.zeros((2, 2), dtype=torch.int64))
-    with pytest.raises(TypeError, match="keeps no priorities"):
-        buf.update_priorities([0], [1.0], generations=buf.write_generation[[0]])
-    with pytest.raises(ValueError, match=r"n must be in \[1, 50\]"):
-        buf.latest(51)
-    with pytest.raises(ValueError, match="field must be one of"):
-        buf.stored("obz")
-    with pytest.raises(ValueError, match=r"n_trainers must be in \[1, 3\]"):
-        buf.sample_for_trainers(8, n_trainers=4)
 
 
 # --------------------------------------------------------------------------- prioritized
@@ -1401,74 +1275,7 @@ def test_stored_once_states_load_natively_both_ways(mixed_specs, device, tmp_pat
         assert_same_batch(want, back.sample(8, trainer=trainer), mixed_specs)
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "agent_major"])
-@pytest.mark.parametrize("source", ["once", "stored"])
-def test_states_of_the_other_mode_are_converted(mixed_specs, layout, source):
-    streams = Streams(mixed_specs, np.random.default_rng(6))
-    data = stacked(streams.steps(0, 23))
-    ref = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, layout=layout, next_obs=source)
-    ref.extend(**data)
-    other = "stored" if source == "once" else "once"
-    dev: Any = MultiAgentReplayBuffer(mixed_specs, 16, seed=0, device="cpu", next_obs=other)
-    dev.load_state_dict(ref.state_dict())
-    assert (dev.cursor, dev.size, dev.total_writes) == (ref.cursor, ref.size, ref.total_writes)
-    assert_all_slots_equal(ref, dev, mixed_specs)
-    if other == "once":  # linked where consecutive, side rows at the episode ends
-        assert 0 < dev.links.side_rows_used < 16
-        more = stacked(streams.steps(0, 5))
-        ref.extend(**more)
-        dev.extend(**more)
-        assert_all_slots_equal(ref, dev, mixed_specs)
-        assert dev.links.side_rows_used < 16
-
-
 # --------------------------------------------------------------------------- half precision
-def _half_data(steps, seed):
-    data = random_step_data(HALF, steps, np.random.default_rng(seed))  # in the spec dtypes
-    for agent in HALF:  # linked steps: each obs is the previous step's next_obs
-        data["obs"][agent][3:9] = data["next_obs"][agent][2:8]
-    return data
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("next_obs", ["once", "stored"])
-@pytest.mark.parametrize("batch_layout", ["rows", "per_agent"])
-@pytest.mark.parametrize("batch_dtype", ["float32", "storage"])
-def test_half_storage_gives_the_numpy_buffers_batches(device, next_obs, batch_layout,
-                                                      batch_dtype):  # fmt: skip
-    data = _half_data(40, 0)
-    kw = {"next_obs": next_obs, "batch_layout": batch_layout, "batch_dtype": batch_dtype}
-    a, b = pair(HALF, 32, device, lambda: Neighbor(2), **kw)
-    a.extend(**data)
-    b.extend(**data)
-    assert table_bytes(b, 32) == table_bytes(a, 32)  # float16 rows
-    wide = torch.float32 if batch_dtype == "float32" else torch.float16
-    batch = b.sample(16)
-    assert batch.obs["q"].dtype == wide and batch.action["q"].dtype == wide
-    assert batch.next_obs["p"].dtype == wide and batch.obs["r"].dtype == torch.float32
-    assert_same_draw(a.sample(16), batch, device)
-    for x, y in zip(a.sample_for_trainers(8), b.sample_for_trainers(8), strict=True):
-        assert_same_draw(x, y, device)
-    if batch_layout == "rows" and batch_dtype == "float32":
-        joint = batch.concat("obs")  # float32 obs side by side in the batch row: a view
-        assert joint.dtype == torch.float32 and joint.data_ptr() == batch.block.data_ptr()
-    assert_all_slots_equal(a, b, HALF)
-
-
-def test_half_range_and_nan_checks_are_the_numpy_buffers():
-    buf = MultiAgentReplayBuffer(HALF, 8, device="cpu")
-    data = random_step_data(HALF, 2, np.random.default_rng(2))
-    data["obs"]["q"] = data["obs"]["q"].astype(np.float32)
-    data["obs"]["q"][0, 1, 1] = 70000.0
-    with pytest.raises(ValueError, match=r"obs\['q'\] holds 70000, outside the range"):
-        buf.extend(**data)
-    step = step_slice(random_step_data(HALF, 1, np.random.default_rng(3)), 0)
-    step["next_obs"]["p"] = np.array([0, 0, np.inf, 0, 0], dtype=np.float16)
-    with pytest.raises(ValueError, match=r"next_obs\['p'\] contains NaN or inf"):
-        buf.add(**step)
-    assert len(buf) == 0 and not dev_table(buf).any()
-
-
 def test_lean_half_rows_and_the_memory_estimate():
     from marlbuf.memory import estimate
 
