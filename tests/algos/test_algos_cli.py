@@ -138,6 +138,7 @@ def test_trainer_bench_suites_run_tiny(monkeypatch: pytest.MonkeyPatch, suite: s
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX SIGINT delivery")
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
     import os
     import signal

@@ -279,6 +279,7 @@ def test_concurrency_suite_measures_the_lock_pairwise(monkeypatch):
         assert row["lock_cost"] > 0 and row["threaded_vs_sequential"] > 0
 
 
+@pytest.mark.slow
 def test_sequences_suite_runs_and_has_its_cases(monkeypatch):
     from marlbuf.bench.suites import sequences
 

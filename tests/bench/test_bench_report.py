@@ -110,6 +110,7 @@ def _sections(text: str) -> list[str]:
     return re.findall(r"^## (.+)$", text, re.M)
 
 
+@pytest.mark.slow
 def test_quick_report_opens_with_the_headline(monkeypatch, tmp_path: Path) -> None:
     """``bench --quick`` (two real suites at tiny sizes): the report's first section is the
     headline, in plain words, with same-run ratios; the quick note comes once, before it,

@@ -75,6 +75,7 @@ def test_both_buffers_train_with_identical_losses() -> None:
     assert records[0]["losses"] == records[1]["losses"]  # same indices, same rows, same losses
 
 
+@pytest.mark.slow
 def test_the_torchrl_bench_suite_runs_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     from marlbuf.bench import cli
     from marlbuf.bench.suites import torchrl_buffers

@@ -216,6 +216,7 @@ def test_stream_affinity_keeps_every_next_obs_correct():
                 assert (np.diff(ones, axis=1) == 1).all()
 
 
+@pytest.mark.slow
 def test_dead_shard_is_reported_and_restarts_from_its_checkpoint(tmp_path):
     with ShardedReplayBuffer(SPECS, 64, 2, sampler=Uniform(), seed=7) as buf:
         fill(buf, [50, 30])
@@ -269,6 +270,7 @@ def _fast_writer(writer, limit):
     return written, "done"
 
 
+@pytest.mark.slow
 def test_rate_limiter_holds_samples_per_insert():
     ratio, min_size, error_buffer = 2.0, 100, 150
     limiter = RateLimiter(ratio, min_size_to_sample=min_size, error_buffer=error_buffer, timeout=4)

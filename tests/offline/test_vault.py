@@ -598,6 +598,7 @@ def test_reading_needs_no_jax():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
+@pytest.mark.slow
 def test_bench_offline_suite_runs_tiny(monkeypatch):
     pytest.importorskip("mpe2")
     from marlbuf.bench import cli

@@ -280,6 +280,7 @@ def test_import_marlbuf_is_lazy() -> None:
     assert done.stdout.split() == ["(False,", "False)", "(True,", "False)", "True"], done.stderr
 
 
+@pytest.mark.slow
 def test_first_calls_suite_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     from marlbuf.bench.suites import first_calls
 

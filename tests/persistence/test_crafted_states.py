@@ -226,6 +226,7 @@ def _members(path: Path) -> dict[str, np.ndarray]:
         return {k: archive[k] for k in archive.files}
 
 
+@pytest.mark.slow
 def test_a_deflated_side_table_is_refused_before_it_is_inflated(tmp_path):
     """A small file whose compressed member inflates to a gigabyte: refused, nothing inflated."""
     buf = _honest({"next_obs": "once"}, 9)

@@ -288,6 +288,7 @@ while True:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
+@pytest.mark.slow
 def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_file(tmp_path):
     scope: dict = {}
     exec(_CRASH_SETUP, scope)

@@ -1029,6 +1029,7 @@ def test_device_suite_runs_tiny(monkeypatch):
     assert "torch_cpu_vs_numpy" in json_text
 
 
+@pytest.mark.slow
 def test_device_suite_gpu_parts_run_on_the_cpu(monkeypatch):
     # the GPU cases' code paths, run on the CPU: every marlbuf case is measured
     pytest.importorskip("mpe2")  # the end-to-end part's environments
@@ -1068,6 +1069,7 @@ def test_device_suite_skips_a_capacity_that_does_not_fit(monkeypatch):
     assert suite.memory_shortfall(small, "cpu") is None
 
 
+@pytest.mark.slow
 def test_device_check_script_needs_no_mpe2_pettingzoo_matplotlib_or_ray(tmp_path):
     # stand-ins that fail to import, ahead of the real packages on the path
     blocked = tmp_path / "blocked"
