@@ -472,7 +472,7 @@ def _relaunch_under_callgrind(args: argparse.Namespace, argv: list[str]) -> int:
         )
         env = dict(os.environ, **{_CHILD_ENV: "1"})
         print("running under callgrind:", " ".join(cmd), file=sys.stderr)
-        proc = subprocess.run(cmd, env=env)
+        proc = _run_to_the_end(cmd, env)
         if log.is_file():  # valgrind's own messages, kept out of the output and the table
             shutil.copyfile(log, out / VALGRIND_LOG)
     if proc.returncode != 0:
@@ -506,6 +506,36 @@ def _finish_outputs(args: argparse.Namespace, result: dict[str, Any]) -> None:
         plot_sampling_counters(result, out / "sampling_counters.png")
     print(markdown(result))
     print(f"results in {out}/", file=sys.stderr)
+
+
+def _run_to_the_end(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """``subprocess.run(cmd, env=env)``, whose child never outlives an interrupt: Ctrl-C or
+    SIGTERM while the child is being started is held until ``Popen`` has returned (a signal
+    inside its constructor would leave the started child running, unknown to anyone), then
+    raised as usual; on any exception the child is killed and reaped."""
+    held: list[int] = []
+    in_main = threading.current_thread() is threading.main_thread()
+    signums = (signal.SIGINT, signal.SIGTERM)
+    previous = (
+        {s: signal.signal(s, lambda signum, _: held.append(signum)) for s in signums}
+        if in_main
+        else {}
+    )
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    finally:
+        for signum, handler in previous.items():  # None: not set from Python (the default)
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    try:
+        for signum in held:  # what arrived during the start, as it would have been raised
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            _on_sigterm(signum, None)
+        return subprocess.CompletedProcess(cmd, proc.wait())
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 class Terminated(BaseException):
