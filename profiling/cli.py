@@ -527,10 +527,10 @@ def _run_to_the_end(cmd: list[str], env: dict[str, str]) -> subprocess.Completed
         for signum, handler in previous.items():  # None: not set from Python (the default)
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
     try:
-        for signum in held:  # what arrived during the start, as it would have been raised
-            if signum == signal.SIGINT:
+        for caught in held:  # what arrived during the start, as it would have been raised
+            if caught == signal.SIGINT:
                 raise KeyboardInterrupt
-            _on_sigterm(signum, None)
+            _on_sigterm(caught, None)
         return subprocess.CompletedProcess(cmd, proc.wait())
     except BaseException:
         proc.kill()
