@@ -88,6 +88,7 @@ def test_uniform_global_frequencies_match_one_buffer(batch_layout):
         assert chisquare(counts).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_neighbor_and_without_replacement_split_exactly():
     with ShardedReplayBuffer(SPECS, 64, 2, sampler=Neighbor(run_length=4), seed=2) as buf:
         fill(buf, [64, 30])
@@ -196,6 +197,7 @@ def _write_stream(writer, stream, count):
     return writer.flush()
 
 
+@pytest.mark.slow
 def test_stream_affinity_keeps_every_next_obs_correct():
     with ShardedReplayBuffer(SPECS, 128, 2, sampler=Neighbor(run_length=8), seed=6) as buf:
         remote = _write_stream.remote(buf.writer(1), 1, 60)  # stream 1 from another process
@@ -831,6 +833,7 @@ def test_sequences_equal_the_ones_a_buffer_of_each_shard_builds():
         assert chisquare(counts).pvalue > 1e-3
 
 
+@pytest.mark.slow
 def test_distinct_and_prioritized_sequences_across_shards():
     from marlbuf.samplers import Episodes, Sequence
 
