@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from marlbuf.bench.tools.common import RESULTS_DIR, markdown_table
+from marlbuf.bench.tools.common import RESULTS_DIR, markdown_table, run_conditions
 
 #: timing columns outside the ``*_median`` convention (the drop-in suite's)
 EXTRA_TIMINGS = ("write_us", "sample_ms", "update_ms")
@@ -249,8 +249,13 @@ def compare_core(
                 worker.stdin.write("quit\n")
                 worker.stdin.close()
             worker.wait(timeout=60)
+    from marlbuf.profiling.info import machine_info
+
     return {
         "suite": "pairwise-core",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # the machine, its copy bandwidth and load average as the timings end
+        "machine": {**machine_info(), **run_conditions()},
         "base": str(base),
         "rounds": rounds,
         "tolerance": tolerance,
