@@ -265,6 +265,12 @@ class PriorityState:
             return np.zeros_like(self.batches_drawn)
         trees = self.trees
         checked_tree_state(state, trees.n_trees, trees.capacity, self.track_max, filled)
+        return self.checked_batches_drawn(state)
+
+    def checked_batches_drawn(self, state: Mapping[str, Any]) -> np.ndarray:
+        """A state's ``batches_drawn``, checked: shape (n_trainers,), integers >= 0."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"sampler state must be a mapping; got {type(state).__name__}")
         try:
             drawn = np.asarray(state.get("batches_drawn"), dtype=np.int64)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -277,16 +283,17 @@ class PriorityState:
         return drawn
 
     def load_state_dict(self, state: Mapping[str, Any], allow_empty: bool = False) -> None:
-        """Restore :meth:`state_dict` output, checked by :meth:`check_loaded`. With
-        ``allow_empty``, an empty state (saved by a sampler without priorities) sets every
+        """Restore :meth:`state_dict` output; each part is checked before anything changes
+        (the trees check theirs in their ``load_state_dict``, as :meth:`check_loaded` does).
+        With ``allow_empty``, an empty state (saved by a sampler without priorities) sets every
         running maximum to 1 and marks the state :attr:`fresh`."""
-        drawn = self.check_loaded(state, allow_empty=allow_empty)
-        if allow_empty and not state:
+        if allow_empty and isinstance(state, Mapping) and not state:
             self.trees.max_priority[:] = 1.0
             self.batches_drawn[:] = 0
             self.fresh = True
             return
-        self.trees.load_state_dict(state)
+        drawn = self.checked_batches_drawn(state)
+        self.trees.load_state_dict(state)  # checks the tree state first, then restores
         self.batches_drawn[:] = drawn
         self.fresh = False
 
